@@ -1,0 +1,16 @@
+"""One module per op, each holding its case table (`TABLE`), its PyTorch program
+(`torch_program`) and its harness (`run`). Register new modules in CASE_MODULES."""
+
+from __future__ import annotations
+
+from ..case import Case
+from . import transpose
+
+CASE_MODULES = {
+    "transpose": transpose,
+}
+
+
+def all_cases() -> list[Case]:
+    """Every declared case, op by op in name order, cases in declaration order."""
+    return [case for op in sorted(CASE_MODULES) for case in CASE_MODULES[op].TABLE]

@@ -1,0 +1,143 @@
+"""The HDF5 golden store: writing it from the PyTorch programs, reading it back,
+and the digest that tells a stale file from a fresh one.
+
+Layout::
+
+    /                      attrs: schema_version, torch_version, cases_digest
+    /<op>/<case>/          attrs: attrs (JSON), dtype, tolerance (JSON), description
+    /<op>/<case>/inputs/<name>
+    /<op>/<case>/expected/<name>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from typing import Any, Iterable
+
+import numpy as np
+
+from .case import Case, Golden
+from .cases import CASE_MODULES, all_cases
+
+SCHEMA_VERSION = 1
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_PATH = os.path.join(ROOT, "goldens.h5")
+
+
+def cases_digest(modules: Iterable[Any] | None = None) -> str:
+    """SHA-256 over every declaration: each case module's source and each case's content."""
+    digest = hashlib.sha256()
+    for op, module in sorted((modules or CASE_MODULES).items()):
+        digest.update(op.encode())
+        digest.update(inspect.getsource(module).encode())
+        for case in module.TABLE:
+            digest.update(f"{case.name}|{case.attrs_json()}|{case.dtype.name}|{case.tolerance_json()}".encode())
+            for name in sorted(case.inputs):
+                array = case.inputs[name]
+                digest.update(f"{name}|{array.dtype.str}|{array.shape}".encode())
+                digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- generation (needs torch)
+
+
+def run_program(module: Any, case: Case) -> dict[str, np.ndarray]:
+    """Run the case's PyTorch program in float64 on the CPU and round its results to the case's dtype."""
+    import torch
+
+    tensors = {name: torch.from_numpy(array.astype(np.float64)) for name, array in case.inputs.items()}
+    expected = module.torch_program(case, tensors)
+    out = {}
+    for name, tensor in expected.items():
+        value = tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else np.asarray(tensor)
+        target = case.extra.get("expected_dtypes", {}).get(name, case.dtype)
+        if np.dtype(target).kind in "iub":
+            value = np.rint(value) if np.dtype(target).kind != "b" else value != 0
+        out[name] = np.ascontiguousarray(value.astype(target))
+    return out
+
+
+def _dataset(group: Any, name: str, array: np.ndarray) -> None:
+    # No timestamps, no compression, fixed layout: regeneration gives the same bytes.
+    group.create_dataset(name, data=array, track_times=False)
+
+
+def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) -> int:
+    """Write every case's inputs and expected tensors to `path`; return the number of cases."""
+    import h5py
+    import torch
+
+    torch.use_deterministic_algorithms(True)
+    chosen = sorted(ops) if ops is not None else sorted(CASE_MODULES)
+    temporary = path + ".tmp"
+    count = 0
+    with h5py.File(temporary, "w", track_order=True, libver="earliest") as store:
+        store.attrs["schema_version"] = SCHEMA_VERSION
+        store.attrs["torch_version"] = torch.__version__.split("+")[0]
+        store.attrs["cases_digest"] = cases_digest()
+        for op in chosen:
+            module = CASE_MODULES[op]
+            op_group = store.create_group(op, track_order=True)
+            for case in module.TABLE:
+                group = op_group.create_group(case.name, track_order=True)
+                group.attrs["attrs"] = case.attrs_json()
+                group.attrs["dtype"] = case.dtype.name
+                group.attrs["tolerance"] = case.tolerance_json()
+                group.attrs["description"] = case.description
+                inputs = group.create_group("inputs", track_order=True)
+                for name, array in case.inputs.items():
+                    _dataset(inputs, name, array)
+                expected_group = group.create_group("expected", track_order=True)
+                for name, array in run_program(module, case).items():
+                    _dataset(expected_group, name, array)
+                count += 1
+    os.replace(temporary, path)
+    return count
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class GoldenStore:
+    """Read access to goldens.h5, loaded once."""
+
+    def __init__(self, path: str = DEFAULT_PATH):
+        import h5py
+
+        self.path = path
+        self.goldens: dict[str, Golden] = {}
+        self.attrs: dict[str, Any] = {}
+        if not os.path.exists(path):
+            return
+        with h5py.File(path, "r") as store:
+            self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in store.attrs.items()}
+            for op in store:
+                for name in store[op]:
+                    group = store[op][name]
+                    self.goldens[f"{op}/{name}"] = Golden(
+                        inputs={k: group["inputs"][k][()] for k in group["inputs"]},
+                        expected={k: group["expected"][k][()] for k in group["expected"]},
+                    )
+
+    def staleness(self) -> str | None:
+        """Why the file does not match the declarations (None when it does)."""
+        hint = "regenerate it with `python generate_goldens.py`"
+        if not self.attrs:
+            return f"{self.path} is missing or empty: {hint}"
+        if self.attrs.get("schema_version") != SCHEMA_VERSION:
+            return f"{self.path} has schema {self.attrs.get('schema_version')}, expected {SCHEMA_VERSION}: {hint}"
+        if self.attrs.get("cases_digest") != cases_digest():
+            return f"{self.path} is older than the case declarations (cases_digest differs): {hint}"
+        missing = [c.key for c in all_cases() if c.key not in self.goldens]
+        if missing:
+            return f"{self.path} lacks {len(missing)} declared cases ({', '.join(missing[:5])}): {hint}"
+        return None
+
+    def get(self, case: Case) -> Golden:
+        golden = self.goldens.get(case.key)
+        if golden is None:
+            raise KeyError(f"{case.key} is declared but not in {self.path}: regenerate it with `python generate_goldens.py`")
+        return golden

@@ -1,0 +1,34 @@
+"""The YOLOv10 kernel library: every operator the detector needs, forward and
+backward, on the CPU (NumPy) and the GPU (CUDA through NVRTC/CuPy, cuDNN, cuBLAS).
+
+Each op is a module with the same functions in the same argument order:
+``init_kernel``, ``forward_kernel``, ``backward_kernel``, ``cleanup_kernel`` and
+their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
+"""
+
+# Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
+from . import transpose
+from .core import (
+    AttrsError,
+    CudaError,
+    DeviceError,
+    DTypeError,
+    KernelError,
+    ShapeError,
+    StateError,
+    TensorShape,
+    cpu_handle,
+    cpu_stream,
+)
+from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
+from .transpose import TransposeAttrs
+
+OPS = {
+    "transpose": transpose,
+}
+
+__all__ = [
+    "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
+    "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
+    "OPS", "transpose", "TransposeAttrs",
+]

@@ -1,0 +1,344 @@
+"""Shared machinery of every op: shapes, errors, CPU streams and handles, states,
+argument checks and device dispatch.
+
+Nothing here imports CuPy; the GPU half of the machinery lives in
+:mod:`kernels.gpu` and is imported only when a GPU object is used.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+# --------------------------------------------------------------------------- errors
+
+
+class KernelError(Exception):
+    """Base of every error a kernel raises on bad input or a failed library call."""
+
+
+class ShapeError(KernelError):
+    """A tensor's rank or dims do not fit the attrs, the state or the other tensors."""
+
+
+class DTypeError(KernelError):
+    """A tensor's dtype is not supported or differs from the one it must equal."""
+
+
+class DeviceError(KernelError):
+    """A tensor or the stream is on another device, or is not an array of it."""
+
+
+class AttrsError(KernelError):
+    """Attrs out of range, or attrs that differ from the ones the state was made for."""
+
+
+class StateError(KernelError):
+    """The state cannot serve this call: cleaned up, or a backward with no forward before it."""
+
+
+class CudaError(KernelError):
+    """CUDA, NVRTC, cuDNN or cuBLAS reported a failure; `status` is the library's status name."""
+
+    def __init__(self, library: str, status: str, message: str = ""):
+        self.library = library
+        self.status = status
+        super().__init__(f"{library} failed with {status}" + (f": {message}" if message else ""))
+
+
+def fail(error: type[KernelError], op: str, argument: str, expected: str, found: Any) -> KernelError:
+    """Build an error whose message names op, argument, what was expected and what was found."""
+    return error(f"{op}: {argument}: expected {expected}, found {found}")
+
+
+# --------------------------------------------------------------------------- shapes and dtypes
+
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# The dtypes data-movement ops accept: every NumPy numeric type and bool.
+MOVABLE_DTYPES = tuple(
+    np.dtype(t)
+    for t in (
+        np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+        np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
+    )
+)
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """The dims and dtype of a tensor: what `init_kernel` is told instead of data."""
+
+    dims: tuple[int, ...]
+    dtype: np.dtype
+
+    def __init__(self, dims: Iterable[int], dtype: Any):
+        dims = tuple(int(d) for d in dims)
+        if any(d < 0 for d in dims):
+            raise ShapeError(f"TensorShape: dims: expected non-negative sizes, found {dims}")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as error:
+            raise DTypeError(f"TensorShape: dtype: expected a NumPy dtype, found {dtype!r}") from error
+        object.__setattr__(self, "dims", dims)
+        object.__setattr__(self, "dtype", dtype)
+
+    @classmethod
+    def of(cls, array: Any) -> "TensorShape":
+        """The shape of a NumPy or CuPy array."""
+        return cls(array.shape, array.dtype)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.dims, dtype=np.int64))
+
+    def with_dims(self, dims: Iterable[int]) -> "TensorShape":
+        return TensorShape(dims, self.dtype)
+
+    def __repr__(self) -> str:
+        return f"TensorShape({self.dims}, {self.dtype.name})"
+
+
+def as_shape(op: str, argument: str, shape: Any) -> TensorShape:
+    if not isinstance(shape, TensorShape):
+        raise fail(ShapeError, op, argument, "a TensorShape", type(shape).__name__)
+    return shape
+
+
+def check_dtype(op: str, argument: str, shape: TensorShape, allowed: Sequence[np.dtype]) -> None:
+    if shape.dtype not in allowed:
+        names = ", ".join(np.dtype(d).name for d in allowed)
+        raise fail(DTypeError, op, argument, f"one of {names}", shape.dtype.name)
+
+
+def check_same_dtype(op: str, argument: str, shape: TensorShape, reference: TensorShape, reference_name: str) -> None:
+    if shape.dtype != reference.dtype:
+        raise fail(DTypeError, op, argument, f"dtype {reference.dtype.name} (as {reference_name})", shape.dtype.name)
+
+
+def check_dims(op: str, argument: str, shape: TensorShape, dims: Sequence[int]) -> None:
+    if shape.dims != tuple(dims):
+        raise fail(ShapeError, op, argument, f"dims {tuple(dims)}", shape.dims)
+
+
+def check_rank(op: str, argument: str, shape: TensorShape, rank: int | None = None, min_rank: int | None = None) -> None:
+    if rank is not None and shape.rank != rank:
+        raise fail(ShapeError, op, argument, f"rank {rank}", f"rank {shape.rank} {shape.dims}")
+    if min_rank is not None and shape.rank < min_rank:
+        raise fail(ShapeError, op, argument, f"rank >= {min_rank}", f"rank {shape.rank} {shape.dims}")
+
+
+def normalize_axis(op: str, argument: str, axis: int, rank: int) -> int:
+    """A negative axis counts from the end; anything outside [-rank, rank) is an AttrsError."""
+    if not -rank <= axis < rank:
+        raise fail(AttrsError, op, argument, f"an axis in [{-rank}, {rank})", axis)
+    return axis % rank
+
+
+# --------------------------------------------------------------------------- attrs
+
+
+def attr_int(op: str, name: str, value: Any, minimum: int | None = None) -> int:
+    """Validate an integer attr (bools refused) and return it as a Python int."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise fail(AttrsError, op, name, "an integer", repr(value))
+    if minimum is not None and value < minimum:
+        raise fail(AttrsError, op, name, f"an integer >= {minimum}", value)
+    return int(value)
+
+
+def attr_ints(op: str, name: str, value: Any, minimum: int | None = None) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise fail(AttrsError, op, name, "a sequence of integers", repr(value))
+    return tuple(attr_int(op, f"{name}[{i}]", v, minimum) for i, v in enumerate(value))
+
+
+def attr_enum(op: str, name: str, value: Any, enum_type: type[enum.Enum], optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, str) and value in enum_type.__members__:
+        return enum_type[value]
+    names = ", ".join(enum_type.__members__)
+    raise fail(AttrsError, op, name, f"a {enum_type.__name__} ({names}){' or None' if optional else ''}", repr(value))
+
+
+def set_attr(instance: Any, name: str, value: Any) -> None:
+    """Normalize a field of a frozen attrs dataclass inside its __post_init__."""
+    object.__setattr__(instance, name, value)
+
+
+# --------------------------------------------------------------------------- streams, handles, states
+
+
+class CpuStream:
+    """The CPU 'stream': work runs at once, in call order."""
+
+    device = "cpu"
+
+    def synchronize(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "CpuStream()"
+
+
+class CpuHandle:
+    """The CPU handle: holds nothing, kept so that every op is called the same way."""
+
+    device = "cpu"
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "CpuHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def cpu_stream() -> CpuStream:
+    """A stream for CPU kernels."""
+    return CpuStream()
+
+
+def cpu_handle() -> CpuHandle:
+    """A handle for CPU kernels."""
+    return CpuHandle()
+
+
+def device_of(op: str, obj: Any, argument: str) -> Any:
+    """'cpu' for a CPU stream or handle, the device ordinal for a GPU one."""
+    device = getattr(obj, "device", None)
+    if device is None or not hasattr(obj, "synchronize" if argument == "stream" else "close"):
+        raise fail(DeviceError, op, argument, f"a kernels {argument} (cpu_{argument}() or gpu_{argument}())", type(obj).__name__)
+    return device
+
+
+@dataclass(eq=False)
+class KernelState:
+    """What init_kernel made: the attrs and shapes it was given, and the device it is for.
+
+    Ops that keep more (descriptors, saved statistics, a pre-activation) subclass it.
+    """
+
+    op: str
+    attrs: Any
+    device: Any  # "cpu" or a GPU ordinal
+    shapes: dict[str, Any]
+    closed: bool = False
+    saved: dict[str, Any] = field(default_factory=dict)
+
+    def release(self) -> None:
+        """Free what the state holds; subclasses with descriptors extend it."""
+        self.saved.clear()
+        self.closed = True
+
+
+def make_state(op: str, handle: Any, attrs: Any, attrs_type: type, state_type: type = KernelState, **shapes: Any) -> Any:
+    """Check the handle and attrs and record the shapes `init_kernel` was given."""
+    device = device_of(op, handle, "handle")
+    if not isinstance(attrs, attrs_type):
+        raise fail(AttrsError, op, "attrs", attrs_type.__name__, type(attrs).__name__)
+    for name, shape in shapes.items():
+        if isinstance(shape, (list, tuple)):
+            if not shape:
+                raise fail(ShapeError, op, name, "a non-empty list of TensorShape", "an empty list")
+            for i, s in enumerate(shape):
+                as_shape(op, f"{name}[{i}]", s)
+        else:
+            as_shape(op, name, shape)
+    return state_type(op=op, attrs=attrs, device=device, shapes=shapes)
+
+
+def cleanup_state(op: str, handle: Any, state: Any) -> None:
+    device_of(op, handle, "handle")
+    if not isinstance(state, KernelState):
+        raise fail(StateError, op, "state", "a state from init_kernel", type(state).__name__)
+    if not state.closed:
+        state.release()
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _array_module(array: Any) -> str | None:
+    """'numpy' or 'cupy' for an array of either, None for anything else."""
+    if isinstance(array, np.ndarray):
+        return "numpy"
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(array, cupy.ndarray):
+        return "cupy"
+    return None
+
+
+def check_tensor(op: str, name: str, array: Any, expected: TensorShape, device: Any) -> None:
+    """One tensor: an array of the stream's device, C-contiguous, with the expected dims and dtype."""
+    module = _array_module(array)
+    if device == "cpu":
+        if module != "numpy":
+            raise fail(DeviceError, op, name, "a NumPy array (CPU stream)", type(array).__module__ + "." + type(array).__name__)
+    else:
+        if module != "cupy":
+            raise fail(DeviceError, op, name, f"a CuPy array on GPU {device}", type(array).__module__ + "." + type(array).__name__)
+        if array.device.id != device:
+            raise fail(DeviceError, op, name, f"an array on GPU {device}", f"GPU {array.device.id}")
+    if tuple(array.shape) != expected.dims:
+        raise fail(ShapeError, op, name, f"dims {expected.dims}", tuple(array.shape))
+    if array.dtype != expected.dtype:
+        raise fail(DTypeError, op, name, f"dtype {expected.dtype.name}", array.dtype.name)
+    if not array.flags.c_contiguous:
+        raise fail(ShapeError, op, name, "a C-contiguous array (no implicit copies)", f"strides {array.strides}")
+
+
+def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
+               tensors: Sequence[tuple[str, Any, TensorShape | None, bool]]) -> Any:
+    """Check a forward or backward call before anything is written; return the device.
+
+    `tensors` rows are (name, array or None, expected shape, required). A None that
+    is not required (a gradient the caller does not want) is skipped.
+    """
+    device = device_of(op, stream, "stream")
+    handle_device = device_of(op, handle, "handle")
+    if handle_device != device:
+        raise fail(DeviceError, op, "handle", f"a handle of the stream's device {device}", handle_device)
+    if not isinstance(state, KernelState) or state.op != op:
+        raise fail(StateError, op, "state", f"a state from {op}.init_kernel", type(state).__name__)
+    if state.closed:
+        raise fail(StateError, op, "state", "a live state", "one already cleaned up")
+    if state.device != device:
+        raise fail(DeviceError, op, "state", f"a state made for device {device}", state.device)
+    if attrs != state.attrs:
+        raise fail(AttrsError, op, "attrs", f"the attrs the state was made with ({state.attrs})", attrs)
+    for name, array, expected, required in tensors:
+        if array is None:
+            if required:
+                raise fail(ShapeError, op, name, f"an array {expected}", None)
+            continue
+        check_tensor(op, name, array, expected, device)
+    return device
+
+
+def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any], stream_or_handle: Any,
+             *args: Any, **kwargs: Any) -> Any:
+    """Call the CPU or GPU twin of a kernel function, by the device of its stream or handle."""
+    device = getattr(stream_or_handle, "device", None)
+    if device == "cpu":
+        return cpu_function(stream_or_handle, *args, **kwargs)
+    if isinstance(device, int):
+        return gpu_function(stream_or_handle, *args, **kwargs)
+    raise fail(DeviceError, op, "stream/handle", "a kernels CPU or GPU stream or handle", type(stream_or_handle).__name__)
+
+
+def numel(dims: Sequence[int]) -> int:
+    return int(np.prod(dims, dtype=np.int64))

@@ -1,0 +1,288 @@
+"""The GPU half of the shared machinery: streams, handles, the NVRTC module cache
+and kernel launches. Imported lazily, so the CPU library never needs CuPy.
+
+Every op's CUDA source is a `.cu` file next to its Python module, compiled once
+per process and device by NVRTC through `cupy.RawModule`, templated on dtype
+through `name_expressions`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from .core import CudaError, DeviceError, DTypeError, KernelError, ShapeError
+
+try:  # CuPy is the optional 'cuda' extra; its absence is reported when a GPU object is asked for.
+    import cupy
+except ImportError as error:  # pragma: no cover - depends on the machine
+    cupy = None
+    _IMPORT_ERROR: Exception | None = error
+else:
+    _IMPORT_ERROR = None
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Largest grid x dimension and the block size used by the elementwise-style kernels.
+MAX_GRID_X = 2**31 - 1
+BLOCK = 256
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why GPU kernels cannot run here (no CuPy, no CUDA device), or None when they can."""
+    if cupy is None:
+        return f"CuPy is not installed ({_IMPORT_ERROR})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # CUDARuntimeError without a driver or device
+        return f"no CUDA device ({str(error).splitlines()[0]})"
+    if count == 0:
+        return "no CUDA device"
+    return None
+
+
+def _require_cupy() -> None:
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        raise DeviceError(f"GPU kernels are unavailable: {reason}")
+
+
+class GpuStream:
+    """A CUDA stream of one device; every GPU kernel enqueues its work on one."""
+
+    def __init__(self, device: int = 0):
+        _require_cupy()
+        self.device = int(device)
+        with cupy.cuda.Device(self.device):
+            self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
+
+    @property
+    def ptr(self) -> int:
+        return self.cupy_stream.ptr
+
+    def synchronize(self) -> None:
+        self.cupy_stream.synchronize()
+
+    def __enter__(self) -> "GpuStream":
+        """Make this stream (and its device) current for CuPy calls in the block."""
+        self._device_ctx = cupy.cuda.Device(self.device)
+        self._device_ctx.__enter__()
+        self.cupy_stream.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.cupy_stream.__exit__(*exc)
+        self._device_ctx.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"GpuStream(device={self.device}, ptr={self.ptr:#x})"
+
+
+class GpuHandle:
+    """cuDNN and cuBLAS handles of one device and a workspace, made on first use.
+
+    A handle is not bound to a stream: each call binds its libraries to the stream
+    it is given. Close it (or use it as a context manager) to release everything.
+    """
+
+    def __init__(self, device: int = 0):
+        _require_cupy()
+        self.device = int(device)
+        self._cudnn: Any = None
+        self._cublas: int | None = None
+        self._workspace: Any = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def cudnn(self, stream: GpuStream) -> Any:
+        """The cuDNN handle, bound to `stream`."""
+        from . import cudnn as cudnn_module  # loaded only by ops that use cuDNN
+
+        if self._cudnn is None:
+            with cupy.cuda.Device(self.device):
+                self._cudnn = cudnn_module.create_handle()
+        cudnn_module.set_stream(self._cudnn, stream.ptr)
+        return self._cudnn
+
+    def cublas(self, stream: GpuStream) -> int:
+        """The cuBLAS handle, bound to `stream`, in pedantic math (no TF32, no reduced precision)."""
+        from cupy.cuda import cublas
+
+        if self._cublas is None:
+            with cupy.cuda.Device(self.device):
+                handle = cublas.create()
+                cublas.setMathMode(handle, cublas.CUBLAS_PEDANTIC_MATH)
+                self._cublas = handle
+        cublas.setStream(self._cublas, stream.ptr)
+        return self._cublas
+
+    def workspace(self, nbytes: int) -> Any:
+        """A device buffer of at least `nbytes`, kept and grown across calls."""
+        if self._workspace is None or self._workspace.nbytes < nbytes:
+            with cupy.cuda.Device(self.device):
+                self._workspace = cupy.empty(max(int(nbytes), 1), dtype=np.uint8)
+        return self._workspace
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._cudnn is not None:
+            from . import cudnn as cudnn_module
+
+            cudnn_module.destroy_handle(self._cudnn)
+            self._cudnn = None
+        if self._cublas is not None:
+            from cupy.cuda import cublas
+
+            cublas.destroy(self._cublas)
+            self._cublas = None
+        self._workspace = None
+
+    def __enter__(self) -> "GpuHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"GpuHandle(device={self.device})"
+
+
+def gpu_stream(device: int = 0) -> GpuStream:
+    """A new non-blocking CUDA stream on `device`."""
+    return GpuStream(device)
+
+
+def gpu_handle(device: int = 0) -> GpuHandle:
+    """A new GPU handle (cuDNN, cuBLAS, workspace) for `device`."""
+    return GpuHandle(device)
+
+
+# --------------------------------------------------------------------------- NVRTC modules
+
+_CUDA_TYPES = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.int8): "signed char",
+    np.dtype(np.uint8): "unsigned char",
+    np.dtype(np.int16): "short",
+    np.dtype(np.uint16): "unsigned short",
+    np.dtype(np.int32): "int",
+    np.dtype(np.uint32): "unsigned int",
+    np.dtype(np.int64): "long long",
+    np.dtype(np.uint64): "unsigned long long",
+}
+
+# Data movement only needs the element's size: one unsigned type per size.
+_BITS_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long", 16: "ulonglong2"}
+
+
+BITS_TYPES = tuple(_BITS_TYPES.values())
+FLOAT_TYPES = ("float", "double")
+INDEX_TYPES = ("int", "long long")
+
+
+def cuda_type(dtype: Any) -> str:
+    """The CUDA C++ type of a NumPy arithmetic dtype."""
+    try:
+        return _CUDA_TYPES[np.dtype(dtype)]
+    except KeyError:
+        raise DTypeError(f"no CUDA arithmetic type for dtype {np.dtype(dtype).name}") from None
+
+
+def bits_type(dtype: Any) -> str:
+    """An unsigned CUDA type as wide as the dtype: what copies of any dtype move."""
+    return _BITS_TYPES[np.dtype(dtype).itemsize]
+
+
+MODULES: list["CudaModule"] = []  # every op's CUDA source, for the compile check
+
+
+class CudaModule:
+    """One `.cu` source of an op and the template instantiations it is compiled with.
+
+    `function(name)` returns the compiled kernel, compiling the whole module with
+    NVRTC on first use on each device and caching it for the life of the process.
+    """
+
+    def __init__(self, filename: str, name_expressions: Sequence[str], options: Sequence[str] = ()):
+        self.path = os.path.join(_HERE, filename)
+        self.name_expressions = tuple(name_expressions)
+        self.options = ("--std=c++17", f"-I{_HERE}") + tuple(options)
+        MODULES.append(self)
+
+    def compile_ptx(self, arch: str = "compute_90") -> str:
+        """Compile every instantiation to PTX with NVRTC, without a device: a check for tests and editors."""
+        from cupy.cuda import compiler
+
+        with open(self.path) as source_file:
+            program = compiler._NVRTCProgram(source_file.read(), self.path, (), (),
+                                             name_expressions=self.name_expressions, method="ptx")
+        ptx, _ = program.compile(self.options + (f"-arch={arch}",))
+        return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+    def function(self, name_expression: str) -> Any:
+        if name_expression not in self.name_expressions:
+            raise KernelError(f"{os.path.basename(self.path)}: {name_expression} is not among its name_expressions")
+        module = _compiled_module(self.path, self.name_expressions, self.options, cupy.cuda.Device().id)
+        return module.get_function(name_expression)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tuple[str, ...], device: int) -> Any:
+    with open(path) as source_file:
+        source = source_file.read()
+    try:
+        module = cupy.RawModule(code=source, options=options, name_expressions=name_expressions)
+        module.compile()
+    except cupy.cuda.compiler.CompileException as error:
+        raise CudaError("NVRTC", "NVRTC_ERROR_COMPILATION", f"{os.path.basename(path)}: {error}") from error
+    return module
+
+
+def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any],
+           shared_mem: int = 0) -> None:
+    """Enqueue `kernel` on `stream`; CuPy raises a CUDARuntimeError if the launch fails."""
+    grid = (grid,) if isinstance(grid, int) else tuple(grid)
+    block = (block,) if isinstance(block, int) else tuple(block)
+    try:
+        with stream:
+            kernel(grid, block, tuple(args), shared_mem=shared_mem)
+    except cupy.cuda.driver.CUDADriverError as error:
+        raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+
+
+def grid_for(count: int, block: int = BLOCK, per_thread: int = 1) -> int:
+    """Blocks for a grid-stride kernel covering `count` items: enough to fill the device, capped."""
+    blocks = -(-count // (block * per_thread))
+    return max(1, min(blocks, 65536))
+
+
+def copy_async(stream: GpuStream, destination: Any, source: Any) -> None:
+    """Device-to-device copy of a whole contiguous array, enqueued on `stream`."""
+    if source.nbytes:
+        cupy.cuda.runtime.memcpyAsync(destination.data.ptr, source.data.ptr, source.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+
+
+def index_type(*counts: int) -> str:
+    """'int' where every count fits 32-bit index arithmetic, else 'long long'."""
+    return "int" if max(counts, default=0) < 2**31 else "long long"
+
+
+MAX_RANK = 12  # KERNELS_MAX_RANK in common.cuh
+_INTS = np.dtype([("v", np.int64, (MAX_RANK,))])
+
+
+def ints_arg(values: Sequence[int]) -> Any:
+    """Up to MAX_RANK integers as one by-value kernel argument (`struct Ints` in common.cuh)."""
+    if len(values) > MAX_RANK:
+        raise ShapeError(f"more than {MAX_RANK} dims after collapsing ({len(values)}) are not supported on the GPU")
+    packed = np.zeros((), dtype=_INTS)
+    packed["v"][: len(values)] = values
+    return packed[()]

@@ -1,0 +1,59 @@
+// transpose: output dim d is input dim perm[d]. Dims are collapsed on the host
+// first, so most calls reach one of two kernels with rank <= 4.
+#include "common.cuh"
+
+// The innermost dim stays innermost: each thread gathers one output element.
+// out_dims are the output's dims; in_strides[d] is the input stride of output dim d.
+template <typename T, typename I>
+__global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ output,
+                                 I count, int rank, Ints out_dims, Ints in_strides) {
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        I rest = index, offset = 0;
+        for (int d = rank - 1; d >= 0; --d) {
+            I size = (I)out_dims.v[d];
+            I coordinate = rest % size;
+            rest /= size;
+            offset += coordinate * (I)in_strides.v[d];
+        }
+        output[index] = input[offset];
+    }
+}
+
+#define TILE 32
+#define ROWS 8
+
+// The innermost dims differ: a 32x32 tile through shared memory so that both the
+// read (along the input's last dim, x) and the write (along the output's last
+// dim, which is input dim a) are coalesced. The other dims are batch dims,
+// enumerated by blockIdx.y: batch_sizes, and their strides in input and output.
+template <typename T, typename I>
+__global__ void transpose_tiled(const T* __restrict__ input, T* __restrict__ output,
+                                I size_x, I size_a, I in_stride_a, I out_stride_x,
+                                I batch_count, int batch_rank, Ints batch_sizes,
+                                Ints batch_in_strides, Ints batch_out_strides) {
+    __shared__ T tile[TILE][TILE + 1];
+    const I tiles_x = (size_x + TILE - 1) / TILE;
+    const I tile_x0 = ((I)blockIdx.x % tiles_x) * TILE;
+    const I tile_a0 = ((I)blockIdx.x / tiles_x) * TILE;
+    for (I batch = blockIdx.y; batch < batch_count; batch += gridDim.y) {
+        I rest = batch, in_base = 0, out_base = 0;
+        for (int d = batch_rank - 1; d >= 0; --d) {
+            I size = (I)batch_sizes.v[d];
+            I coordinate = rest % size;
+            rest /= size;
+            in_base += coordinate * (I)batch_in_strides.v[d];
+            out_base += coordinate * (I)batch_out_strides.v[d];
+        }
+        for (int row = threadIdx.y; row < TILE; row += ROWS) {
+            I a = tile_a0 + row, x = tile_x0 + threadIdx.x;
+            if (a < size_a && x < size_x) tile[row][threadIdx.x] = input[in_base + a * in_stride_a + x];
+        }
+        __syncthreads();
+        for (int row = threadIdx.y; row < TILE; row += ROWS) {
+            I x = tile_x0 + row, a = tile_a0 + threadIdx.x;
+            if (a < size_a && x < size_x) output[out_base + x * out_stride_x + a] = tile[threadIdx.x][row];
+        }
+        __syncthreads();
+    }
+}

@@ -1,0 +1,109 @@
+"""Benchmark machinery: each benchmark is one (op, shape) group holding our kernel
+and its PyTorch twin on the same device and shapes. GPU timings synchronize the
+stream after every call and leave compilation and init out (one warm-up call).
+
+`pytest tests/bench --benchmark-only` prints pytest-benchmark's table, then one
+of our own with the median, the bytes each call must move and the achieved GB/s.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kernels
+from conformance.harness import device_unavailable
+
+IMPLS = [
+    pytest.param(("ours", "cpu"), id="ours-cpu"),
+    pytest.param(("torch", "cpu"), id="torch-cpu"),
+    pytest.param(("ours", "gpu"), id="ours-gpu", marks=pytest.mark.gpu),
+    pytest.param(("torch", "gpu"), id="torch-gpu", marks=pytest.mark.gpu),
+]
+
+
+class Bench:
+    """One implementation on one device: array factories and a timed runner."""
+
+    def __init__(self, impl: str, device: str):
+        self.impl, self.device = impl, device
+        reason = device_unavailable(device)
+        if reason is not None:
+            pytest.skip(f"{device}: {reason}")
+        if impl == "torch":
+            self.torch = pytest.importorskip("torch", reason="the PyTorch twin needs torch")
+            if device == "gpu" and not self.torch.cuda.is_available():
+                pytest.skip("torch has no CUDA here")
+            self.torch.backends.cuda.matmul.allow_tf32 = False
+            self.torch.backends.cudnn.allow_tf32 = False
+        if device == "cpu":
+            self.stream, self.handle, self.xp = kernels.cpu_stream(), kernels.cpu_handle(), np
+        else:
+            import cupy
+
+            self.stream, self.handle, self.xp = kernels.gpu_stream(0), kernels.gpu_handle(0), cupy
+
+    def array(self, dims, dtype=np.float32, seed=0):
+        """Random data (never zeros) as our array type or a torch tensor on the device."""
+        host = np.random.default_rng(seed).standard_normal(dims).astype(dtype)
+        if self.impl == "torch":
+            tensor = self.torch.from_numpy(host)
+            return tensor.cuda() if self.device == "gpu" else tensor
+        return self.xp.asarray(host)
+
+    def empty(self, dims, dtype=np.float32):
+        if self.impl == "torch":
+            return self.torch.empty(dims, dtype=getattr(self.torch, np.dtype(dtype).name),
+                                    device="cuda" if self.device == "gpu" else "cpu")
+        return self.xp.empty(dims, dtype=dtype)
+
+    def sync(self):
+        if self.device == "gpu":
+            if self.impl == "torch":
+                self.torch.cuda.synchronize()
+            else:
+                self.stream.synchronize()
+
+    def run(self, benchmark, function, bytes_moved: int, group: str, flops: int = 0):
+        """Time `function` (one warm-up call first), synchronizing after each call."""
+        def call():
+            function()
+            self.sync()
+
+        call()  # compile, pick algorithms, fill caches: not timed
+        benchmark.group = group
+        benchmark.extra_info.update(bytes=int(bytes_moved), flops=int(flops), impl=self.impl, device=self.device)
+        benchmark.pedantic(call, rounds=20 if self.device == "gpu" else 5, iterations=5 if self.device == "gpu" else 1,
+                           warmup_rounds=1)
+
+    def close(self):
+        self.handle.close()
+
+
+@pytest.fixture(params=IMPLS)
+def bench(request):
+    impl, device = request.param
+    b = Bench(impl, device)
+    yield b
+    b.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not getattr(session, "benchmarks", None):
+        return
+    rows = []
+    for bench in session.benchmarks:
+        if not bench.stats or not bench.stats.rounds:
+            continue
+        info = bench.extra_info
+        median = bench.stats.median
+        gbps = info.get("bytes", 0) / median / 1e9 if median else 0.0
+        tflops = info.get("flops", 0) / median / 1e12 if median else 0.0
+        rows.append((bench.group or "", bench.name, median * 1e6, gbps, tflops))
+    if not rows:
+        return
+    terminalreporter.write_sep("-", "median time, achieved bandwidth (bytes each call must move) and rate")
+    terminalreporter.write_line(f"{'group':<44}{'name':<44}{'median us':>12}{'GB/s':>10}{'TFLOP/s':>10}")
+    for group, name, us, gbps, tflops in sorted(rows):
+        terminalreporter.write_line(f"{group:<44.44}{name:<44.44}{us:>12.1f}{gbps:>10.1f}{tflops:>10.2f}")

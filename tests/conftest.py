@@ -1,0 +1,58 @@
+"""Shared fixtures: the golden store, and devices as parameters (GPU ones marked
+`gpu` and skipped with the reason where there is no CUDA device or no CuPy)."""
+
+import numpy as np
+import pytest
+
+import kernels
+from conformance.golden import GoldenStore
+from conformance.harness import device_unavailable
+
+DEVICE_PARAMS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("gpu", id="gpu", marks=pytest.mark.gpu),
+]
+
+
+@pytest.fixture(scope="session")
+def store():
+    return GoldenStore()
+
+
+def require(device):
+    reason = device_unavailable(device)
+    if reason is not None:
+        pytest.skip(f"{device}: {reason}")
+
+
+@pytest.fixture(params=DEVICE_PARAMS)
+def device(request):
+    """'cpu' or 'gpu' (skipped with the reason where the GPU is unavailable)."""
+    require(request.param)
+    return request.param
+
+
+class Dev:
+    """A device's stream, handle and array module, for tests that call kernels directly."""
+
+    def __init__(self, device):
+        self.name = device
+        if device == "cpu":
+            self.stream, self.handle, self.xp = kernels.cpu_stream(), kernels.cpu_handle(), np
+        else:
+            import cupy
+
+            self.stream, self.handle, self.xp = kernels.gpu_stream(0), kernels.gpu_handle(0), cupy
+
+    def array(self, value, dtype=None):
+        return self.xp.asarray(np.asarray(value, dtype=dtype))
+
+    def host(self, array):
+        return np.asarray(array) if self.xp is np else self.xp.asnumpy(array)
+
+
+@pytest.fixture
+def dev(device):
+    d = Dev(device)
+    yield d
+    d.handle.close()

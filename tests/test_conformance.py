@@ -1,0 +1,27 @@
+"""Every declared case on every device against its golden (DESIGN.md section 4)."""
+
+import pytest
+
+from conformance.cases import all_cases
+from conformance.runner import run_case
+
+from .conftest import DEVICE_PARAMS
+
+CASES = all_cases()
+
+
+@pytest.fixture(scope="module")
+def fresh_store(store):
+    stale = store.staleness()
+    if stale:
+        pytest.fail(stale)
+    return store
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("case", CASES, ids=[c.key for c in CASES])
+def test_case(case, device, fresh_store):
+    result = run_case(case, fresh_store.get(case), device)
+    if result.status == "skipped":
+        pytest.skip(result.message)
+    assert result.status == "passed", result.message

@@ -1,0 +1,41 @@
+"""goldens.h5 is fresh: every declared case is in it, it was made from the current
+declarations, and regenerating it reproduces the committed bytes."""
+
+import filecmp
+
+import pytest
+
+from conformance.cases import CASE_MODULES, all_cases
+from conformance.golden import DEFAULT_PATH, GoldenStore, cases_digest, write_goldens
+
+
+def test_every_declared_case_is_stored(store):
+    missing = [c.key for c in all_cases() if c.key not in store.goldens]
+    assert not missing, f"declared but not in goldens.h5: {missing}; run `python generate_goldens.py`"
+
+
+def test_no_stored_case_is_undeclared(store):
+    declared = {c.key for c in all_cases()}
+    extra = sorted(set(store.goldens) - declared)
+    assert not extra, f"in goldens.h5 but not declared: {extra}; run `python generate_goldens.py`"
+
+
+def test_digest_matches_declarations(store):
+    assert store.attrs.get("cases_digest") == cases_digest(), (
+        "goldens.h5 is older than the case declarations; run `python generate_goldens.py`")
+
+
+def test_every_op_has_cases():
+    for op, module in CASE_MODULES.items():
+        assert len(module.TABLE) >= 3, f"{op} declares too few cases"
+
+
+def test_regeneration_is_byte_identical(tmp_path):
+    torch = pytest.importorskip("torch", reason="regenerating goldens needs torch (the goldens extra)")
+    committed = GoldenStore(DEFAULT_PATH).attrs.get("torch_version")
+    if torch.__version__.split("+")[0] != committed:
+        pytest.skip(f"goldens.h5 was made with torch {committed}, this is {torch.__version__}")
+    path = str(tmp_path / "goldens.h5")
+    write_goldens(path)
+    assert filecmp.cmp(path, DEFAULT_PATH, shallow=False), (
+        "regenerated goldens differ from goldens.h5; run `python generate_goldens.py` and commit the result")
