@@ -286,3 +286,14 @@ def ints_arg(values: Sequence[int]) -> Any:
     packed = np.zeros((), dtype=_INTS)
     packed["v"][: len(values)] = values
     return packed[()]
+
+
+def widest_unit(*values: int) -> int:
+    """The widest copy unit (16, 8, 4, 2 or 1 bytes) that divides every value given:
+    byte counts, byte offsets and device addresses. Data movement in 16-byte units
+    reaches the copy bandwidth that 1- or 4-byte units do not."""
+    unit = 16
+    for value in values:
+        while value % unit:
+            unit //= 2
+    return unit
