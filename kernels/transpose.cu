@@ -20,13 +20,16 @@ __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ ou
     }
 }
 
-#define TILE 32
-#define ROWS 8
+#define TILE 64
+#define THREADS_X 32
+#define THREADS_Y 8
 
-// The innermost dims differ: a 32x32 tile through shared memory so that both the
+// The innermost dims differ: a 64x64 tile through shared memory so that both the
 // read (along the input's last dim, x) and the write (along the output's last
-// dim, which is input dim a) are coalesced. The other dims are batch dims,
-// enumerated by blockIdx.y: batch_sizes, and their strides in input and output.
+// dim, which is input dim a) are coalesced. Each thread moves 16 elements, so
+// that enough loads are in flight to approach the memory bandwidth. The other
+// dims are batch dims, enumerated by blockIdx.y: batch_sizes, and their strides
+// in input and output. Block: THREADS_X x THREADS_Y.
 template <typename T, typename I>
 __global__ void transpose_tiled(const T* __restrict__ input, T* __restrict__ output,
                                 I size_x, I size_a, I in_stride_a, I out_stride_x,
@@ -45,14 +48,22 @@ __global__ void transpose_tiled(const T* __restrict__ input, T* __restrict__ out
             in_base += coordinate * (I)batch_in_strides.v[d];
             out_base += coordinate * (I)batch_out_strides.v[d];
         }
-        for (int row = threadIdx.y; row < TILE; row += ROWS) {
-            I a = tile_a0 + row, x = tile_x0 + threadIdx.x;
-            if (a < size_a && x < size_x) tile[row][threadIdx.x] = input[in_base + a * in_stride_a + x];
+#pragma unroll
+        for (int row = threadIdx.y; row < TILE; row += THREADS_Y) {
+#pragma unroll
+            for (int column = threadIdx.x; column < TILE; column += THREADS_X) {
+                I a = tile_a0 + row, x = tile_x0 + column;
+                if (a < size_a && x < size_x) tile[row][column] = input[in_base + a * in_stride_a + x];
+            }
         }
         __syncthreads();
-        for (int row = threadIdx.y; row < TILE; row += ROWS) {
-            I x = tile_x0 + row, a = tile_a0 + threadIdx.x;
-            if (a < size_a && x < size_x) output[out_base + x * out_stride_x + a] = tile[threadIdx.x][row];
+#pragma unroll
+        for (int row = threadIdx.y; row < TILE; row += THREADS_Y) {
+#pragma unroll
+            for (int column = threadIdx.x; column < TILE; column += THREADS_X) {
+                I x = tile_x0 + row, a = tile_a0 + column;
+                if (a < size_a && x < size_x) output[out_base + x * out_stride_x + a] = tile[column][row];
+            }
         }
         __syncthreads();
     }
