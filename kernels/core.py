@@ -342,3 +342,15 @@ def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[.
 
 def numel(dims: Sequence[int]) -> int:
     return int(np.prod(dims, dtype=np.int64))
+
+
+def check_list(op: str, argument: str, items: Any, count: int | None = None, optional: bool = False) -> list[Any]:
+    """A list argument (arrays or TensorShapes): a list or tuple, of `count` entries where
+    given, returned as a list. Where `optional`, None stands for a list of `count` Nones."""
+    if items is None and optional and count is not None:
+        return [None] * count
+    if not isinstance(items, (list, tuple)):
+        raise fail(ShapeError, op, argument, "a list" + (f" of {count}" if count is not None else ""), type(items).__name__)
+    if count is not None and len(items) != count:
+        raise fail(ShapeError, op, argument, f"a list of {count}", f"a list of {len(items)}")
+    return list(items)
