@@ -7,7 +7,8 @@ their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
 """
 
 # Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
-from . import transpose
+from . import activation, transpose
+from .activation import Activation
 from .core import (
     AttrsError,
     CudaError,
@@ -31,4 +32,5 @@ __all__ = [
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
+    "activation", "Activation",
 ]
