@@ -1,0 +1,100 @@
+"""The shared activation module: the NumPy erf's measured accuracy, forward and
+backward against PyTorch's formulas on both devices, in-place use, attrs and codes."""
+
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+from conformance.case import ulp
+from conformance.compare import compare, ulp_distance
+from kernels import Activation, AttrsError, activation
+
+from .conftest import DEVICE_PARAMS, Dev, require
+
+
+def test_erf_within_two_ulps_of_math_erf():
+    """The bound stated in activation.py: 2 ulps in float64 (1 for |x| >= 1), on a dense grid
+    across every branch point, tiny and subnormal magnitudes included."""
+    grid = np.concatenate([np.linspace(-7, 7, 140_001)]
+                          + [np.linspace(b - 1e-3, b + 1e-3, 20_001) * s for b in (1, 1.5, 2.5, 4, 6) for s in (1, -1)]
+                          + [np.geomspace(1e-310, 1e-2, 5000), -np.geomspace(1e-310, 1e-2, 5000)])
+    expected = np.array([math.erf(v) for v in grid])
+    distance = ulp_distance(activation.erf(grid), expected)
+    assert distance.max() <= 2
+    assert distance[np.abs(grid) >= 1].max() <= 1
+
+
+def test_erf_special_values():
+    got = activation.erf(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6.0, -30.0]))
+    assert np.array_equal(got, [0.0, -0.0, 1.0, -1.0, np.nan, 1.0, -1.0], equal_nan=True)
+    assert np.signbit(got[1])
+
+
+# Moderate inputs (|x| <= 4) with exact zeros; the derivatives' cancellations (1 - s, 1 - t^2)
+# stay within a few ulps there, on both devices (CUDA's expf/tanhf/erff are within 2 ulps).
+X = np.concatenate([np.arange(-16, 17) * 0.25, [0.0, -0.0, 0.125, -0.125]])
+GRAD = ((np.arange(X.size) * 7) % 11 - 5) * 0.5
+TOLERANCE = ulp(8)
+
+
+def _torch_reference(kind):
+    import torch
+    import torch.nn.functional as F
+
+    functions = {Activation.RELU: torch.relu, Activation.SIGMOID: torch.sigmoid, Activation.TANH: torch.tanh,
+                 Activation.GELU: F.gelu, Activation.SILU: F.silu}
+    x = torch.tensor(X, dtype=torch.float64, requires_grad=True)
+    y = functions[kind](x)
+    (x_grad,) = torch.autograd.grad(y, [x], torch.tensor(GRAD, dtype=torch.float64))
+    return y.detach().numpy(), x_grad.numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", list(Activation))
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_matches_torch(device, kind, dtype):
+    pytest.importorskip("torch")
+    require(device)
+    dev = Dev(device)
+    expected_output, expected_grad = (a.astype(dtype) for a in _torch_reference(kind))
+    # Fresh copies: on the CPU dev.array may return its argument itself.
+    pre, output_grad = dev.array(np.array(X, dtype)), dev.array(np.array(GRAD, dtype))
+    output, pre_grad = dev.array(np.full(X.shape, np.nan, dtype)), dev.array(np.full(X.shape, np.nan, dtype))
+    activation.forward(dev.stream, kind, pre, output)
+    activation.backward(dev.stream, kind, pre, output_grad, pre_grad)
+    dev.stream.synchronize()
+    tolerance = TOLERANCE if kind is not Activation.RELU else ulp(1)
+    assert compare(dev.host(output), expected_output, tolerance) is None
+    assert compare(dev.host(pre_grad), expected_grad, tolerance) is None
+    if kind is Activation.RELU:  # exact, with relu'(0) = 0 as torch
+        assert np.array_equal(dev.host(output), expected_output)
+        assert np.array_equal(dev.host(pre_grad), expected_grad)
+    assert np.array_equal(dev.host(output_grad), GRAD.astype(dtype)), "backward modified output_grad"
+
+    # In place: output may be pre, pre_grad may be pre or output_grad; same bits as out of place.
+    in_place = dev.array(np.array(X, dtype))
+    activation.forward(dev.stream, kind, in_place, in_place)
+    grad_in_place = dev.array(np.array(GRAD, dtype))
+    activation.backward(dev.stream, kind, pre, grad_in_place, grad_in_place)
+    dev.stream.synchronize()
+    assert np.array_equal(dev.host(in_place), dev.host(output), equal_nan=True)
+    assert np.array_equal(dev.host(grad_in_place), dev.host(pre_grad), equal_nan=True)
+
+
+def test_attr_activation():
+    assert activation.attr_activation("conv_2d", None) is None
+    assert activation.attr_activation("conv_2d", Activation.SILU) is Activation.SILU
+    assert activation.attr_activation("conv_2d", "GELU") is Activation.GELU
+    for bad in ("swish", 3, Activation):
+        with pytest.raises(AttrsError, match=r"^conv_2d: activation: expected a Activation"):
+            activation.attr_activation("conv_2d", bad)
+
+
+def test_codes_match_activation_cuh():
+    with open(os.path.join(os.path.dirname(activation.__file__), "activation.cuh")) as source:
+        defines = dict(re.findall(r"#define KERNELS_ACTIVATION_(\w+) (-?\d+)", source.read()))
+    assert int(defines.pop("NONE")) == activation.code(None) == -1
+    assert {name: int(value) for name, value in defines.items()} == {a.name: int(activation.code(a)) for a in Activation}
