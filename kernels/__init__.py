@@ -7,8 +7,9 @@ their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
 """
 
 # Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
-from . import activation, transpose
+from . import activation, batch_matmul, softmax, transpose
 from .activation import Activation
+from .batch_matmul import BatchMatmulAttrs
 from .core import (
     AttrsError,
     CudaError,
@@ -22,10 +23,13 @@ from .core import (
     cpu_stream,
 )
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
+from .softmax import SoftmaxAttrs
 from .transpose import TransposeAttrs
 
 OPS = {
     "transpose": transpose,
+    "batch_matmul": batch_matmul,
+    "softmax": softmax,
 }
 
 __all__ = [
@@ -33,4 +37,5 @@ __all__ = [
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
     "activation", "Activation",
+    "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",
 ]

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from ..case import Case
-from . import transpose
+from . import batch_matmul, softmax, transpose
 
 CASE_MODULES = {
     "transpose": transpose,
+    "batch_matmul": batch_matmul,
+    "softmax": softmax,
 }
 
 

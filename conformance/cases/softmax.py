@@ -1,0 +1,84 @@
+"""softmax cases: every dim of non-square 3-D and 4-D tensors (negative dims too),
+ranks 1 and 2, a row holding +-1000 (stability), float64, the row lengths and
+layouts that reach each GPU kernel, and YOLOv10's PSA and DFL softmaxes.
+
+Tolerances: softmax needs exp and a division, so results are not exact; one
+bound for every case, measured as conformance.compare counts it (ulps, with the
+floor of n ulps of the tensor's largest magnitude):
+- on the CPU (NumPy in the case's dtype): output <= 7 ulps (column_600_block:
+  NumPy sums the 600 terms of a non-contiguous axis one after another; every
+  other case <= 1), input_grad <= 6 (column_600_block, rank2_3x6_dim_neg2;
+  others <= 3.5: g - sum(g * y) cancels where g is close to the dot);
+- for the GPU, by simulating its float32 arithmetic in NumPy (the exact
+  summation order of each kernel: per-lane sequential sums and butterflies,
+  block trees, per-column loops; FMA in the dot; expf off by -2..+2 ulps, its
+  documented maximum, in fixed and random patterns): output <= 5, input_grad <= 5.
+Stated: ulp(8), one above the largest measured.
+"""
+
+import numpy as np
+
+from kernels import SoftmaxAttrs, softmax
+
+from ..case import CaseTable, pattern, ulp
+from ..harness import run_unary
+
+TABLE = CaseTable("softmax")
+
+TOLERANCE = ulp(8)  # measured 7 (CPU) and 5 (simulated GPU): see the module docstring
+
+
+def _scores(dims):
+    """Multiples of 1/4 in [-2.25, 2.25] from a quadratic in the flat index: unlike a linear
+    pattern, the differences along any dim vary, and softmax depends only on those."""
+    index = np.arange(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+    return ((index * (index + 3) // 2 % 19 - 9) * 0.25).reshape(dims)
+
+
+def _add(name, dims, dim, dtype=np.float32, description="", input=None):
+    TABLE.add(name, SoftmaxAttrs(dim),
+              {"input": _scores(dims) if input is None else input,
+               "output_grad": pattern(dims, modulus=13, scale=0.5, offset=5)},
+              dtype=dtype, tolerance=TOLERANCE, description=description)
+
+
+_add("3d_dim0", (3, 4, 5), 0, description="outer dim: inner > 1 (thread per column)")
+_add("3d_dim1", (3, 4, 5), 1)
+_add("3d_dim2", (3, 4, 5), 2, description="last dim: rows of 5 (8-lane groups)")
+_add("3d_dim_neg1", (4, 2, 3), -1, description="negative dim counts from the end")
+_add("3d_dim_neg3", (4, 2, 3), -3)
+_add("4d_dim0", (2, 3, 4, 5), 0)
+_add("4d_dim1", (2, 3, 4, 5), 1)
+_add("4d_dim2", (2, 3, 4, 5), 2)
+_add("4d_dim3", (2, 3, 4, 5), 3)
+_add("4d_dim_neg2", (2, 3, 5, 4), -2)
+_add("rank1_7", (7,), 0)
+_add("rank1_neg1_33", (33,), -1, description="one row of 33: a full warp, two values per lane")
+_add("rank2_3x6_dim1", (3, 6), 1)
+_add("rank2_3x6_dim_neg2", (3, 6), -2)
+_add("size1_dim", (3, 1, 4), 1, description="a softmax over one element is 1, its gradient 0")
+_add("stable_pm1000", (2, 4), -1, input=[[1000, -1000, 999.5, 998], [-1000, -1000.5, -999, 0]],
+     description="exp without the max subtracted overflows: no inf or NaN allowed")
+_add("stable_pm1000_dim0", (2, 3), 0, input=[[1000, -1000, 0.5], [-1000, 1000, 0]])
+_add("f64_4d_dim2", (2, 3, 4, 5), 2, np.float64)
+_add("f64_3d_dim_neg1", (3, 2, 7), -1, np.float64)
+_add("f64_3d_dim0", (3, 2, 7), 0, np.float64)
+_add("row_70", (3, 70), 1, description="rows of 70: a warp with 4 values per lane, the last ones padded")
+_add("row_1100_block", (2, 1100), -1, description="rows longer than 1024: one block per row")
+_add("column_600_block", (2, 600, 3), 1, description="few columns and a long dim: one block per column")
+_add("zero_size", (2, 0, 3), 2, description="zero-size tensor: nothing to do")
+_add("yolov10_psa_scores", (1, 2, 6, 6), -1, description="PSA: softmax of (B, heads, HW, HW) scores over the last dim")
+_add("yolov10_dfl", (2, 16, 4, 5), 1, description="DFL decode: softmax over the 16 bins of (B, 16, 4, anchors)")
+
+
+def torch_program(case, tensors):
+    import torch
+
+    input = tensors["input"].requires_grad_()
+    output = torch.softmax(input, case.attrs.dim)
+    (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
+    return {"output": output, "input_grad": input_grad}
+
+
+def run(case, env):
+    run_unary(softmax, case, env)

@@ -1,0 +1,176 @@
+"""batch_matmul: lhs (..., M, K) @ rhs (..., K, N) -> output (..., M, N), float32 and float64.
+
+Rank >= 3 and identical leading (batch) dims: no broadcasting. Backward writes
+lhs_grad = output_grad @ rhs^T and rhs_grad = lhs^T @ output_grad; a None gradient
+is skipped. K == 0 gives zeros. The GPU runs cuBLAS strided batched GEMM in
+pedantic math (no TF32), so exactly representable products and sums stay exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import core
+from .core import FLOAT_DTYPES, CudaError, ShapeError, TensorShape, fail
+
+OP = "batch_matmul"
+
+
+@dataclass(frozen=True)
+class BatchMatmulAttrs:
+    """batch_matmul has no attrs; the class exists so that every op is called the same way."""
+
+
+def output_dims(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(lhs_dims[:-1]) + (rhs_dims[-1],)
+
+
+def init_kernel(handle: Any, attrs: BatchMatmulAttrs, lhs_shape: TensorShape, rhs_shape: TensorShape,
+                output_shape: TensorShape) -> core.KernelState:
+    """Check ranks, batch and inner dims, the output shape and dtypes; record them."""
+    state = core.make_state(OP, handle, attrs, BatchMatmulAttrs, lhs_shape=lhs_shape, rhs_shape=rhs_shape,
+                            output_shape=output_shape)
+    core.check_dtype(OP, "lhs_shape", lhs_shape, FLOAT_DTYPES)
+    core.check_rank(OP, "lhs_shape", lhs_shape, min_rank=3)
+    core.check_rank(OP, "rhs_shape", rhs_shape, min_rank=3)
+    if rhs_shape.dims[:-2] != lhs_shape.dims[:-2]:
+        raise fail(ShapeError, OP, "rhs_shape", f"leading dims {lhs_shape.dims[:-2]} (as lhs_shape; no broadcasting)",
+                   rhs_shape.dims)
+    if rhs_shape.dims[-2] != lhs_shape.dims[-1]:
+        raise fail(ShapeError, OP, "rhs_shape", f"dim -2 equal to lhs_shape's inner dim K = {lhs_shape.dims[-1]}",
+                   rhs_shape.dims)
+    core.check_same_dtype(OP, "rhs_shape", rhs_shape, lhs_shape, "lhs_shape")
+    core.check_dims(OP, "output_shape", output_shape, output_dims(lhs_shape.dims, rhs_shape.dims))
+    core.check_same_dtype(OP, "output_shape", output_shape, lhs_shape, "lhs_shape")
+    return state
+
+
+def _check_forward(stream, handle, state, attrs, lhs, rhs, output) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("lhs", lhs, state.shapes["lhs_shape"], True),
+        ("rhs", rhs, state.shapes["rhs_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
+    # lhs_grad needs rhs and rhs_grad needs lhs; the output itself is never needed.
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("lhs", lhs, state.shapes["lhs_shape"], rhs_grad is not None),
+        ("lhs_grad", lhs_grad, state.shapes["lhs_shape"], False),
+        ("rhs", rhs, state.shapes["rhs_shape"], lhs_grad is not None),
+        ("rhs_grad", rhs_grad, state.shapes["rhs_shape"], False),
+    ])
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
+    """output = lhs @ rhs, batched over the leading dims."""
+    _check_forward(stream, handle, state, attrs, lhs, rhs, output)
+    if output.size:
+        np.matmul(lhs, rhs, out=output)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
+    """lhs_grad = output_grad @ rhs^T; rhs_grad = lhs^T @ output_grad (None grads skipped)."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+    if lhs_grad is not None and lhs_grad.size:
+        np.matmul(output_grad, np.swapaxes(rhs, -1, -2), out=lhs_grad)
+    if rhs_grad is not None and rhs_grad.size:
+        np.matmul(np.swapaxes(lhs, -1, -2), output_grad, out=rhs_grad)
+
+
+# --------------------------------------------------------------------------- GPU
+#
+# cuBLAS is column-major. A row-major (r, c) matrix is, to cuBLAS, its (c, r)
+# transpose with leading dimension c. So the row-major product C = op(A) @ op(B) is
+# computed as the column-major C^T = op(B)^T @ op(A)^T: B first, sizes (N, M, K).
+
+
+def _gemm(stream, handle, dtype: np.dtype, transa: bool, transb: bool, m: int, n: int, k: int,
+          a: Any, lda: int, stride_a: int, b: Any, ldb: int, stride_b: int,
+          c: Any, ldc: int, stride_c: int, batch: int) -> None:
+    """Column-major C (m x n) = op(A) @ op(B) for `batch` matrices `stride_*` elements apart.
+
+    k == 0 writes zeros (cuBLAS is not asked to: an empty sum is zero)."""
+    import cupy
+    from cupy.cuda import cublas
+
+    if m == 0 or n == 0 or batch == 0:
+        return
+    if k == 0:
+        cupy.cuda.runtime.memsetAsync(c.data.ptr, 0, c.nbytes, stream.ptr)
+        return
+    gemm = cublas.sgemmStridedBatched if dtype == np.float32 else cublas.dgemmStridedBatched
+    # alpha and beta live on the host (pointer mode host); cuBLAS reads them during the call.
+    one, zero = np.ones((), dtype=dtype), np.zeros((), dtype=dtype)
+    op_a = cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N
+    op_b = cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N
+    try:
+        with stream:
+            cublas_handle = handle.cublas(stream)
+            cublas.setPointerMode(cublas_handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            gemm(cublas_handle, op_a, op_b, m, n, k, one.ctypes.data, a.data.ptr, lda, stride_a,
+                 b.data.ptr, ldb, stride_b, zero.ctypes.data, c.data.ptr, ldc, stride_c, batch)
+    except cublas.CUBLASError as error:
+        raise CudaError("cuBLAS", str(error), f"{OP}: {'sgemm' if dtype == np.float32 else 'dgemm'}StridedBatched "
+                        f"(m={m}, n={n}, k={k}, batch={batch})") from error
+
+
+def _sizes(state: core.KernelState) -> tuple[int, int, int, int]:
+    lhs_dims, rhs_dims = state.shapes["lhs_shape"].dims, state.shapes["rhs_shape"].dims
+    return core.numel(lhs_dims[:-2]), lhs_dims[-2], lhs_dims[-1], rhs_dims[-1]
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
+    """output = lhs @ rhs through cuBLAS strided batched GEMM, enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, lhs, rhs, output)
+    batch, m, k, n = _sizes(state)
+    # output^T (N x M) = rhs^T (N x K) @ lhs^T (K x M)
+    _gemm(stream, handle, output.dtype, False, False, n, m, k,
+          rhs, n, k * n, lhs, k, m * k, output, n, m * n, batch)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
+    """lhs_grad = output_grad @ rhs^T, rhs_grad = lhs^T @ output_grad through cuBLAS, enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+    batch, m, k, n = _sizes(state)
+    dtype = output_grad.dtype
+    if lhs_grad is not None:
+        # lhs_grad^T (K x M) = rhs (K x N; its memory is the N x K rhs^T, so transposed) @ output_grad^T (N x M)
+        _gemm(stream, handle, dtype, True, False, k, m, n,
+              rhs, n, k * n, output_grad, n, m * n, lhs_grad, k, m * k, batch)
+    if rhs_grad is not None:
+        # rhs_grad^T (N x K) = output_grad^T (N x M) @ lhs (M x K; its memory is the K x M lhs^T, so transposed)
+        _gemm(stream, handle, dtype, False, True, n, k, m,
+              output_grad, n, m * n, lhs, k, m * k, rhs_grad, n, k * n, batch)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
+    """Write output = lhs @ rhs (batched), on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, lhs, rhs, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
+    """Write lhs_grad and rhs_grad (each skipped when None), on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

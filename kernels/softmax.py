@@ -1,0 +1,174 @@
+"""softmax along `dim` (any dim of any rank, negative dims count from the end), float32 and float64.
+
+Forward is numerically stable: y = exp(x - max) / sum(exp(x - max)) along dim.
+Backward is computed from the output alone: input_grad = y * (g - sum(g * y)) along
+dim, so `input` may be None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import core, gpu
+from .core import FLOAT_DTYPES, TensorShape
+
+OP = "softmax"
+
+
+@dataclass(frozen=True)
+class SoftmaxAttrs:
+    dim: int
+
+    def __post_init__(self) -> None:
+        core.set_attr(self, "dim", core.attr_int(OP, "dim", self.dim))
+
+
+def init_kernel(handle: Any, attrs: SoftmaxAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
+    """Check dim against the rank and the shapes against each other; record them."""
+    state = core.make_state(OP, handle, attrs, SoftmaxAttrs, input_shape=input_shape, output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.normalize_axis(OP, "dim", attrs.dim, input_shape.rank)
+    core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    return state
+
+
+def _axis(state: core.KernelState) -> int:
+    return core.normalize_axis(OP, "dim", state.attrs.dim, state.shapes["input_shape"].rank)
+
+
+def _check_forward(stream, handle, state, attrs, input, output) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], True),  # backward reads y
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], False),  # not needed: accepted, or None
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ])
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = exp(input - max) / sum(exp(input - max)) along dim."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    if input.size == 0:
+        return
+    axis = _axis(state)
+    np.subtract(input, np.max(input, axis=axis, keepdims=True), out=output)
+    np.exp(output, out=output)
+    np.divide(output, np.sum(output, axis=axis, keepdims=True), out=output)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = output * (output_grad - sum(output_grad * output)) along dim."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None or input_grad.size == 0:
+        return
+    axis = _axis(state)
+    letters = "abcdefghijklmnopqrstuvwxyz"[:output.ndim]
+    # einsum forms the dot along dim without a temporary of the tensor's size
+    dot = np.expand_dims(np.einsum(f"{letters},{letters}->{letters.replace(letters[axis], '')}", output_grad, output), axis)
+    np.subtract(output_grad, dot, out=input_grad)
+    np.multiply(output, input_grad, out=input_grad)
+
+
+# --------------------------------------------------------------------------- GPU
+
+_WIDTHS_AND_PER_LANE = [(w, 1) for w in (1, 2, 4, 8, 16, 32)] + [(32, p) for p in (2, 4, 8, 16, 32)]
+MAX_ROW_IN_REGISTERS = 32 * 32
+ROWS_BLOCK = 128  # threads per block of the *_rows kernels (4 warps)
+COLUMN_BLOCK = 256  # threads per block of the *_block and *_columns kernels
+
+_CUDA = gpu.CudaModule("softmax.cu", [
+    f"softmax_{direction}_rows<{t}, {width}, {per_lane}>"
+    for direction in ("forward", "backward") for t in gpu.FLOAT_TYPES for width, per_lane in _WIDTHS_AND_PER_LANE
+] + [
+    f"softmax_{direction}_{kind}<{t}>"
+    for direction in ("forward", "backward") for kind in ("block", "columns") for t in gpu.FLOAT_TYPES
+])
+
+
+def gpu_plan(dims: tuple[int, ...], axis: int, dtype: np.dtype) -> tuple[str, Any, Any, tuple]:
+    """(kernel suffix with template arguments, grid, block, size arguments) for one softmax.
+
+    The tensor is (outer, size, inner) around the softmax dim. Rows (inner == 1) up to
+    1024 long live in registers of WIDTH lanes each (the next power of two of the row,
+    capped at a warp, so a warp holds several short rows); longer rows get a block
+    each. With inner > 1, threads own columns; when there are too few columns to fill
+    the device and the dim is long, a block owns each column instead.
+    """
+    outer = core.numel(dims[:axis])
+    size = dims[axis]
+    inner = core.numel(dims[axis + 1:])
+    t = gpu.cuda_type(dtype)
+    columns = outer * inner
+    if inner == 1 and size <= MAX_ROW_IN_REGISTERS:
+        padded = 1 << max(size - 1, 0).bit_length()
+        width = min(padded, 32)
+        per_lane = max(padded // 32, 1)
+        rows_per_block = ROWS_BLOCK // width
+        grid = gpu.grid_for(outer, rows_per_block)
+        return f"rows<{t}, {width}, {per_lane}>", grid, ROWS_BLOCK, (np.int64(outer), np.int32(size))
+    if inner == 1 or (columns < 8192 and size >= 512):
+        return f"block<{t}>", min(columns, 65536), COLUMN_BLOCK, (np.int64(columns), np.int64(size), np.int64(inner))
+    return f"columns<{t}>", gpu.grid_for(columns, COLUMN_BLOCK), COLUMN_BLOCK, (np.int64(columns), np.int64(size),
+                                                                                 np.int64(inner))
+
+
+def _gpu_plan(state: core.KernelState) -> tuple:
+    if "plan" not in state.saved:
+        shape = state.shapes["input_shape"]
+        state.saved["plan"] = gpu_plan(shape.dims, _axis(state), shape.dtype)
+    return state.saved["plan"]
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = softmax(input) along dim, enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    if input.size == 0:
+        return
+    kind, grid, block, sizes = _gpu_plan(state)
+    gpu.launch(stream, _CUDA.function(f"softmax_forward_{kind}"), grid, block, (input, output) + sizes)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = output * (output_grad - sum(output_grad * output)) along dim, enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None or input_grad.size == 0:
+        return
+    kind, grid, block, sizes = _gpu_plan(state)
+    gpu.launch(stream, _CUDA.function(f"softmax_backward_{kind}"), grid, block, (output, output_grad, input_grad) + sizes)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """Write output = softmax(input) along dim, on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """Write input_grad from output and output_grad (input is not needed), on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, input, input_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
