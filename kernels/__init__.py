@@ -7,7 +7,7 @@ their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
 """
 
 # Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
-from . import activation, batch_matmul, softmax, transpose
+from . import activation, batch_matmul, reshape, softmax, transpose, upsample
 from .activation import Activation
 from .batch_matmul import BatchMatmulAttrs
 from .core import (
@@ -23,12 +23,16 @@ from .core import (
     cpu_stream,
 )
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
+from .reshape import ReshapeAttrs
 from .softmax import SoftmaxAttrs
 from .transpose import TransposeAttrs
+from .upsample import UpsampleAttrs, UpsampleMode
 
 OPS = {
+    "reshape": reshape,
     "transpose": transpose,
     "batch_matmul": batch_matmul,
+    "upsample": upsample,
     "softmax": softmax,
 }
 
@@ -38,4 +42,5 @@ __all__ = [
     "OPS", "transpose", "TransposeAttrs",
     "activation", "Activation",
     "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",
+    "reshape", "ReshapeAttrs", "upsample", "UpsampleAttrs", "UpsampleMode",
 ]

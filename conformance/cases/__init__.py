@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from ..case import Case
-from . import batch_matmul, softmax, transpose
+from . import batch_matmul, reshape, softmax, transpose, upsample
 
 CASE_MODULES = {
     "transpose": transpose,
+    "reshape": reshape,
+    "upsample": upsample,
     "batch_matmul": batch_matmul,
     "softmax": softmax,
 }

@@ -1,0 +1,72 @@
+"""upsample cases: NEAREST with scale 2, 3 and 4 on non-square planes, batch and
+channels > 1, float and integer dtypes; BILINEAR (align_corners=False) with scale
+2 and 3; zero-size; and YOLOv10's nearest x2 at a small size."""
+
+import numpy as np
+
+from kernels import UpsampleAttrs, UpsampleMode, upsample
+
+from ..case import EXACT, CaseTable, int_pattern, pattern, ulp
+from ..harness import run_unary
+
+TABLE = CaseTable("upsample")
+
+NEAREST, BILINEAR = UpsampleMode.NEAREST, UpsampleMode.BILINEAR
+
+
+def _add(name, dims, scale, mode=NEAREST, dtype=np.float32, tolerance=EXACT, description=""):
+    attrs = UpsampleAttrs(scale, mode)
+    out_dims = upsample.output_dims(attrs, tuple(dims))
+    if np.dtype(dtype).kind in "iub":
+        # Small non-negative integers: a block sum of 9 stays below 256 (uint8).
+        inputs = {"input": int_pattern(dims), "output_grad": int_pattern(out_dims, modulus=19, offset=3)}
+    else:
+        inputs = {"input": pattern(dims), "output_grad": pattern(out_dims, modulus=13, offset=3, scale=0.5)}
+    TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description)
+
+
+# NEAREST: the backward is a sum of s*s small dyadic values, exact in every dtype.
+_add("nearest_x2_2x3x4x5", (2, 3, 4, 5), 2, description="H != W, batch and channels > 1")
+_add("nearest_x3_2x2x3x4", (2, 2, 3, 4), 3)
+_add("nearest_x2_f64", (2, 3, 5, 3), 2, dtype=np.float64)
+_add("nearest_x3_f64", (3, 2, 2, 5), 3, dtype=np.float64)
+_add("nearest_x4_1x2x3x2", (1, 2, 3, 2), 4, description="a scale beyond YOLOv10's")
+_add("nearest_x2_int32", (2, 3, 4, 5), 2, dtype=np.int32)
+_add("nearest_x3_int32", (2, 2, 3, 4), 3, dtype=np.int32)
+_add("nearest_x2_uint8", (2, 3, 3, 5), 2, dtype=np.uint8)
+_add("nearest_x3_uint8", (2, 2, 4, 3), 3, dtype=np.uint8, description="block sums of 9 up to 162 fit uint8")
+_add("nearest_x2_int64", (2, 2, 2, 3), 2, dtype=np.int64)
+_add("nearest_x2_1x1_plane", (2, 3, 1, 1), 2, description="1x1 planes")
+_add("nearest_zero_batch", (0, 2, 3, 4), 2, description="zero-size tensor: nothing to do")
+_add("yolov10_nearest_x2_1x4x3x5", (1, 4, 3, 5), 2, description="YOLOv10 neck upsample x2, small")
+
+# BILINEAR, align_corners=False: with s = 2 (s = 4) every weight is a multiple of
+# 1/4 (1/8), so with these dyadic values the results are exact. With s = 3 the
+# weights are r/6 (1/6, 1/2, 5/6), not exact in binary. Smallest n that passes,
+# measured on the CPU (the GPU rounds identically: same operations in the same
+# order, no FMA contraction): float32 output 1, input_grad 2 (sums of up to 36
+# rounded products); float64 output 3, input_grad 2, where the golden is the less
+# accurate side: PyTorch's weight src - floor(src), src = (o + 0.5) / 3 - 0.5,
+# loses low bits to cancellation, where ours is r/6 rounded once.
+_add("bilinear_x2_2x3x4x5", (2, 3, 4, 5), 2, BILINEAR)
+_add("bilinear_x2_f64", (2, 2, 3, 4), 2, BILINEAR, np.float64)
+_add("bilinear_x2_1x2x1x3", (1, 2, 1, 3), 2, BILINEAR, description="H = 1: both rows clamp to the one row")
+_add("bilinear_x4_1x2x3x2", (1, 2, 3, 2), 4, BILINEAR, description="weights in eighths")
+_add("bilinear_x3_2x2x3x4", (2, 2, 3, 4), 3, BILINEAR, tolerance=ulp(2))
+_add("bilinear_x3_f64", (2, 2, 4, 3), 3, BILINEAR, np.float64, tolerance=ulp(3))
+
+
+def torch_program(case, tensors):
+    import torch
+    import torch.nn.functional as F
+
+    input = tensors["input"].requires_grad_()
+    mode = case.attrs.mode
+    extra = {"align_corners": False} if mode is BILINEAR else {}
+    output = F.interpolate(input, scale_factor=case.attrs.scale_factor, mode=mode.value, **extra)
+    (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
+    return {"output": output, "input_grad": input_grad}
+
+
+def run(case, env):
+    run_unary(upsample, case, env)

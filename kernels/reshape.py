@@ -1,0 +1,134 @@
+"""reshape: the same elements in row-major order under new dims (torch.reshape), any dtype.
+
+Both tensors are C-contiguous, so forward is a plain copy of the input into the
+output (a device-to-device copy on the stream on the GPU) and backward a copy of
+output_grad into input_grad. `shape` may hold one -1, the size inferred from the
+element count, as in torch.reshape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import core, gpu
+from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
+
+OP = "reshape"
+
+
+@dataclass(frozen=True)
+class ReshapeAttrs:
+    """shape: the output dims; sizes >= 0, and at most one -1 (inferred from the input's element count)."""
+
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        shape = core.attr_ints(OP, "shape", self.shape, minimum=-1)
+        if shape.count(-1) > 1:
+            raise fail(AttrsError, OP, "shape", "at most one -1 (inferred size)", shape)
+        core.set_attr(self, "shape", shape)
+
+
+def output_dims(attrs: ReshapeAttrs, input_dims: tuple[int, ...]) -> tuple[int, ...]:
+    """attrs.shape with its -1 resolved from the element count of `input_dims`.
+
+    Raises ShapeError when the counts cannot match, and when a -1 is ambiguous
+    (the other sizes multiply to 0), as torch.reshape does.
+    """
+    count = core.numel(input_dims)
+    if -1 not in attrs.shape:
+        if core.numel(attrs.shape) != count:
+            raise fail(ShapeError, OP, "input_shape", f"{core.numel(attrs.shape)} elements (shape {attrs.shape})",
+                       f"{count} elements {input_dims}")
+        return attrs.shape
+    known = core.numel([d for d in attrs.shape if d != -1])
+    if known == 0:
+        raise fail(ShapeError, OP, "input_shape", f"a shape whose -1 is defined (the other sizes of {attrs.shape} "
+                   "multiply to 0, so any size would fit)", input_dims)
+    if count % known:
+        raise fail(ShapeError, OP, "input_shape", f"an element count divisible by {known} (shape {attrs.shape})",
+                   f"{count} elements {input_dims}")
+    return tuple(count // known if d == -1 else d for d in attrs.shape)
+
+
+def init_kernel(handle: Any, attrs: ReshapeAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
+    """Check that the output dims are attrs.shape (with -1 resolved) for the input's element count."""
+    state = core.make_state(OP, handle, attrs, ReshapeAttrs, input_shape=input_shape, output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, MOVABLE_DTYPES)
+    core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    return state
+
+
+def _check_forward(stream, handle, state, attrs, input, output) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], False),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ])
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = input.reshape(output dims), copied."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    np.copyto(output, input.reshape(output.shape))
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = output_grad.reshape(input dims), copied."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is not None:
+        np.copyto(input_grad, output_grad.reshape(input_grad.shape))
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = input, a device-to-device copy enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    gpu.copy_async(stream, output, input)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = output_grad, a device-to-device copy enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is not None:
+        gpu.copy_async(stream, input_grad, output_grad)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """Write output = input under the new dims, on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """Write input_grad = output_grad under the input's dims, on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, input, input_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -1,0 +1,196 @@
+// upsample of NCHW by an integer scale s: NEAREST (any dtype) and BILINEAR
+// (align_corners=False, float and double), forward and backward.
+//
+// Tensors are seen as planes (N*C of them) of rows: input row r = n*C*H + h,
+// output rows r*s .. r*s + s-1, each of width W*s. Backward is a gather: each
+// thread owns one input_grad element and sums its sources in a fixed order, so
+// there are no atomics and the result is the same on every run.
+//
+// Compiled with --fmad=false: the bilinear arithmetic then rounds exactly as the
+// NumPy (CPU) twin does, so both devices give the same bits.
+#include "common.cuh"
+
+// Two elements of T in one aligned access (8 to 16 bytes): the s = 2 fast paths.
+template <typename T> struct Vec2;
+#define KERNELS_VEC2(T, V) template <> struct Vec2<T> { typedef V type; };
+KERNELS_VEC2(float, float2)
+KERNELS_VEC2(double, double2)
+KERNELS_VEC2(signed char, char2)
+KERNELS_VEC2(unsigned char, uchar2)
+KERNELS_VEC2(short, short2)
+KERNELS_VEC2(unsigned short, ushort2)
+KERNELS_VEC2(int, int2)
+KERNELS_VEC2(unsigned int, uint2)
+KERNELS_VEC2(long long, longlong2)
+KERNELS_VEC2(unsigned long long, ulonglong2)
+#undef KERNELS_VEC2
+
+// ------------------------------------------------------------------ NEAREST
+
+// Each thread reads one input element and writes its s x s block: s consecutive
+// outputs in each of s output rows. count = N*C*H*W.
+template <typename T, typename I>
+__global__ void upsample_nearest_forward(const T* __restrict__ input, T* __restrict__ output,
+                                         I count, I width, int scale) {
+    const I out_width = width * scale;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        const T value = input[index];
+        const I row = index / width;
+        const I column = index - row * width;
+        T* target = output + row * scale * out_width + column * scale;
+        for (int i = 0; i < scale; ++i, target += out_width) {
+            for (int k = 0; k < scale; ++k) target[k] = value;
+        }
+    }
+}
+
+// s = 2: the two outputs of a row as one aligned vector store (the host checks
+// that output is aligned to 2 * sizeof(T); out_width is even).
+template <typename T, typename I>
+__global__ void upsample_nearest_forward_x2(const T* __restrict__ input, T* __restrict__ output,
+                                            I count, I width) {
+    typedef typename Vec2<T>::type V;
+    const I out_width = width * 2;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        V pair;
+        pair.x = input[index];
+        pair.y = pair.x;
+        const I row = index / width;
+        const I column = index - row * width;
+        T* target = output + row * 2 * out_width + column * 2;
+        *reinterpret_cast<V*>(target) = pair;
+        *reinterpret_cast<V*>(target + out_width) = pair;
+    }
+}
+
+// input_grad[r, w] = sum over i of (sum over k of output_grad[r*s + i, w*s + k]):
+// each row of the block summed left to right, then the row sums top to bottom
+// (the CPU twin's order), in T (integers wrap as they do in T).
+template <typename T, typename I>
+__global__ void upsample_nearest_backward(const T* __restrict__ output_grad, T* __restrict__ input_grad,
+                                          I count, I width, int scale) {
+    const I out_width = width * scale;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        const I row = index / width;
+        const I column = index - row * width;
+        const T* source = output_grad + row * scale * out_width + column * scale;
+        T sum = source[0];
+        for (int k = 1; k < scale; ++k) sum += source[k];
+        for (int i = 1; i < scale; ++i) {
+            source += out_width;
+            T row_sum = source[0];
+            for (int k = 1; k < scale; ++k) row_sum += source[k];
+            sum += row_sum;
+        }
+        input_grad[index] = sum;
+    }
+}
+
+// s = 2 with aligned vector loads (the host checks output_grad's alignment).
+template <typename T, typename I>
+__global__ void upsample_nearest_backward_x2(const T* __restrict__ output_grad, T* __restrict__ input_grad,
+                                             I count, I width) {
+    typedef typename Vec2<T>::type V;
+    const I out_width = width * 2;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        const I row = index / width;
+        const I column = index - row * width;
+        const T* source = output_grad + row * 2 * out_width + column * 2;
+        const V top = *reinterpret_cast<const V*>(source);
+        const V bottom = *reinterpret_cast<const V*>(source + out_width);
+        T top_sum = top.x;
+        top_sum += top.y;
+        T bottom_sum = bottom.x;
+        bottom_sum += bottom.y;
+        top_sum += bottom_sum;
+        input_grad[index] = top_sum;
+    }
+}
+
+// ------------------------------------------------------------------ BILINEAR
+
+// Where output coordinate o reads from along one axis of `size` input pixels:
+// source = (o + 0.5) / s - 0.5, clamped at 0 (align_corners=False), written with
+// integers as (2o + 1 - s) / (2s). i0 = floor, i1 = the next pixel (clamped at the
+// end), weights l0 = (2s - r) / 2s on i0 and l1 = r / 2s on i1, each rounded once.
+template <typename T, typename I>
+__device__ __forceinline__ void bilinear_source(I o, int scale, I size, I& i0, I& i1, T& l0, T& l1) {
+    const I numerator = 2 * o + 1 - scale;
+    const I twice = 2 * (I)scale;
+    I remainder = 0;
+    i0 = 0;
+    if (numerator > 0) {
+        i0 = numerator / twice;
+        remainder = numerator - i0 * twice;
+    }
+    i1 = i0 + (i0 < size - 1 ? 1 : 0);
+    l1 = (T)remainder / (T)twice;
+    l0 = (T)(twice - remainder) / (T)twice;
+}
+
+// The weight that output coordinate o gives input pixel p along one axis.
+template <typename T, typename I>
+__device__ __forceinline__ T bilinear_weight(I o, I p, int scale, I size) {
+    I i0, i1;
+    T l0, l1;
+    bilinear_source<T, I>(o, scale, size, i0, i1, l0, l1);
+    return (i0 == p ? l0 : (T)0) + (i1 == p ? l1 : (T)0);
+}
+
+// One thread per output element: l_y0 * (l_x0 * x00 + l_x1 * x01) + l_y1 * (l_x0 * x10 + l_x1 * x11).
+template <typename T, typename I>
+__global__ void upsample_bilinear_forward(const T* __restrict__ input, T* __restrict__ output,
+                                          I count, I height, I width, int scale) {
+    const I out_height = height * scale, out_width = width * scale;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        const I ox = index % out_width;
+        const I rest = index / out_width;
+        const I oy = rest % out_height;
+        const I plane = rest / out_height;
+        I y0, y1, x0, x1;
+        T ly0, ly1, lx0, lx1;
+        bilinear_source<T, I>(oy, scale, height, y0, y1, ly0, ly1);
+        bilinear_source<T, I>(ox, scale, width, x0, x1, lx0, lx1);
+        const T* base = input + plane * height * width;
+        const T top = lx0 * base[y0 * width + x0] + lx1 * base[y0 * width + x1];
+        const T bottom = lx0 * base[y1 * width + x0] + lx1 * base[y1 * width + x1];
+        output[index] = ly0 * top + ly1 * bottom;
+    }
+}
+
+// One thread per input_grad element (y, x): the output pixels that read it have
+// coordinates y*s + ty and x*s + tx with ty, tx in [tap_low, tap_high] (2s taps per
+// axis). Summed separably, rows inside: sum over ty of w_y * (sum over tx of w_x * g),
+// both in ascending order, out-of-range taps skipped: the CPU twin's exact order.
+template <typename T, typename I>
+__global__ void upsample_bilinear_backward(const T* __restrict__ output_grad, T* __restrict__ input_grad,
+                                           I count, I height, I width, int scale) {
+    const I out_height = height * scale, out_width = width * scale;
+    const int tap_low = -((scale + 1) / 2), tap_high = scale - 1 + scale / 2;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
+         index += (I)gridDim.x * blockDim.x) {
+        const I x = index % width;
+        const I rest = index / width;
+        const I y = rest % height;
+        const I plane = rest / height;
+        const T* base = output_grad + plane * out_height * out_width;
+        T sum = (T)0;
+        for (int ty = tap_low; ty <= tap_high; ++ty) {
+            const I oy = y * scale + ty;
+            if (oy < 0 || oy >= out_height) continue;
+            T row = (T)0;
+            for (int tx = tap_low; tx <= tap_high; ++tx) {
+                const I ox = x * scale + tx;
+                if (ox < 0 || ox >= out_width) continue;
+                row += bilinear_weight<T, I>(ox, x, scale, width) * base[oy * out_width + ox];
+            }
+            sum += bilinear_weight<T, I>(oy, y, scale, height) * row;
+        }
+        input_grad[index] = sum;
+    }
+}

@@ -1,0 +1,282 @@
+"""upsample: NCHW input (N, C, H, W) -> output (N, C, H*s, W*s) for an integer scale s >= 2.
+
+NEAREST (any movable dtype forward) copies input[n, c, h, w] into its s x s
+block, as torch.nn.functional.interpolate(mode='nearest') does for an integer
+scale; its backward sums each s x s block of output_grad (float and integer
+dtypes; integers sum in their own dtype and wrap like it). BILINEAR (float32,
+float64) follows interpolate(mode='bilinear', align_corners=False): source
+coordinate (o + 0.5) / s - 0.5 clamped at 0, weights r / 2s with r an integer,
+each rounded once.
+
+Both backwards are gathers: each input_grad element sums its sources in one
+fixed order, the same on the CPU and the GPU, with no atomics.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import core, gpu
+from .core import FLOAT_DTYPES, MOVABLE_DTYPES, TensorShape
+
+OP = "upsample"
+
+
+class UpsampleMode(enum.Enum):
+    NEAREST = "nearest"
+    BILINEAR = "bilinear"
+
+
+# NEAREST backward sums: float and integer dtypes (bool, float16 and complex are forward only).
+NEAREST_BACKWARD_DTYPES = FLOAT_DTYPES + tuple(
+    np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64))
+
+
+@dataclass(frozen=True)
+class UpsampleAttrs:
+    """scale_factor: an integer >= 2, the same for H and W; mode: NEAREST or BILINEAR (align_corners=False)."""
+
+    scale_factor: int
+    mode: UpsampleMode = UpsampleMode.NEAREST
+
+    def __post_init__(self) -> None:
+        core.set_attr(self, "scale_factor", core.attr_int(OP, "scale_factor", self.scale_factor, minimum=2))
+        core.set_attr(self, "mode", core.attr_enum(OP, "mode", self.mode, UpsampleMode))
+
+
+def output_dims(attrs: UpsampleAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = dims
+    return (n, c, h * attrs.scale_factor, w * attrs.scale_factor)
+
+
+def init_kernel(handle: Any, attrs: UpsampleAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
+    """Check rank 4, the output dims (N, C, H*s, W*s) and the dtype the mode allows."""
+    state = core.make_state(OP, handle, attrs, UpsampleAttrs, input_shape=input_shape, output_shape=output_shape)
+    allowed = MOVABLE_DTYPES if attrs.mode is UpsampleMode.NEAREST else FLOAT_DTYPES
+    core.check_dtype(OP, "input_shape", input_shape, allowed)
+    core.check_rank(OP, "input_shape", input_shape, rank=4)
+    core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    return state
+
+
+def _check_forward(stream, handle, state, attrs, input, output) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], False),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ])
+    if attrs.mode is UpsampleMode.NEAREST:
+        core.check_dtype(OP, "output_grad", TensorShape.of(output_grad), NEAREST_BACKWARD_DTYPES)
+
+
+def bilinear_source(size: int, scale: int, dtype: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For every output coordinate along an axis of `size` pixels: i0, i1 and their weights l0, l1.
+
+    source = (o + 0.5) / s - 0.5 = (2o + 1 - s) / 2s, clamped at 0; i0 = floor,
+    i1 = i0 + 1 clamped at the last pixel, l1 = r / 2s, l0 = (2s - r) / 2s with
+    r = (2o + 1 - s) mod 2s: each weight rounded once in `dtype`, as on the GPU.
+    """
+    dtype = np.dtype(dtype)
+    twice = 2 * scale
+    numerator = 2 * np.arange(size * scale, dtype=np.int64) + 1 - scale
+    positive = numerator > 0
+    i0 = np.where(positive, numerator // twice, 0)
+    remainder = np.where(positive, numerator - i0 * twice, 0)
+    i1 = i0 + (i0 < size - 1)
+    l1 = remainder.astype(dtype) / dtype.type(twice)
+    l0 = (twice - remainder).astype(dtype) / dtype.type(twice)
+    return i0, i1, l0, l1
+
+
+def bilinear_taps(scale: int) -> range:
+    """Offsets t such that output coordinate p*s + t may read input pixel p: 2s of them."""
+    return range(-((scale + 1) // 2), scale + scale // 2)
+
+
+def bilinear_weights(size: int, scale: int, dtype: Any) -> np.ndarray:
+    """(taps, size): the weight output coordinate p*s + t gives input pixel p (0 where out of range)."""
+    dtype = np.dtype(dtype)
+    i0, i1, l0, l1 = bilinear_source(size, scale, dtype)
+    pixels = np.arange(size)
+    taps = np.array(bilinear_taps(scale))
+    coordinate = pixels[None, :] * scale + taps[:, None]
+    inside = (coordinate >= 0) & (coordinate < size * scale)
+    o = np.where(inside, coordinate, 0)
+    zero = dtype.type(0)
+    weights = np.where(i0[o] == pixels, l0[o], zero) + np.where(i1[o] == pixels, l1[o], zero)
+    return np.where(inside, weights, zero).astype(dtype)
+
+
+def _tap_range(size: int, scale: int, tap: int) -> tuple[int, int]:
+    """Input pixels p with 0 <= p*s + tap < size*s, as [low, high)."""
+    return max(0, -(tap // scale)), min(size, (size * scale - 1 - tap) // scale + 1)
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def _cpu_nearest_forward(input, output, scale) -> None:
+    n, c, h, w = input.shape
+    np.copyto(output.reshape(n, c, h, scale, w, scale), input[:, :, :, None, :, None])
+
+
+def _cpu_nearest_backward(output_grad, input_grad, scale) -> None:
+    # Each row of a block left to right, then the row sums top to bottom: the GPU's order.
+    n, c, h, w = input_grad.shape
+    blocks = output_grad.reshape(n, c, h, scale, w, scale)
+    row_sums = np.add(blocks[..., 0], blocks[..., 1])
+    for k in range(2, scale):
+        np.add(row_sums, blocks[..., k], out=row_sums)
+    np.add(row_sums[:, :, :, 0], row_sums[:, :, :, 1], out=input_grad)
+    for i in range(2, scale):
+        np.add(input_grad, row_sums[:, :, :, i], out=input_grad)
+
+
+def _cpu_bilinear_forward(input, output, scale) -> None:
+    _, _, h, w = input.shape
+    y0, y1, ly0, ly1 = bilinear_source(h, scale, input.dtype)
+    x0, x1, lx0, lx1 = bilinear_source(w, scale, input.dtype)
+    rows0, rows1 = input[:, :, y0, :], input[:, :, y1, :]
+    top = lx0 * rows0[..., x0] + lx1 * rows0[..., x1]
+    bottom = lx0 * rows1[..., x0] + lx1 * rows1[..., x1]
+    np.multiply(ly0[:, None], top, out=output)
+    output += ly1[:, None] * bottom
+
+
+def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
+    # Separable gather, the GPU's order: along W into rows, then along H; taps ascending.
+    n, c, h, w = input_grad.shape
+    dtype = input_grad.dtype
+    weights_y, weights_x = bilinear_weights(h, scale, dtype), bilinear_weights(w, scale, dtype)
+    rows = np.zeros((n, c, h * scale, w), dtype=dtype)
+    for j, tap in enumerate(bilinear_taps(scale)):
+        low, high = _tap_range(w, scale, tap)
+        if low < high:
+            sources = output_grad[..., low * scale + tap:(high - 1) * scale + tap + 1:scale]
+            rows[..., low:high] += weights_x[j, low:high] * sources
+    input_grad.fill(0)
+    for j, tap in enumerate(bilinear_taps(scale)):
+        low, high = _tap_range(h, scale, tap)
+        if low < high:
+            sources = rows[:, :, low * scale + tap:(high - 1) * scale + tap + 1:scale, :]
+            input_grad[:, :, low:high, :] += weights_y[j, low:high, None] * sources
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = input upsampled by scale_factor (NEAREST or BILINEAR)."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    if attrs.mode is UpsampleMode.NEAREST:
+        _cpu_nearest_forward(input, output, attrs.scale_factor)
+    else:
+        _cpu_bilinear_forward(input, output, attrs.scale_factor)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = the sum of output_grad over each input element's sources, weighted for BILINEAR."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None:
+        return
+    if attrs.mode is UpsampleMode.NEAREST:
+        _cpu_nearest_backward(output_grad, input_grad, attrs.scale_factor)
+    else:
+        _cpu_bilinear_backward(output_grad, input_grad, attrs.scale_factor)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+_VEC2_BITS = tuple(t for t in gpu.BITS_TYPES if t != "ulonglong2")  # 16-byte elements have no pair type
+_ARITHMETIC = tuple(gpu.cuda_type(d) for d in NEAREST_BACKWARD_DTYPES)
+
+_CUDA = gpu.CudaModule("upsample.cu", [
+    *(f"upsample_nearest_forward<{t}, {i}>" for t in gpu.BITS_TYPES for i in gpu.INDEX_TYPES),
+    *(f"upsample_nearest_forward_x2<{t}, {i}>" for t in _VEC2_BITS for i in gpu.INDEX_TYPES),
+    *(f"upsample_nearest_backward{x2}<{t}, {i}>" for x2 in ("", "_x2") for t in _ARITHMETIC for i in gpu.INDEX_TYPES),
+    *(f"upsample_bilinear_{d}<{t}, {i}>" for d in ("forward", "backward") for t in gpu.FLOAT_TYPES
+      for i in gpu.INDEX_TYPES),
+], options=("--fmad=false",))  # no contraction: bilinear rounds exactly as the NumPy twin does
+
+
+def _aligned_pair(array: Any) -> bool:
+    """Whether `array` may be read or written two elements at a time (the s = 2 vector paths)."""
+    return array.dtype.itemsize <= 8 and array.data.ptr % (2 * array.dtype.itemsize) == 0
+
+
+def _gpu_launch(stream, kind: str, type_name: str, source, destination, count: int, total: int, args: tuple,
+                scale: int, vector: bool) -> None:
+    index = gpu.index_type(total)
+    scalar = np.int32 if index == "int" else np.int64
+    suffix = "_x2" if vector else ""
+    name = f"upsample_{kind}{suffix}<{type_name}, {index}>"
+    scale_args = () if vector else (np.int32(scale),)
+    gpu.launch(stream, _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK,
+               (source, destination, scalar(count)) + tuple(scalar(a) for a in args) + scale_args)
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = input upsampled, enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    if output.size == 0:
+        return
+    _, _, h, w = input.shape
+    scale = attrs.scale_factor
+    if attrs.mode is UpsampleMode.NEAREST:
+        vector = scale == 2 and _aligned_pair(output)
+        _gpu_launch(stream, "nearest_forward", gpu.bits_type(input.dtype), input, output, input.size, output.size,
+                    (w,), scale, vector)
+    else:
+        _gpu_launch(stream, "bilinear_forward", gpu.cuda_type(input.dtype), input, output, output.size, output.size,
+                    (h, w), scale, False)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = the gathered sum of output_grad over each input element's sources, enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None or input_grad.size == 0:
+        return
+    _, _, h, w = input_grad.shape
+    scale = attrs.scale_factor
+    type_name = gpu.cuda_type(input_grad.dtype)
+    if attrs.mode is UpsampleMode.NEAREST:
+        vector = scale == 2 and _aligned_pair(output_grad)
+        _gpu_launch(stream, "nearest_backward", type_name, output_grad, input_grad, input_grad.size, output_grad.size,
+                    (w,), scale, vector)
+    else:
+        _gpu_launch(stream, "bilinear_backward", type_name, output_grad, input_grad, input_grad.size, output_grad.size,
+                    (h, w), scale, False)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """Write output = input upsampled by scale_factor, on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """Write input_grad from output_grad (block sums for NEAREST, weighted for BILINEAR), on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, input, input_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
