@@ -8,6 +8,9 @@
 //   *_columns<T>                inner > 1: one thread per (outer, inner) column,
 //                               looping over the softmax dim; neighbouring threads
 //                               read neighbouring addresses (coalesced along inner).
+//   *_columns_cached<T, MAX>    the same for a softmax dim <= MAX (32): the column
+//                               lives in registers, all its loads in flight at once
+//                               (the DFL decode's 16 bins).
 // Every reduction has a fixed order (per-lane sequential, then a fixed butterfly
 // or tree), so the same input gives the same bits on every run. No atomics.
 //
@@ -228,5 +231,59 @@ __global__ void softmax_backward_columns(const T* __restrict__ output, const T* 
             const long long at = base + d * inner;
             input_grad[at] = output[at] * (output_grad[at] - dot);
         }
+    }
+}
+
+// A softmax dim of at most MAX_SIZE: the column is loaded once into registers (the
+// loads of a thread are independent, so they are all in flight together). Same
+// summation order as *_columns: sequential along the dim.
+template <typename T, int MAX_SIZE>
+__global__ void softmax_forward_columns_cached(const T* __restrict__ input, T* __restrict__ output,
+                                               long long columns, int size, long long inner) {
+    for (long long column = (long long)blockIdx.x * blockDim.x + threadIdx.x; column < columns;
+         column += (long long)gridDim.x * blockDim.x) {
+        const long long base = (column / inner) * size * inner + column % inner;
+        T v[MAX_SIZE];
+        T row_max = lowest<T>();
+#pragma unroll
+        for (int d = 0; d < MAX_SIZE; ++d) {
+            if (d < size) {
+                v[d] = input[base + d * inner];
+                row_max = larger(row_max, v[d]);
+            }
+        }
+        T sum = T(0);
+#pragma unroll
+        for (int d = 0; d < MAX_SIZE; ++d) {
+            if (d < size) {
+                v[d] = exp_of(v[d] - row_max);
+                sum += v[d];
+            }
+        }
+#pragma unroll
+        for (int d = 0; d < MAX_SIZE; ++d)
+            if (d < size) output[base + d * inner] = v[d] / sum;
+    }
+}
+
+template <typename T, int MAX_SIZE>
+__global__ void softmax_backward_columns_cached(const T* __restrict__ output, const T* __restrict__ output_grad,
+                                                T* __restrict__ input_grad, long long columns, int size, long long inner) {
+    for (long long column = (long long)blockIdx.x * blockDim.x + threadIdx.x; column < columns;
+         column += (long long)gridDim.x * blockDim.x) {
+        const long long base = (column / inner) * size * inner + column % inner;
+        T y[MAX_SIZE], g[MAX_SIZE];
+        T dot = T(0);
+#pragma unroll
+        for (int d = 0; d < MAX_SIZE; ++d) {
+            if (d < size) {
+                y[d] = output[base + d * inner];
+                g[d] = output_grad[base + d * inner];
+                dot += g[d] * y[d];
+            }
+        }
+#pragma unroll
+        for (int d = 0; d < MAX_SIZE; ++d)
+            if (d < size) input_grad[base + d * inner] = y[d] * (g[d] - dot);
     }
 }

@@ -87,6 +87,7 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 
 _WIDTHS_AND_PER_LANE = [(w, 1) for w in (1, 2, 4, 8, 16, 32)] + [(32, p) for p in (2, 4, 8, 16, 32)]
 MAX_ROW_IN_REGISTERS = 32 * 32
+_CACHED_COLUMN_SIZES = (4, 8, 16, 32)  # a softmax dim up to 32 with inner > 1 is kept in registers
 ROWS_BLOCK = 128  # threads per block of the *_rows kernels (4 warps)
 COLUMN_BLOCK = 256  # threads per block of the *_block and *_columns kernels
 
@@ -96,6 +97,9 @@ _CUDA = gpu.CudaModule("softmax.cu", [
 ] + [
     f"softmax_{direction}_{kind}<{t}>"
     for direction in ("forward", "backward") for kind in ("block", "columns") for t in gpu.FLOAT_TYPES
+] + [
+    f"softmax_{direction}_columns_cached<{t}, {size}>"
+    for direction in ("forward", "backward") for t in gpu.FLOAT_TYPES for size in _CACHED_COLUMN_SIZES
 ])
 
 
@@ -105,8 +109,9 @@ def gpu_plan(dims: tuple[int, ...], axis: int, dtype: np.dtype) -> tuple[str, An
     The tensor is (outer, size, inner) around the softmax dim. Rows (inner == 1) up to
     1024 long live in registers of WIDTH lanes each (the next power of two of the row,
     capped at a warp, so a warp holds several short rows); longer rows get a block
-    each. With inner > 1, threads own columns; when there are too few columns to fill
-    the device and the dim is long, a block owns each column instead.
+    each. With inner > 1, threads own columns (in registers when the dim is <= 32);
+    when there are too few columns to fill the device and the dim is long, a block
+    owns each column instead.
     """
     outer = core.numel(dims[:axis])
     size = dims[axis]
@@ -120,6 +125,10 @@ def gpu_plan(dims: tuple[int, ...], axis: int, dtype: np.dtype) -> tuple[str, An
         rows_per_block = ROWS_BLOCK // width
         grid = gpu.grid_for(outer, rows_per_block)
         return f"rows<{t}, {width}, {per_lane}>", grid, ROWS_BLOCK, (np.int64(outer), np.int32(size))
+    if inner > 1 and size <= _CACHED_COLUMN_SIZES[-1]:
+        cached = next(c for c in _CACHED_COLUMN_SIZES if c >= size)
+        return (f"columns_cached<{t}, {cached}>", gpu.grid_for(columns, COLUMN_BLOCK), COLUMN_BLOCK,
+                (np.int64(columns), np.int32(size), np.int64(inner)))
     if inner == 1 or (columns < 8192 and size >= 512):
         return f"block<{t}>", min(columns, 65536), COLUMN_BLOCK, (np.int64(columns), np.int64(size), np.int64(inner))
     return f"columns<{t}>", gpu.grid_for(columns, COLUMN_BLOCK), COLUMN_BLOCK, (np.int64(columns), np.int64(size),

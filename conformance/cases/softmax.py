@@ -11,8 +11,8 @@ floor of n ulps of the tensor's largest magnitude):
   others <= 3.5: g - sum(g * y) cancels where g is close to the dot);
 - for the GPU, by simulating its float32 arithmetic in NumPy (the exact
   summation order of each kernel: per-lane sequential sums and butterflies,
-  block trees, per-column loops; FMA in the dot; expf off by -2..+2 ulps, its
-  documented maximum, in fixed and random patterns): output <= 5, input_grad <= 5.
+  block trees, per-column sequential sums; FMA in the dot; expf off by -2..+2 ulps, its
+  documented maximum, in fixed and random patterns): output <= 6, input_grad <= 5.
 Stated: ulp(8), one above the largest measured.
 """
 
@@ -25,7 +25,7 @@ from ..harness import run_unary
 
 TABLE = CaseTable("softmax")
 
-TOLERANCE = ulp(8)  # measured 7 (CPU) and 5 (simulated GPU): see the module docstring
+TOLERANCE = ulp(8)  # measured 7 (CPU) and 6 (simulated GPU): see the module docstring
 
 
 def _scores(dims):
@@ -65,6 +65,8 @@ _add("f64_3d_dim_neg1", (3, 2, 7), -1, np.float64)
 _add("f64_3d_dim0", (3, 2, 7), 0, np.float64)
 _add("row_70", (3, 70), 1, description="rows of 70: a warp with 4 values per lane, the last ones padded")
 _add("row_1100_block", (2, 1100), -1, description="rows longer than 1024: one block per row")
+_add("column_20_cached", (2, 20, 3), 1, description="inner > 1, a dim of 20: the column in registers (up to 32)")
+_add("column_40", (2, 40, 3), 1, description="inner > 1, a dim of 40: a thread loops over its column")
 _add("column_600_block", (2, 600, 3), 1, description="few columns and a long dim: one block per column")
 _add("zero_size", (2, 0, 3), 2, description="zero-size tensor: nothing to do")
 _add("yolov10_psa_scores", (1, 2, 6, 6), -1, description="PSA: softmax of (B, heads, HW, HW) scores over the last dim")
