@@ -7,9 +7,10 @@ their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
 """
 
 # Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
-from . import activation, batch_matmul, reshape, softmax, transpose, upsample
+from . import activation, batch_matmul, concat, gradient_reduction, reshape, softmax, split, transpose, upsample
 from .activation import Activation
 from .batch_matmul import BatchMatmulAttrs
+from .concat import ConcatAttrs
 from .core import (
     AttrsError,
     CudaError,
@@ -23,17 +24,22 @@ from .core import (
     cpu_stream,
 )
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
+from .gradient_reduction import GradientReductionAttrs
 from .reshape import ReshapeAttrs
 from .softmax import SoftmaxAttrs
+from .split import SplitAttrs
 from .transpose import TransposeAttrs
 from .upsample import UpsampleAttrs, UpsampleMode
 
 OPS = {
+    "concat": concat,
+    "split": split,
     "reshape": reshape,
     "transpose": transpose,
     "batch_matmul": batch_matmul,
     "upsample": upsample,
     "softmax": softmax,
+    "gradient_reduction": gradient_reduction,
 }
 
 __all__ = [
@@ -43,4 +49,5 @@ __all__ = [
     "activation", "Activation",
     "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",
     "reshape", "ReshapeAttrs", "upsample", "UpsampleAttrs", "UpsampleMode",
+    "concat", "ConcatAttrs", "split", "SplitAttrs", "gradient_reduction", "GradientReductionAttrs",
 ]

@@ -297,3 +297,8 @@ def widest_unit(*values: int) -> int:
         while value % unit:
             unit //= 2
     return unit
+
+
+def unit_type(unit: int) -> str:
+    """The unsigned CUDA type of a copy unit of `unit` bytes (1, 2, 4, 8 or 16)."""
+    return _BITS_TYPES[unit]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..case import Case
-from . import batch_matmul, reshape, softmax, transpose, upsample
+from . import batch_matmul, concat, gradient_reduction, reshape, softmax, split, transpose, upsample
 
 CASE_MODULES = {
     "transpose": transpose,
@@ -12,6 +12,9 @@ CASE_MODULES = {
     "upsample": upsample,
     "batch_matmul": batch_matmul,
     "softmax": softmax,
+    "concat": concat,
+    "split": split,
+    "gradient_reduction": gradient_reduction,
 }
 
 

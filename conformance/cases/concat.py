@@ -1,0 +1,86 @@
+"""concat cases: three or more inputs of unequal sizes on the outermost, middle,
+last and negative axes, ranks 1 to 4, batch > 1, integer, bool and float dtypes,
+zero-size pieces, more inputs than one GPU launch takes (12), a gradient not
+wanted (None), and YOLOv10's SPPF, C2f, upsample and detection-head concats."""
+
+import numpy as np
+
+from kernels import ConcatAttrs, concat
+
+from ..case import CaseTable, int_pattern, pattern
+
+TABLE = CaseTable("concat")
+
+
+def _values(dims, dtype, offset):
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        return int_pattern(dims, modulus=3, offset=offset) % 2
+    return int_pattern(dims, offset=offset) if kind in "iu" else pattern(dims, offset=offset)
+
+
+def _add(name, input_dims, axis, dtype=np.float32, none_grads=(), description=""):
+    """Inputs of `input_dims`, each with its own values; output_grad differs from all of them."""
+    rank = len(input_dims[0])
+    normalized = axis % rank
+    out_dims = list(input_dims[0])
+    out_dims[normalized] = sum(d[normalized] for d in input_dims)
+    tensors = {f"inputs.{i}": _values(dims, dtype, offset=5 * i) for i, dims in enumerate(input_dims)}
+    tensors["output_grad"] = _values(tuple(out_dims), dtype, offset=3)
+    TABLE.add(name, ConcatAttrs(axis=axis, num_inputs=len(input_dims)), tensors, dtype=dtype,
+              description=description, none_grads=tuple(none_grads))
+
+
+_add("axis0_three_rank2", [(1, 4), (3, 4), (2, 4)], 0, description="outermost axis, unequal sizes")
+_add("axis1_four_rank3_batch2", [(2, 1, 3), (2, 3, 3), (2, 2, 3), (2, 4, 3)], 1,
+     description="middle axis, batch 2: each input's rows interleave in the output")
+_add("axis3_three_rank4_f64", [(2, 3, 2, 1), (2, 3, 2, 4), (2, 3, 2, 2)], 3, np.float64, description="last axis")
+_add("axis_neg2_three_rank4_int32", [(2, 3, 1, 5), (2, 3, 3, 5), (2, 3, 2, 5)], -2, np.int32,
+     description="negative axis (-2 is axis 2)")
+_add("rank1_five_int64", [(3,), (1,), (4,), (1,), (5,)], 0, np.int64)
+_add("axis_neg1_three_uint8", [(2, 3, 3), (2, 3, 1), (2, 3, 5)], -1, np.uint8,
+     description="odd byte widths: 1-byte copy units on the GPU")
+_add("axis1_three_int16", [(3, 2, 5), (3, 1, 5), (3, 3, 5)], 1, np.int16)
+_add("axis0_three_int8", [(1, 2, 3), (2, 2, 3), (3, 2, 3)], 0, np.int8)
+_add("axis1_three_float16", [(2, 2, 3), (2, 5, 3), (2, 1, 3)], 1, np.float16)
+_add("axis2_three_bool", [(2, 2, 1, 3), (2, 2, 2, 3), (2, 2, 4, 3)], 2, np.bool_)
+_add("zero_size_piece", [(2, 2, 3), (2, 0, 3), (2, 3, 3)], 1, description="a piece of size 0 along the axis")
+_add("zero_size_all", [(0, 2, 3), (0, 1, 3), (0, 4, 3)], 1, description="zero-size tensors: nothing to do")
+_add("input_grads_none", [(2, 2, 3), (2, 3, 3), (2, 1, 3)], 1, none_grads=(1,),
+     description="input_grads[1] is None: skipped, the others written")
+_add("thirteen_inputs_axis1", [(2, 1 + i % 3, 2) for i in range(13)], 1,
+     description="more inputs than one GPU launch takes (12)")
+_add("yolov10_sppf_four_1x4x5x3", [(1, 4, 5, 3)] * 4, 1,
+     description="SPPF: x and three chained max pools, concatenated on channels (small)")
+_add("yolov10_c2f_2plus2_1x3x4x5", [(1, 3, 4, 5)] * 4, 1,
+     description="C2f with n = 2: two split halves and two bottleneck outputs on channels (small)")
+_add("yolov10_upsample_concat_1x4x6x4_1x2x6x4", [(1, 4, 6, 4), (1, 2, 6, 4)], 1,
+     description="neck: upsampled map concatenated with a backbone map on channels (small)")
+_add("yolov10_head_last_axis_b2", [(2, 6, 16), (2, 6, 4), (2, 6, 1)], -1,
+     description="detection head: (B, C, HW) of three scales concatenated on the last axis (small)")
+
+
+def torch_program(case, tensors):
+    import torch
+
+    inputs = [tensors[f"inputs.{i}"].requires_grad_() for i in range(case.attrs.num_inputs)]
+    output = torch.cat(inputs, dim=case.attrs.axis)
+    grads = torch.autograd.grad(output, inputs, tensors["output_grad"])
+    expected = {"output": output}
+    for i, grad in enumerate(grads):
+        if i not in case.extra["none_grads"]:
+            expected[f"input_grads.{i}"] = grad
+    return expected
+
+
+def run(case, env):
+    count = case.attrs.num_inputs
+    inputs = env.reads_list("inputs")
+    output = env.write("output")
+    state = concat.init_kernel(env.handle, case.attrs, [env.shape(f"inputs.{i}") for i in range(count)],
+                               env.shape("output"))
+    concat.forward_kernel(env.stream, env.handle, state, case.attrs, inputs, output)
+    output_grad = env.read("output_grad")
+    input_grads = [None if i in case.extra["none_grads"] else env.write(f"input_grads.{i}") for i in range(count)]
+    concat.backward_kernel(env.stream, env.handle, state, case.attrs, output, output_grad, inputs, input_grads)
+    concat.cleanup_kernel(env.handle, state)

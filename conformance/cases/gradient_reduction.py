@@ -1,0 +1,72 @@
+"""gradient_reduction cases: sums of 1, 2, 3, 5 and 13 tensors (13: more than one
+GPU launch takes), float and integer dtypes, element counts that leave a tail
+after the GPU's 16-byte packs, a gradient not wanted (None), zero-size tensors,
+and YOLOv10's C2f, where a split half is read by the concat and by a bottleneck.
+
+Every sum is of short dyadic fractions or small integers, so it is exact in any
+order; the kernels still sum left to right on both devices."""
+
+import numpy as np
+
+from kernels import GradientReductionAttrs, gradient_reduction
+
+from ..case import CaseTable, int_pattern, pattern
+
+TABLE = CaseTable("gradient_reduction")
+
+
+def _values(dims, dtype, offset):
+    return int_pattern(dims, offset=offset) if np.dtype(dtype).kind in "iu" else pattern(dims, offset=offset)
+
+
+def _add(name, dims, count, dtype=np.float32, none_grads=(), description=""):
+    tensors = {f"inputs.{i}": _values(dims, dtype, offset=4 * i) for i in range(count)}
+    tensors["output_grad"] = _values(dims, dtype, offset=2)
+    TABLE.add(name, GradientReductionAttrs(), tensors, dtype=dtype, description=description,
+              none_grads=tuple(none_grads))
+
+
+_add("two_f32_2x3x4", (2, 3, 4), 2)
+_add("three_f32_rank4_batch2", (2, 3, 2, 5), 3)
+_add("five_f64_3x7", (3, 7), 5, np.float64, description="21 elements: a tail after the GPU's pairs of doubles")
+_add("five_f32_5x7", (5, 7), 5, description="35 elements: a tail of 3 after the GPU's packs of 4")
+_add("thirteen_f32", (3, 4), 13, description="more inputs than one GPU launch takes (12): the sum is chained")
+_add("one_input_copy", (2, 5), 1, description="one input: a copy")
+_add("two_int32", (2, 3, 4), 2, np.int32)
+_add("three_int64", (4, 5), 3, np.int64)
+_add("five_int16", (3, 3, 3), 5, np.int16)
+_add("three_uint8", (2, 9), 3, np.uint8, description="18 bytes: one 16-byte pack and a tail of 2")
+_add("five_int8", (4, 5), 5, np.int8)
+_add("input_grads_none", (2, 3), 3, none_grads=(1,), description="input_grads[1] is None: skipped, the others written")
+_add("zero_size", (2, 0, 3), 3, description="zero-size tensors: nothing to do")
+_add("yolov10_c2f_split_half_twice_1x4x5x3", (1, 4, 5, 3), 2,
+     description="C2f: the second split half feeds both the concat and the first bottleneck (small)")
+
+
+def torch_program(case, tensors):
+    import torch
+
+    count = sum(1 for name in tensors if name.startswith("inputs."))
+    inputs = [tensors[f"inputs.{i}"].requires_grad_() for i in range(count)]
+    output = inputs[0].clone()
+    for term in inputs[1:]:
+        output = output + term
+    grads = torch.autograd.grad(output, inputs, tensors["output_grad"])
+    expected = {"output": output}
+    for i, grad in enumerate(grads):
+        if i not in case.extra["none_grads"]:
+            expected[f"input_grads.{i}"] = grad
+    return expected
+
+
+def run(case, env):
+    inputs = env.reads_list("inputs")
+    count = len(inputs)
+    output = env.write("output")
+    state = gradient_reduction.init_kernel(env.handle, case.attrs, [env.shape(f"inputs.{i}") for i in range(count)],
+                                           env.shape("output"))
+    gradient_reduction.forward_kernel(env.stream, env.handle, state, case.attrs, inputs, output)
+    output_grad = env.read("output_grad")
+    input_grads = [None if i in case.extra["none_grads"] else env.write(f"input_grads.{i}") for i in range(count)]
+    gradient_reduction.backward_kernel(env.stream, env.handle, state, case.attrs, output, output_grad, inputs, input_grads)
+    gradient_reduction.cleanup_kernel(env.handle, state)

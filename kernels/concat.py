@@ -1,0 +1,268 @@
+"""concat: inputs[] -> output, side by side along `axis`; any rank, any numeric dtype.
+
+Backward cuts output_grad back into the inputs' gradients (a None one is skipped).
+Concat forward is split backward and concat backward is split forward: the one
+implementation of both directions lives here (`PieceLayout`, `cpu_join`/`cpu_cut`,
+`gpu_join`/`gpu_cut`) and :mod:`kernels.split` uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import core, gpu
+from .core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
+
+OP = "concat"
+
+
+@dataclass(frozen=True)
+class ConcatAttrs:
+    axis: int
+    num_inputs: int
+
+    def __post_init__(self) -> None:
+        core.set_attr(self, "axis", core.attr_int(OP, "axis", self.axis))
+        core.set_attr(self, "num_inputs", core.attr_int(OP, "num_inputs", self.num_inputs, minimum=2))
+
+
+# --------------------------------------------------------------------------- the shared primitive
+
+
+@dataclass(frozen=True)
+class PieceLayout:
+    """A whole tensor and its pieces along `axis` (non-negative), each piece `sizes[i]` long there.
+
+    Every tensor is viewed as `outer` rows: a piece's row is `piece_bytes[i]` long and
+    starts `offset_bytes[i]` into the whole's row of `row_bytes`. `unit` is the widest
+    copy unit that divides every row length and offset.
+    """
+
+    axis: int
+    sizes: tuple[int, ...]
+    outer: int
+    inner: int
+    itemsize: int
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each piece starts along the axis."""
+        return tuple(int(v) for v in np.cumsum((0,) + self.sizes[:-1]))
+
+    @property
+    def piece_bytes(self) -> tuple[int, ...]:
+        return tuple(size * self.inner * self.itemsize for size in self.sizes)
+
+    @property
+    def offset_bytes(self) -> tuple[int, ...]:
+        return tuple(offset * self.inner * self.itemsize for offset in self.offsets)
+
+    @property
+    def row_bytes(self) -> int:
+        return sum(self.sizes) * self.inner * self.itemsize
+
+    @property
+    def unit(self) -> int:
+        return gpu.widest_unit(self.row_bytes, *self.piece_bytes)
+
+    def piece_dims(self, whole_dims: Sequence[int], index: int) -> tuple[int, ...]:
+        dims = list(whole_dims)
+        dims[self.axis] = self.sizes[index]
+        return tuple(dims)
+
+
+def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLayout:
+    """The layout of `whole` cut along `axis` (already normalized) into pieces of `sizes`."""
+    return PieceLayout(axis=axis, sizes=tuple(int(s) for s in sizes), outer=core.numel(whole.dims[:axis]),
+                       inner=core.numel(whole.dims[axis + 1:]), itemsize=whole.dtype.itemsize)
+
+
+def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
+    """whole = the pieces side by side along the axis (NumPy)."""
+    np.concatenate(pieces, axis=layout.axis, out=whole)
+
+
+def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
+    """Each piece that is not None = its slice of whole along the axis (NumPy)."""
+    lead = (slice(None),) * layout.axis
+    for piece, offset, size in zip(pieces, layout.offsets, layout.sizes):
+        if piece is not None:
+            np.copyto(piece, whole[lead + (slice(offset, offset + size),)])
+
+
+# "kernel": one launch per call for up to 12 pieces (concat.cu). "memcpy2d": one
+# cudaMemcpy2DAsync per piece. Kept switchable so that the benchmarks can compare them.
+GPU_METHOD = "kernel"
+MAX_PIECES = gpu.MAX_RANK  # pieces per launch: as many as one `struct Ints` holds
+UNROLL = 4  # CONCAT_UNROLL in concat.cu: units a thread moves per round
+# Blocks that keep every SM of the device busy (H200: 132 SMs, 8 resident blocks of 256 each):
+# below it one unit a thread, above it UNROLL units a thread, loads in flight before stores.
+FILL_BLOCKS = 1024
+# An index runs up to UNROLL grid strides past the count; 32-bit arithmetic must hold that too.
+_GRID_SPAN = UNROLL * 65536 * gpu.BLOCK
+
+_CUDA = gpu.CudaModule("concat.cu", [
+    f"concat_copy<{bits}, {index}, {direction}>"
+    for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES for direction in ("true", "false")
+])
+
+
+def gpu_join(stream: Any, layout: PieceLayout, pieces: Sequence[Any], whole: Any, method: str | None = None) -> None:
+    """whole = the pieces side by side along the axis, enqueued on the stream."""
+    _gpu_move(stream, layout, whole, pieces, True, method or GPU_METHOD)
+
+
+def gpu_cut(stream: Any, layout: PieceLayout, whole: Any, pieces: Sequence[Any], method: str | None = None) -> None:
+    """Each piece that is not None = its slice of whole, enqueued on the stream."""
+    _gpu_move(stream, layout, whole, pieces, False, method or GPU_METHOD)
+
+
+def _blocks(units: int) -> int:
+    return min(gpu.grid_for(units), max(gpu.grid_for(units, per_thread=UNROLL), FILL_BLOCKS))
+
+
+def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method: str) -> None:
+    widths, offsets = layout.piece_bytes, layout.offset_bytes
+    active = [i for i, piece in enumerate(pieces) if piece is not None and widths[i] and layout.outer]
+    if not active:
+        return
+    if method == "memcpy2d":
+        runtime = gpu.cupy.cuda.runtime
+        for i in active:
+            piece_ptr, whole_ptr = pieces[i].data.ptr, whole.data.ptr + offsets[i]
+            destination, source = (whole_ptr, piece_ptr) if to_whole else (piece_ptr, whole_ptr)
+            pitches = (layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)
+            try:
+                runtime.memcpy2DAsync(destination, pitches[0], source, pitches[1], widths[i], layout.outer,
+                                      runtime.memcpyDeviceToDevice, stream.ptr)
+            except runtime.CUDARuntimeError as error:
+                raise core.CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+        return
+    unit = gpu.widest_unit(layout.unit, whole.data.ptr, *(pieces[i].data.ptr for i in active))
+    index = gpu.index_type(whole.nbytes + _GRID_SPAN)
+    scalar = np.int32 if index == "int" else np.int64
+    kernel = _CUDA.function(f"concat_copy<{gpu.unit_type(unit)}, {index}, {'true' if to_whole else 'false'}>")
+    for start in range(0, len(active), MAX_PIECES):
+        batch = active[start:start + MAX_PIECES]
+        units = [widths[i] // unit for i in batch]
+        grid = (_blocks(layout.outer * max(units)), len(batch))
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (
+            whole, scalar(layout.row_bytes // unit), scalar(layout.outer),
+            gpu.ints_arg([pieces[i].data.ptr for i in batch]), gpu.ints_arg(units),
+            gpu.ints_arg([offsets[i] // unit for i in batch])))
+
+
+# --------------------------------------------------------------------------- init and checks
+
+
+def output_dims(attrs: ConcatAttrs, input_dims: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    axis = core.normalize_axis(OP, "axis", attrs.axis, len(input_dims[0]))
+    dims = list(input_dims[0])
+    dims[axis] = sum(d[axis] for d in input_dims)
+    return tuple(dims)
+
+
+def init_kernel(handle: Any, attrs: ConcatAttrs, input_shapes: list[TensorShape], output_shape: TensorShape) -> core.KernelState:
+    """Check that the inputs differ only along the axis and that output_shape is their concat."""
+    input_shapes = core.check_list(OP, "input_shapes", input_shapes)
+    state = core.make_state(OP, handle, attrs, ConcatAttrs, input_shapes=input_shapes, output_shape=output_shape)
+    core.check_list(OP, "input_shapes", input_shapes, attrs.num_inputs)
+    first = input_shapes[0]
+    core.check_dtype(OP, "input_shapes[0]", first, MOVABLE_DTYPES)
+    if first.rank < 1:
+        raise fail(ShapeError, OP, "input_shapes[0]", "rank >= 1", f"rank 0 {first.dims}")
+    axis = core.normalize_axis(OP, "axis", attrs.axis, first.rank)
+    for i, shape in enumerate(input_shapes[1:], start=1):
+        core.check_same_dtype(OP, f"input_shapes[{i}]", shape, first, "input_shapes[0]")
+        others = first.dims[:axis] + ("any",) + first.dims[axis + 1:]
+        if shape.rank != first.rank or shape.dims[:axis] + shape.dims[axis + 1:] != first.dims[:axis] + first.dims[axis + 1:]:
+            raise fail(ShapeError, OP, f"input_shapes[{i}]", f"dims {others} (as input_shapes[0] but along axis {axis})",
+                       shape.dims)
+    core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, [s.dims for s in input_shapes]))
+    core.check_same_dtype(OP, "output_shape", output_shape, first, "input_shapes[0]")
+    state.saved["layout"] = piece_layout(output_shape, [s.dims[axis] for s in input_shapes], axis)
+    return state
+
+
+def _input_shapes(stream, handle, state, attrs) -> list[TensorShape]:
+    """The state's input shapes, which size the list arguments (check_call refuses a state that is no concat state)."""
+    if not (isinstance(state, core.KernelState) and state.op == OP):
+        core.check_call(OP, stream, handle, state, attrs, [])
+    return state.shapes["input_shapes"]
+
+
+def _check_forward(stream, handle, state, attrs, inputs, output) -> list[Any]:
+    shapes = _input_shapes(stream, handle, state, attrs)
+    inputs = core.check_list(OP, "inputs", inputs, len(shapes))
+    core.check_call(OP, stream, handle, state, attrs,
+                    [(f"inputs[{i}]", x, s, True) for i, (x, s) in enumerate(zip(inputs, shapes))]
+                    + [("output", output, state.shapes["output_shape"], True)])
+    return inputs
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> list[Any]:
+    shapes = _input_shapes(stream, handle, state, attrs)
+    inputs = core.check_list(OP, "inputs", inputs, len(shapes), optional=True)
+    input_grads = core.check_list(OP, "input_grads", input_grads, len(shapes))
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+    ] + [(f"inputs[{i}]", x, s, False) for i, (x, s) in enumerate(zip(inputs, shapes))]
+      + [(f"input_grads[{i}]", g, s, False) for i, (g, s) in enumerate(zip(input_grads, shapes))])
+    return input_grads
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """output = concatenate(inputs, axis)."""
+    inputs = _check_forward(stream, handle, state, attrs, inputs, output)
+    cpu_join(state.saved["layout"], inputs, output)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """input_grads[i] = output_grad's slice of input i along the axis (None ones skipped)."""
+    input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
+    cpu_cut(state.saved["layout"], output_grad, input_grads)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """output = concatenate(inputs, axis), one launch per 12 inputs, enqueued on the stream."""
+    inputs = _check_forward(stream, handle, state, attrs, inputs, output)
+    gpu_join(stream, state.saved["layout"], inputs, output)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """input_grads[i] = output_grad's slice of input i (None ones skipped), enqueued on the stream."""
+    input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
+    gpu_cut(stream, state.saved["layout"], output_grad, input_grads)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """Write output = the inputs concatenated along the axis, on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, inputs, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """Write each input_grads[i] that is not None from output_grad, on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, inputs, input_grads)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -1,0 +1,175 @@
+"""gradient_reduction: inputs[] -> output, their elementwise sum: the gradients of a
+tensor read more than once, each use having written its own buffer.
+
+The sum runs left to right, ((inputs[0] + inputs[1]) + inputs[2]) + ..., on both
+devices, so float results are bitwise the same on CPU and GPU. Integer sums wrap
+like NumPy. Backward writes output_grad into every input_grads[i] that is not None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import core, gpu
+from .core import FLOAT_DTYPES, TensorShape
+
+OP = "gradient_reduction"
+
+INTEGER_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+                                             np.int64, np.uint64))
+SUMMABLE_DTYPES = FLOAT_DTYPES + INTEGER_DTYPES
+
+
+@dataclass(frozen=True)
+class GradientReductionAttrs:
+    """No attributes: the number of inputs is the length of the input list."""
+
+
+def init_kernel(handle: Any, attrs: GradientReductionAttrs, input_shapes: list[TensorShape],
+                output_shape: TensorShape) -> core.KernelState:
+    """Check that every input and the output have one dims and one summable dtype."""
+    input_shapes = core.check_list(OP, "input_shapes", input_shapes)
+    state = core.make_state(OP, handle, attrs, GradientReductionAttrs, input_shapes=input_shapes,
+                            output_shape=output_shape)
+    first = input_shapes[0]
+    core.check_dtype(OP, "input_shapes[0]", first, SUMMABLE_DTYPES)
+    for i, shape in enumerate(input_shapes[1:], start=1):
+        core.check_dims(OP, f"input_shapes[{i}]", shape, first.dims)
+        core.check_same_dtype(OP, f"input_shapes[{i}]", shape, first, "input_shapes[0]")
+    core.check_dims(OP, "output_shape", output_shape, first.dims)
+    core.check_same_dtype(OP, "output_shape", output_shape, first, "input_shapes[0]")
+    return state
+
+
+def _input_shapes(stream, handle, state, attrs) -> list[TensorShape]:
+    """The state's input shapes, which size the list arguments (check_call refuses a state of another op)."""
+    if not (isinstance(state, core.KernelState) and state.op == OP):
+        core.check_call(OP, stream, handle, state, attrs, [])
+    return state.shapes["input_shapes"]
+
+
+def _check_forward(stream, handle, state, attrs, inputs, output) -> list[Any]:
+    shapes = _input_shapes(stream, handle, state, attrs)
+    inputs = core.check_list(OP, "inputs", inputs, len(shapes))
+    core.check_call(OP, stream, handle, state, attrs,
+                    [(f"inputs[{i}]", x, s, True) for i, (x, s) in enumerate(zip(inputs, shapes))]
+                    + [("output", output, state.shapes["output_shape"], True)])
+    return inputs
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> list[Any]:
+    shapes = _input_shapes(stream, handle, state, attrs)
+    inputs = core.check_list(OP, "inputs", inputs, len(shapes), optional=True)
+    input_grads = core.check_list(OP, "input_grads", input_grads, len(shapes))
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+    ] + [(f"inputs[{i}]", x, s, False) for i, (x, s) in enumerate(zip(inputs, shapes))]
+      + [(f"input_grads[{i}]", g, s, False) for i, (g, s) in enumerate(zip(input_grads, shapes))])
+    return input_grads
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """output = inputs[0] + inputs[1] + ..., left to right."""
+    inputs = _check_forward(stream, handle, state, attrs, inputs, output)
+    np.copyto(output, inputs[0])
+    for term in inputs[1:]:
+        np.add(output, term, out=output)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """input_grads[i] = output_grad for each one that is not None."""
+    input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
+    for input_grad in input_grads:
+        if input_grad is not None:
+            np.copyto(input_grad, output_grad)
+
+
+# --------------------------------------------------------------------------- GPU
+
+MAX_POINTERS = gpu.MAX_RANK  # pointers per launch: as many as one `struct Ints` holds
+_GRID_SPAN = 65536 * gpu.BLOCK  # the most threads gpu.grid_for gives: index arithmetic must hold it too
+# Integers are summed in the unsigned type of their width (same bits, defined wrap-around).
+_SUM_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+
+
+def _sum_type(dtype: np.dtype) -> str:
+    return gpu.cuda_type(dtype) if dtype.kind == "f" else _SUM_TYPES[dtype.itemsize]
+
+
+_CUDA = gpu.CudaModule("gradient_reduction.cu", [
+    f"gradient_reduction_sum<{type_name}, {index}, {pack}>"
+    for type_name, size in [("float", 4), ("double", 8)] + [(name, size) for size, name in _SUM_TYPES.items()]
+    for index in gpu.INDEX_TYPES for pack in sorted({1, 16 // size})
+] + [
+    f"gradient_reduction_fanout<{bits}, {index}>" for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
+])
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs, enqueued on the stream."""
+    inputs = _check_forward(stream, handle, state, attrs, inputs, output)
+    count = output.size
+    if not count:
+        return
+    dtype = output.dtype
+    aligned = gpu.widest_unit(output.data.ptr, *(x.data.ptr for x in inputs)) == 16
+    pack = 16 // dtype.itemsize if aligned else 1
+    index = gpu.index_type(count + _GRID_SPAN)
+    scalar = np.int32 if index == "int" else np.int64
+    kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
+    grid = gpu.grid_for(count // pack)
+    pointers = [x.data.ptr for x in inputs]
+    while pointers:
+        # After the first launch the output holds the sum so far: it is the next launch's first term.
+        batch, pointers = pointers[:MAX_POINTERS], pointers[MAX_POINTERS:]
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (output, scalar(count), np.int32(len(batch)), gpu.ints_arg(batch)))
+        if pointers:
+            pointers = [output.data.ptr] + pointers
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """input_grads[i] = output_grad for each one that is not None: one read, up to 12 writes a launch."""
+    input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
+    targets = [g for g in input_grads if g is not None]
+    if not targets or not output_grad.size:
+        return
+    unit = gpu.widest_unit(output_grad.nbytes, output_grad.data.ptr, *(g.data.ptr for g in targets))
+    count = output_grad.nbytes // unit
+    index = gpu.index_type(count + _GRID_SPAN)
+    scalar = np.int32 if index == "int" else np.int64
+    kernel = _CUDA.function(f"gradient_reduction_fanout<{gpu.unit_type(unit)}, {index}>")
+    for start in range(0, len(targets), MAX_POINTERS):
+        batch = targets[start:start + MAX_POINTERS]
+        gpu.launch(stream, kernel, gpu.grid_for(count), gpu.BLOCK,
+                   (output_grad, scalar(count), np.int32(len(batch)), gpu.ints_arg([g.data.ptr for g in batch])))
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """Write output = the sum of the inputs, on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, inputs, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """Write output_grad into each input_grads[i] that is not None, on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, inputs, input_grads)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+

@@ -1,0 +1,139 @@
+"""split: input -> outputs[], consecutive pieces of `splits` sizes along `axis`; any rank, any numeric dtype.
+
+Backward joins the output gradients back into input_grad. Split forward is concat
+backward and split backward is concat forward: both use the one implementation in
+:mod:`kernels.concat` (PieceLayout, cpu_/gpu_join and cpu_/gpu_cut).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import core
+from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
+from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
+
+OP = "split"
+
+
+@dataclass(frozen=True)
+class SplitAttrs:
+    """`splits`: the size of each output along `axis` (at least one; a size may be 0)."""
+
+    splits: tuple[int, ...]
+    axis: int
+
+    def __post_init__(self) -> None:
+        splits = core.attr_ints(OP, "splits", self.splits, minimum=0)
+        if not splits:
+            raise fail(AttrsError, OP, "splits", "at least one size", "()")
+        core.set_attr(self, "splits", splits)
+        core.set_attr(self, "axis", core.attr_int(OP, "axis", self.axis))
+
+
+def output_dims(attrs: SplitAttrs, dims: tuple[int, ...]) -> list[tuple[int, ...]]:
+    axis = core.normalize_axis(OP, "axis", attrs.axis, len(dims))
+    return [dims[:axis] + (size,) + dims[axis + 1:] for size in attrs.splits]
+
+
+def init_kernel(handle: Any, attrs: SplitAttrs, input_shape: TensorShape, output_shapes: list[TensorShape]) -> core.KernelState:
+    """Check that the splits add up to the input's axis and that output_shapes are the pieces."""
+    output_shapes = core.check_list(OP, "output_shapes", output_shapes)
+    state = core.make_state(OP, handle, attrs, SplitAttrs, input_shape=input_shape, output_shapes=output_shapes)
+    core.check_list(OP, "output_shapes", output_shapes, len(attrs.splits))
+    core.check_dtype(OP, "input_shape", input_shape, MOVABLE_DTYPES)
+    if input_shape.rank < 1:
+        raise fail(ShapeError, OP, "input_shape", "rank >= 1", f"rank 0 {input_shape.dims}")
+    axis = core.normalize_axis(OP, "axis", attrs.axis, input_shape.rank)
+    if sum(attrs.splits) != input_shape.dims[axis]:
+        raise fail(AttrsError, OP, "splits", f"sizes adding up to the input's dim {axis} ({input_shape.dims[axis]})",
+                   f"{attrs.splits} (sum {sum(attrs.splits)})")
+    for i, (shape, dims) in enumerate(zip(output_shapes, output_dims(attrs, input_shape.dims))):
+        core.check_dims(OP, f"output_shapes[{i}]", shape, dims)
+        core.check_same_dtype(OP, f"output_shapes[{i}]", shape, input_shape, "input_shape")
+    state.saved["layout"] = piece_layout(input_shape, attrs.splits, axis)
+    return state
+
+
+def _output_shapes(stream, handle, state, attrs) -> list[TensorShape]:
+    """The state's output shapes, which size the list arguments (check_call refuses a state that is no split state)."""
+    if not (isinstance(state, core.KernelState) and state.op == OP):
+        core.check_call(OP, stream, handle, state, attrs, [])
+    return state.shapes["output_shapes"]
+
+
+def _check_forward(stream, handle, state, attrs, input, outputs) -> list[Any]:
+    shapes = _output_shapes(stream, handle, state, attrs)
+    outputs = core.check_list(OP, "outputs", outputs, len(shapes))
+    core.check_call(OP, stream, handle, state, attrs,
+                    [("input", input, state.shapes["input_shape"], True)]
+                    + [(f"outputs[{i}]", y, s, True) for i, (y, s) in enumerate(zip(outputs, shapes))])
+    return outputs
+
+
+def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> list[Any]:
+    shapes = _output_shapes(stream, handle, state, attrs)
+    outputs = core.check_list(OP, "outputs", outputs, len(shapes), optional=True)
+    output_grads = core.check_list(OP, "output_grads", output_grads, len(shapes))
+    core.check_call(OP, stream, handle, state, attrs,
+                    [(f"outputs[{i}]", y, s, False) for i, (y, s) in enumerate(zip(outputs, shapes))]
+                    + [(f"output_grads[{i}]", g, s, True) for i, (g, s) in enumerate(zip(output_grads, shapes))]
+                    + [("input", input, state.shapes["input_shape"], False),
+                       ("input_grad", input_grad, state.shapes["input_shape"], False)])
+    return output_grads
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
+    """outputs[i] = input's i-th slice along the axis."""
+    outputs = _check_forward(stream, handle, state, attrs, input, outputs)
+    cpu_cut(state.saved["layout"], input, outputs)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
+    """input_grad = concatenate(output_grads, axis)."""
+    output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)
+    if input_grad is not None:
+        cpu_join(state.saved["layout"], output_grads, input_grad)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
+    """outputs[i] = input's i-th slice, one launch per 12 outputs, enqueued on the stream."""
+    outputs = _check_forward(stream, handle, state, attrs, input, outputs)
+    gpu_cut(stream, state.saved["layout"], input, outputs)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
+    """input_grad = concatenate(output_grads, axis), enqueued on the stream."""
+    output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)
+    if input_grad is not None:
+        gpu_join(stream, state.saved["layout"], output_grads, input_grad)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
+    """Write every outputs[i] = the input's i-th piece along the axis, on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, outputs)
+
+
+def backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
+    """Write input_grad = the output gradients joined along the axis, on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  outputs, output_grads, input, input_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
