@@ -7,9 +7,21 @@ their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
 """
 
 # Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
-from . import activation, batch_matmul, concat, gradient_reduction, reshape, softmax, split, transpose, upsample
+from . import (
+    activation,
+    batch_matmul,
+    batch_norm,
+    concat,
+    gradient_reduction,
+    reshape,
+    softmax,
+    split,
+    transpose,
+    upsample,
+)
 from .activation import Activation
 from .batch_matmul import BatchMatmulAttrs
+from .batch_norm import BatchNormAttrs, BatchNormMode
 from .concat import ConcatAttrs
 from .core import (
     AttrsError,
@@ -32,6 +44,7 @@ from .transpose import TransposeAttrs
 from .upsample import UpsampleAttrs, UpsampleMode
 
 OPS = {
+    "batch_norm": batch_norm,
     "concat": concat,
     "split": split,
     "reshape": reshape,
@@ -47,6 +60,7 @@ __all__ = [
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
     "activation", "Activation",
+    "batch_norm", "BatchNormAttrs", "BatchNormMode",
     "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",
     "reshape", "ReshapeAttrs", "upsample", "UpsampleAttrs", "UpsampleMode",
     "concat", "ConcatAttrs", "split", "SplitAttrs", "gradient_reduction", "GradientReductionAttrs",

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from ..case import Case
-from . import batch_matmul, concat, gradient_reduction, reshape, softmax, split, transpose, upsample
+from . import batch_matmul, batch_norm, concat, gradient_reduction, reshape, softmax, split, transpose, upsample
 
 CASE_MODULES = {
+    "batch_norm": batch_norm,
     "transpose": transpose,
     "reshape": reshape,
     "upsample": upsample,

@@ -1,0 +1,173 @@
+"""batch_norm cases: SPATIAL and PER_ACTIVATION, with and without gamma/beta,
+YOLOv10's eps 1e-3 / momentum 0.03 with SiLU, other eps and momentum, the
+cumulative average (momentum None), inference after training, every fused
+activation, rank 2 and 3 inputs, float64, and a channel long enough that the GPU
+reduces it in several parts.
+
+Every case runs two steps on one state (forward then backward each): the
+expected tensors are each step's output and gradients (``*_step2`` for the
+second) and the running statistics after both. ``extra["steps"]`` says which
+steps train (True) and which infer (False).
+
+Values: pattern() fractions; most channels hold 8, 16 or 32 values so that the
+batch mean and variance are exact in float32 (one case holds 45, for an inexact
+mean). What stays inexact is 1/sqrt(var + eps) (eps is no power of two, the root
+rarely exact), the unbiased variance (divided by count - 1) and a momentum like
+0.1 or 0.03: those tensors carry ulp bounds, measured on the CPU against the
+float64 golden (see TOL).
+"""
+
+import numpy as np
+
+from kernels import BatchNormAttrs, BatchNormMode, batch_norm
+
+from ..case import EXACT, CaseTable, pattern, ulp
+
+TABLE = CaseTable("batch_norm")
+
+SPATIAL, PER_ACTIVATION = BatchNormMode.SPATIAL, BatchNormMode.PER_ACTIVATION
+
+# Bounds measured on the CPU against the golden (torch in float64, rounded), the
+# smallest n for which conformance.compare passes (its floor included), over every
+# case of a group: 1 without an activation, 2 with one. Why not exact:
+# - invstd = 1/sqrt(var + eps) is rounded (eps is no power of two): outputs and
+#   gradients are the float64 result rounded once more to float32 (0 ulps
+#   measured in most float32 cases, 1 where a tie breaks differently); in float64
+#   torch's formula (x * (invstd * gamma) + (beta - mean * invstd * gamma)) and
+#   ours ((x - mean) * invstd * gamma + beta) round differently (1 ulp).
+# - the running statistics are kept in the dtype and rounded after each step,
+#   where the golden rounds once after both; an inference step after training
+#   normalizes with those rounded statistics (1 ulp).
+# - input_grad cancels ((g - mean(g) - xhat * mean(g * xhat)) * invstd * gamma):
+#   elements near zero are only as accurate as the largest ones, which the floor
+#   of the comparison (n ulps of the tensor's largest magnitude) accounts for.
+# - with an activation the pre-activation and its gradient are rounded to the
+#   dtype (as the kernel keeps them), and exp/erf/tanh add their own ulps (2).
+# beta_grad without an activation is a sum of short dyadic values: exact.
+TOL = {"*": ulp(1), "beta_grad": EXACT, "beta_grad_step2": EXACT}
+TOL_ACTIVATION = {"*": ulp(2)}
+
+
+def _steps_inputs(dims, offset=0):
+    """The two steps' inputs and output gradients: varied, never all ones (pattern steps by 7: no modulus 7)."""
+    return {
+        "input": pattern(dims, modulus=13, scale=0.5, offset=offset),
+        "output_grad": pattern(dims, modulus=11, scale=0.25, offset=offset + 3),
+        "input_step2": pattern(dims, modulus=19, scale=0.25, offset=offset + 5),
+        "output_grad_step2": pattern(dims, modulus=9, scale=0.5, offset=offset + 1),
+    }
+
+
+def _add(name, dims, *, mode=SPATIAL, affine=True, eps=1e-5, momentum=0.1, activation=None, steps=(True, True),
+         dtype=np.float32, tolerance=None, description=""):
+    attrs = BatchNormAttrs(affine=affine, eps=eps, momentum=momentum, mode=mode, activation=activation)
+    inputs = _steps_inputs(dims)
+    if affine:
+        stat_dims = (dims[1],) if mode is SPATIAL else tuple(dims[1:])
+        inputs["gamma"] = pattern(stat_dims, modulus=9, scale=0.5, offset=5)  # includes 0 and negatives
+        inputs["beta"] = pattern(stat_dims, modulus=5, scale=0.25, offset=1)
+    if tolerance is None:
+        tolerance = TOL if activation is None else TOL_ACTIVATION
+    TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description, steps=tuple(steps))
+
+
+_add("spatial_affine_2x3x2x4", (2, 3, 2, 4), description="BatchNorm2d defaults, batch 2, H != W, 16 values a channel")
+_add("spatial_no_affine_2x3x2x4", (2, 3, 2, 4), affine=False, description="no gamma/beta")
+_add("spatial_affine_3x2x3x5", (3, 2, 3, 5), description="45 values a channel: an inexact mean")
+_add("spatial_affine_f64", (2, 3, 2, 4), dtype=np.float64)
+_add("per_activation_affine_4x2x3x2", (4, 2, 3, 2), mode=PER_ACTIVATION,
+     description="statistics over N only, gamma/beta (C, H, W)")
+_add("per_activation_no_affine_8x3x1x2", (8, 3, 1, 2), mode=PER_ACTIVATION, affine=False)
+_add("per_activation_f64", (4, 2, 3, 2), mode=PER_ACTIVATION, dtype=np.float64)
+_add("yolov10_silu_2x4x2x4", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU",
+     description="YOLOv10's Conv -> BatchNorm(eps 1e-3, momentum 0.03) -> SiLU")
+_add("yolov10_silu_1x4x4x8", (1, 4, 4, 8), eps=1e-3, momentum=0.03, activation="SILU",
+     description="YOLOv10 at batch 1 (statistics over H x W only)")
+_add("yolov10_silu_f64", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU", dtype=np.float64)
+_add("eps_half_momentum_quarter", (2, 3, 2, 4), eps=0.5, momentum=0.25, description="non-default eps and momentum")
+_add("eps_1e-1_momentum_0_9_per_activation", (4, 3, 2, 2), mode=PER_ACTIVATION, eps=0.1, momentum=0.9)
+_add("momentum_none_cumulative", (2, 3, 2, 4), momentum=None,
+     description="cumulative average: momentum 1 then 1/2 over the two steps")
+_add("momentum_none_per_activation_no_affine", (4, 2, 2, 3), mode=PER_ACTIVATION, affine=False, momentum=None)
+_add("momentum_zero", (2, 2, 2, 4), momentum=0.0, description="momentum 0: running statistics unchanged")
+_add("momentum_one", (2, 2, 2, 4), momentum=1.0, description="momentum 1: running statistics are the last batch's")
+_add("inference_after_training", (2, 3, 2, 4), eps=1e-3, momentum=0.03, steps=(True, False),
+     description="step 2 infers with the running statistics of step 1, and backward is the inference gradient")
+_add("inference_after_training_silu_per_activation", (4, 2, 2, 2), mode=PER_ACTIVATION, activation="SILU",
+     steps=(True, False))
+_add("inference_after_training_no_affine_f64", (2, 3, 2, 4), affine=False, steps=(True, False), dtype=np.float64)
+_add("relu_2x3x2x4", (2, 3, 2, 4), activation="RELU")
+_add("sigmoid_2x3x2x4", (2, 3, 2, 4), activation="SIGMOID")
+_add("tanh_2x3x2x4", (2, 3, 2, 4), activation="TANH")
+_add("gelu_2x3x2x4", (2, 3, 2, 4), activation="GELU")
+_add("rank2_8x5", (8, 5), description="(N, C): BatchNorm1d")
+_add("rank2_8x5_per_activation", (8, 5), mode=PER_ACTIVATION, affine=False)
+_add("rank3_4x3x4", (4, 3, 4), momentum=0.5, description="(N, C, L): BatchNorm1d over N and L")
+_add("long_channel_1x2x40x56", (1, 2, 40, 56), eps=1e-3, momentum=0.03, activation="SILU",
+     description="2240 values a row: the GPU reduces each row in two parts (2048 + 192)")
+_add("zero_size_channels", (2, 0, 3, 4), affine=False, description="no channels: nothing to do")
+
+
+_TORCH_ACTIVATIONS = {
+    "RELU": "relu", "SIGMOID": "sigmoid", "TANH": "tanh", "GELU": "gelu", "SILU": "silu",
+}
+
+
+def torch_program(case, tensors):
+    import torch
+    import torch.nn.functional as F
+
+    attrs = case.attrs
+    dims = tuple(tensors["input"].shape)
+    stat_dims = (dims[1],) if attrs.mode is SPATIAL else dims[1:]
+    stats = int(np.prod(stat_dims, dtype=np.int64))
+    running_mean = torch.zeros(stats, dtype=torch.float64)
+    running_var = torch.ones(stats, dtype=torch.float64)
+    trained = 0
+    expected = {}
+    for step, training in enumerate(case.extra["steps"]):
+        suffix = "" if step == 0 else "_step2"
+        input = tensors["input" + suffix].clone().requires_grad_()
+        weights = []
+        gamma = beta = None
+        if attrs.affine:
+            gamma = tensors["gamma"].reshape(stats).clone().requires_grad_()
+            beta = tensors["beta"].reshape(stats).clone().requires_grad_()
+            weights = [gamma, beta]
+        if training:
+            trained += 1
+        momentum = attrs.momentum if attrs.momentum is not None else 1.0 / trained
+        # PER_ACTIVATION is BatchNorm1d over N of the flattened (C, H, W) features.
+        x = input if attrs.mode is SPATIAL else input.reshape(dims[0], stats)
+        output = F.batch_norm(x, running_mean, running_var, gamma, beta, training=training, momentum=momentum,
+                              eps=attrs.eps).reshape(dims)
+        if attrs.activation is not None:
+            output = getattr(F, _TORCH_ACTIVATIONS[attrs.activation.name])(output)
+        grads = torch.autograd.grad(output, [input] + weights, tensors["output_grad" + suffix])
+        expected["output" + suffix] = output
+        expected["input_grad" + suffix] = grads[0]
+        if attrs.affine:
+            expected["gamma_grad" + suffix] = grads[1].reshape(stat_dims)
+            expected["beta_grad" + suffix] = grads[2].reshape(stat_dims)
+    expected["running_mean"] = running_mean.reshape(stat_dims)
+    expected["running_var"] = running_var.reshape(stat_dims)
+    return expected
+
+
+def run(case, env):
+    attrs = case.attrs
+    state = batch_norm.init_kernel(env.handle, attrs, env.shape("input"), env.shape("input"))
+    gamma = env.read("gamma") if attrs.affine else None
+    beta = env.read("beta") if attrs.affine else None
+    for step, training in enumerate(case.extra["steps"]):
+        suffix = "" if step == 0 else "_step2"
+        input = env.read("input" + suffix)
+        output = env.write("output" + suffix)
+        batch_norm.forward_kernel(env.stream, env.handle, state, attrs, input, gamma, beta, output, training=training)
+        gamma_grad = env.write("gamma_grad" + suffix) if attrs.affine else None
+        beta_grad = env.write("beta_grad" + suffix) if attrs.affine else None
+        batch_norm.backward_kernel(env.stream, env.handle, state, attrs, output, env.read("output_grad" + suffix),
+                                   input, env.write("input_grad" + suffix), gamma, beta, gamma_grad, beta_grad)
+    env.observe("running_mean", state.running_mean)
+    env.observe("running_var", state.running_var)
+    batch_norm.cleanup_kernel(env.handle, state)

@@ -1,0 +1,278 @@
+// batch_norm: statistics and gradients reduced in double, in a fixed order with no
+// atomics, so that every run gives the same bits. Every arithmetic step uses
+// the explicitly rounded intrinsics (__dadd_rn, __dmul_rn, ...) so that no
+// multiply-add is contracted into an FMA: the GPU does the same operations as
+// the NumPy code of batch_norm.py, in the same order.
+//
+// Layout: the input is (outer, stats, inner). SPATIAL: (N, C, H*W), one
+// statistic per channel, reduced by (part, channel) blocks over
+// rows of `inner` contiguous elements. PER_ACTIVATION (or no spatial dims):
+// (N, F, 1), one thread per statistic reducing over N.
+//
+// A fused activation (activation.cuh; code KERNELS_ACTIVATION_NONE for none) is
+// applied by the forward apply, which also keeps the pre-activation (rounded to
+// T) for backward; backward kernels take g = f'(pre) * output_grad, in T, as
+// activation.gpu_backward would write it, wherever they read the gradient.
+#include "common.cuh"
+#include "activation.cuh"
+
+#define BN_BLOCK 256
+
+// Sum of one value per thread, a fixed-order tree over the block (blockDim.x == BN_BLOCK).
+__device__ __forceinline__ double block_sum(double value, double* shared) {
+    shared[threadIdx.x] = value;
+    __syncthreads();
+    for (int stride = BN_BLOCK / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) shared[threadIdx.x] = __dadd_rn(shared[threadIdx.x], shared[threadIdx.x + stride]);
+        __syncthreads();
+    }
+    double total = shared[0];
+    __syncthreads();
+    return total;
+}
+
+// The sum of a channel's partials, in order: the mean it gives is the same wherever it is computed.
+__device__ __forceinline__ double sum_in_order(const double* values, long long count) {
+    double total = 0.0;
+    for (long long i = 0; i < count; ++i) total = __dadd_rn(total, values[i]);
+    return total;
+}
+
+// torch's running update: momentum * value + (1 - momentum) * running.
+template <typename T>
+__device__ __forceinline__ T running_update(double momentum, double value, T running) {
+    return (T)__dadd_rn(__dmul_rn(momentum, value), __dmul_rn(__dsub_rn(1.0, momentum), (double)running));
+}
+
+__device__ __forceinline__ double inverse_std(double var, double eps) {
+    return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var, eps)));
+}
+
+// ----------------------------------------------------------------------------- SPATIAL statistics
+
+// Block (p, c): part p of channel c is row n = p / parts_per_row of the channel
+// (input[n, c, :]), elements [piece * chunk, piece * chunk + chunk). Writes the
+// part's sum of x (mean_partials null) or of (x - mean)^2, where mean is the
+// channel's mean from mean_partials (the sums of the first launch).
+template <typename T, typename I>
+__global__ void bn_spatial_partials(const T* __restrict__ input, const double* __restrict__ mean_partials,
+                                    double* __restrict__ partials, I channels, I inner, I chunk,
+                                    I parts_per_row, I parts, double count) {
+    __shared__ double shared[BN_BLOCK];
+    for (I c = blockIdx.y; c < channels; c += gridDim.y) {
+        const double mean = mean_partials ? __ddiv_rn(sum_in_order(mean_partials + c * parts, parts), count) : 0.0;
+        for (I p = blockIdx.x; p < parts; p += gridDim.x) {
+            const I n = p / parts_per_row;
+            const I begin = (p - n * parts_per_row) * chunk;
+            const I end = begin + chunk < inner ? begin + chunk : inner;
+            const T* row = input + (n * channels + c) * inner;
+            double sum = 0.0;
+            for (I s = begin + threadIdx.x; s < end; s += BN_BLOCK) {
+                double value = (double)row[s];
+                if (mean_partials) {
+                    value = __dsub_rn(value, mean);
+                    value = __dmul_rn(value, value);
+                }
+                sum = __dadd_rn(sum, value);
+            }
+            sum = block_sum(sum, shared);
+            if (threadIdx.x == 0) partials[c * parts + p] = sum;
+        }
+    }
+}
+
+// One thread per channel: mean and invstd (saved for backward), and the running
+// statistics (their variance unbiased: the sum divided by count - 1).
+template <typename T>
+__global__ void bn_spatial_finalize(const double* __restrict__ sums, const double* __restrict__ squares,
+                                    long long parts, long long channels, double count, double eps,
+                                    double momentum, T* __restrict__ running_mean, T* __restrict__ running_var,
+                                    double* __restrict__ saved_mean, double* __restrict__ saved_invstd) {
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < channels;
+         c += (long long)gridDim.x * blockDim.x) {
+        const double mean = __ddiv_rn(sum_in_order(sums + c * parts, parts), count);
+        const double var_sum = sum_in_order(squares + c * parts, parts);
+        saved_mean[c] = mean;
+        saved_invstd[c] = inverse_std(__ddiv_rn(var_sum, count), eps);
+        running_mean[c] = running_update(momentum, mean, running_mean[c]);
+        running_var[c] = running_update(momentum, __ddiv_rn(var_sum, __dsub_rn(count, 1.0)), running_var[c]);
+    }
+}
+
+// ----------------------------------------------------------------------------- PER_ACTIVATION statistics
+
+// One thread per statistic f: two passes over the rows input[n, f].
+template <typename T, typename I>
+__global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features, double eps, double momentum,
+                                 T* __restrict__ running_mean, T* __restrict__ running_var,
+                                 double* __restrict__ saved_mean, double* __restrict__ saved_invstd) {
+    const double count = (double)rows;
+    for (I f = (I)blockIdx.x * blockDim.x + threadIdx.x; f < features; f += (I)gridDim.x * blockDim.x) {
+        double sum = 0.0;
+        for (I n = 0; n < rows; ++n) sum = __dadd_rn(sum, (double)input[n * features + f]);
+        const double mean = __ddiv_rn(sum, count);
+        double var_sum = 0.0;
+        for (I n = 0; n < rows; ++n) {
+            const double centered = __dsub_rn((double)input[n * features + f], mean);
+            var_sum = __dadd_rn(var_sum, __dmul_rn(centered, centered));
+        }
+        saved_mean[f] = mean;
+        saved_invstd[f] = inverse_std(__ddiv_rn(var_sum, count), eps);
+        running_mean[f] = running_update(momentum, mean, running_mean[f]);
+        running_var[f] = running_update(momentum, __ddiv_rn(var_sum, __dsub_rn(count, 1.0)), running_var[f]);
+    }
+}
+
+// Inference: the saved statistics are the running ones, as double.
+template <typename T>
+__global__ void bn_inference_stats(const T* __restrict__ running_mean, const T* __restrict__ running_var,
+                                   long long stats, double eps, double* __restrict__ saved_mean,
+                                   double* __restrict__ saved_invstd) {
+    for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < stats;
+         f += (long long)gridDim.x * blockDim.x) {
+        saved_mean[f] = (double)running_mean[f];
+        saved_invstd[f] = inverse_std((double)running_var[f], eps);
+    }
+}
+
+// ----------------------------------------------------------------------------- forward apply
+
+// output[row, col] = (x - mean) * invstd * gamma + beta for a (rows, cols) view of
+// the input; the statistic is row % stats (SPATIAL: rows N*C, cols H*W) or col
+// (by feature: rows N, cols F). gamma and beta are null when not affine.
+template <typename T, typename I>
+__global__ void bn_forward_apply(const T* __restrict__ input, const double* __restrict__ mean,
+                                 const double* __restrict__ invstd, const T* __restrict__ gamma,
+                                 const T* __restrict__ beta, T* __restrict__ pre, T* __restrict__ output, I rows,
+                                 I cols, I stats, int stat_by_row, int activation) {
+    for (I row = blockIdx.y; row < rows; row += gridDim.y) {
+        const I row_stat = stat_by_row ? row % stats : 0;
+        const I offset = row * cols;
+        for (I col = (I)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += (I)gridDim.x * blockDim.x) {
+            const I f = stat_by_row ? row_stat : col;
+            double value = __dmul_rn(__dsub_rn((double)input[offset + col], mean[f]), invstd[f]);
+            if (gamma) value = __dadd_rn(__dmul_rn(value, (double)gamma[f]), (double)beta[f]);
+            if (activation == KERNELS_ACTIVATION_NONE) {
+                output[offset + col] = (T)value;
+            } else {
+                const T pre_value = (T)value;
+                pre[offset + col] = pre_value;
+                output[offset + col] = kernels_activation::activation_forward<T>(activation, pre_value);
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------- backward
+
+// The gradient at the normalization's output: output_grad through the activation (pre not null) or as is.
+template <typename T, typename I>
+__device__ __forceinline__ double upstream_grad(const T* output_grad, const T* pre, int activation, I index) {
+    const T g = output_grad[index];
+    return (double)(pre ? kernels_activation::activation_backward<T>(activation, pre[index], g) : g);
+}
+
+// Writes gamma_grad = dot * invstd and beta_grad = sum_g (each when not null), and
+// the coefficients of the input gradient: coef[f] = sum_g / count (grad_mean) and
+// coef[stats + f] = dot * invstd * invstd / count (k); zero after an inference forward.
+template <typename T>
+__device__ __forceinline__ void grad_finalize(long long f, long long stats, double sum_g, double dot, double invstd,
+                                              double count, int training, T* gamma_grad, T* beta_grad, double* coef) {
+    if (gamma_grad) gamma_grad[f] = (T)__dmul_rn(dot, invstd);
+    if (beta_grad) beta_grad[f] = (T)sum_g;
+    coef[f] = training ? __ddiv_rn(sum_g, count) : 0.0;
+    coef[stats + f] = training ? __ddiv_rn(__dmul_rn(__dmul_rn(dot, invstd), invstd), count) : 0.0;
+}
+
+// SPATIAL: block (p, c) sums g and g * (x - mean) over its part of channel c
+// (the parts of bn_spatial_partials); partials[c * parts + p] and
+// partials[channels * parts + c * parts + p].
+template <typename T, typename I>
+__global__ void bn_spatial_grad_partials(const T* __restrict__ output_grad, const T* __restrict__ pre, int activation,
+                                         const T* __restrict__ input,
+                                         const double* __restrict__ mean, double* __restrict__ partials,
+                                         I channels, I inner, I chunk, I parts_per_row, I parts) {
+    __shared__ double shared[BN_BLOCK];
+    for (I c = blockIdx.y; c < channels; c += gridDim.y) {
+        const double channel_mean = mean[c];
+        for (I p = blockIdx.x; p < parts; p += gridDim.x) {
+            const I n = p / parts_per_row;
+            const I begin = (p - n * parts_per_row) * chunk;
+            const I end = begin + chunk < inner ? begin + chunk : inner;
+            const I offset = (n * channels + c) * inner;
+            double sum_g = 0.0, dot = 0.0;
+            for (I s = begin + threadIdx.x; s < end; s += BN_BLOCK) {
+                const double g = upstream_grad(output_grad, pre, activation, offset + s);
+                sum_g = __dadd_rn(sum_g, g);
+                dot = __dadd_rn(dot, __dmul_rn(g, __dsub_rn((double)input[offset + s], channel_mean)));
+            }
+            sum_g = block_sum(sum_g, shared);
+            dot = block_sum(dot, shared);
+            if (threadIdx.x == 0) {
+                partials[c * parts + p] = sum_g;
+                partials[channels * parts + c * parts + p] = dot;
+            }
+        }
+    }
+}
+
+template <typename T>
+__global__ void bn_spatial_grad_finalize(const double* __restrict__ partials, long long parts, long long channels,
+                                         const double* __restrict__ invstd, double count, int training,
+                                         T* __restrict__ gamma_grad, T* __restrict__ beta_grad,
+                                         double* __restrict__ coef) {
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < channels;
+         c += (long long)gridDim.x * blockDim.x) {
+        const double sum_g = sum_in_order(partials + c * parts, parts);
+        const double dot = sum_in_order(partials + channels * parts + c * parts, parts);
+        grad_finalize(c, channels, sum_g, dot, invstd[c], count, training, gamma_grad, beta_grad, coef);
+    }
+}
+
+// PER_ACTIVATION: one thread per statistic f sums over the rows.
+template <typename T, typename I>
+__global__ void bn_feature_grad(const T* __restrict__ output_grad, const T* __restrict__ pre, int activation,
+                                const T* __restrict__ input,
+                                const double* __restrict__ mean, const double* __restrict__ invstd, I rows,
+                                I features, double count, int training, T* __restrict__ gamma_grad,
+                                T* __restrict__ beta_grad, double* __restrict__ coef) {
+    for (I f = (I)blockIdx.x * blockDim.x + threadIdx.x; f < features; f += (I)gridDim.x * blockDim.x) {
+        const double feature_mean = mean[f];
+        double sum_g = 0.0, dot = 0.0;
+        for (I n = 0; n < rows; ++n) {
+            const double g = upstream_grad(output_grad, pre, activation, n * features + f);
+            sum_g = __dadd_rn(sum_g, g);
+            dot = __dadd_rn(dot, __dmul_rn(g, __dsub_rn((double)input[n * features + f], feature_mean)));
+        }
+        grad_finalize((long long)f, (long long)features, sum_g, dot, invstd[f], count, training, gamma_grad,
+                      beta_grad, coef);
+    }
+}
+
+// input_grad = ((g - grad_mean) - (x - mean) * k) * invstd * gamma after a training
+// forward, g * invstd * gamma after an inference one (gamma null when not affine).
+template <typename T, typename I>
+__global__ void bn_backward_apply(const T* __restrict__ output_grad, const T* __restrict__ pre, int activation,
+                                  const T* __restrict__ input,
+                                  const double* __restrict__ mean, const double* __restrict__ invstd,
+                                  const double* __restrict__ coef, const T* __restrict__ gamma,
+                                  T* __restrict__ input_grad, I rows, I cols, I stats, int stat_by_row,
+                                  int training) {
+    for (I row = blockIdx.y; row < rows; row += gridDim.y) {
+        const I row_stat = stat_by_row ? row % stats : 0;
+        const I offset = row * cols;
+        for (I col = (I)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += (I)gridDim.x * blockDim.x) {
+            const I f = stat_by_row ? row_stat : col;
+            const double g = upstream_grad(output_grad, pre, activation, offset + col);
+            double value;
+            if (training) {
+                const double projection = __dmul_rn(__dsub_rn((double)input[offset + col], mean[f]), coef[stats + f]);
+                value = __dmul_rn(__dsub_rn(__dsub_rn(g, coef[f]), projection), invstd[f]);
+            } else {
+                value = __dmul_rn(g, invstd[f]);
+            }
+            if (gamma) value = __dmul_rn(value, (double)gamma[f]);
+            input_grad[offset + col] = (T)value;
+        }
+    }
+}

@@ -1,0 +1,499 @@
+"""batch_norm: input (N, C, *spatial) -> output, normalized per channel (SPATIAL,
+statistics over N and every spatial dim, gamma/beta of shape (C,)) or per
+activation (PER_ACTIVATION, statistics over N only, gamma/beta of shape
+(C, *spatial)), optionally followed by a fused activation.
+
+Training (the default) normalizes with the batch's mean and biased variance and
+updates the running statistics held in the state, as PyTorch does::
+
+    running_mean = momentum * mean + (1 - momentum) * running_mean
+    running_var  = momentum * unbiased_var + (1 - momentum) * running_var
+
+with momentum None meaning the cumulative average (momentum = 1 / number of
+training steps so far). Inference (``training=False``) normalizes with the
+running statistics and updates nothing. Backward is the gradient of the forward
+before it on the same state: of the batch statistics after a training forward,
+of the fixed running statistics (``input_grad = g * gamma * invstd``) after an
+inference one.
+
+Precision: every statistic and every element is computed in float64 whatever
+the dtype (float32 values are widened, the result rounded once), with the same
+operations in the same order on the CPU and the GPU, so the two agree to the
+bit wherever the sums are exact and to an ulp or two elsewhere.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import activation as activations
+from . import core, gpu
+from .activation import Activation
+from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+
+OP = "batch_norm"
+
+
+class BatchNormMode(enum.Enum):
+    """SPATIAL: one statistic per channel (BatchNorm2d); PER_ACTIVATION: one per (c, h, w) (BatchNorm1d over N)."""
+
+    SPATIAL = "SPATIAL"
+    PER_ACTIVATION = "PER_ACTIVATION"
+
+
+def _attr_real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+        raise fail(AttrsError, OP, name, "a finite real number", repr(value))
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BatchNormAttrs:
+    """affine: gamma and beta are given; eps > 0; 0 <= momentum <= 1, or None for the cumulative average."""
+
+    affine: bool = True
+    eps: float = 1e-5
+    momentum: float | None = 0.1
+    mode: BatchNormMode = BatchNormMode.SPATIAL
+    activation: Activation | None = None  # applied after the normalization, forward and backward
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.affine, (bool, np.bool_)):
+            raise fail(AttrsError, OP, "affine", "a bool", repr(self.affine))
+        core.set_attr(self, "affine", bool(self.affine))
+        eps = _attr_real("eps", self.eps)
+        if eps <= 0:
+            raise fail(AttrsError, OP, "eps", "a number > 0", eps)
+        core.set_attr(self, "eps", eps)
+        if self.momentum is not None:
+            momentum = _attr_real("momentum", self.momentum)
+            if not 0.0 <= momentum <= 1.0:
+                raise fail(AttrsError, OP, "momentum", "a number in [0, 1] or None (cumulative average)", momentum)
+            core.set_attr(self, "momentum", momentum)
+        core.set_attr(self, "mode", core.attr_enum(OP, "mode", self.mode, BatchNormMode))
+        core.set_attr(self, "activation", activations.attr_activation(OP, self.activation))
+
+
+# --------------------------------------------------------------------------- state and layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The input seen as (outer, stats, inner): statistic f covers outer x inner elements.
+
+    SPATIAL: (N, C, prod(spatial)); PER_ACTIVATION: (N, C * prod(spatial), 1).
+    """
+
+    outer: int
+    stats: int
+    inner: int
+    stat_dims: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        """Elements per statistic."""
+        return self.outer * self.inner
+
+
+def layout_of(attrs: BatchNormAttrs, dims: tuple[int, ...]) -> Layout:
+    spatial = core.numel(dims[2:])
+    if attrs.mode is BatchNormMode.SPATIAL:
+        return Layout(dims[0], dims[1], spatial, (dims[1],))
+    return Layout(dims[0], dims[1] * spatial, 1, tuple(dims[1:]))
+
+
+@dataclass(eq=False)
+class BatchNormState(core.KernelState):
+    """The running statistics (arrays on the state's device, in the input's dtype, shaped like gamma;
+    a caller may read them or overwrite them, in place or by assignment), the number of training
+    forwards so far, and what backward needs from the forward before it (in `saved`)."""
+
+    running_mean: Any = None
+    running_var: Any = None
+    num_batches_tracked: int = 0
+
+    def release(self) -> None:
+        super().release()
+        self.running_mean = self.running_var = None
+
+
+def init_kernel(handle: Any, attrs: BatchNormAttrs, input_shape: TensorShape, output_shape: TensorShape) -> BatchNormState:
+    """Check the shapes (input (N, C, *spatial), rank >= 2; output the same) and make the running statistics:
+    mean 0, variance 1, on the handle's device."""
+    state = core.make_state(OP, handle, attrs, BatchNormAttrs, BatchNormState, input_shape=input_shape,
+                            output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_rank(OP, "input_shape", input_shape, min_rank=2)
+    core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    layout = layout_of(attrs, input_shape.dims)
+    state.shapes["stat_shape"] = TensorShape(layout.stat_dims, input_shape.dtype)
+    state.saved["layout"] = layout
+    if state.device == "cpu":
+        state.running_mean = np.zeros(layout.stat_dims, input_shape.dtype)
+        state.running_var = np.ones(layout.stat_dims, input_shape.dtype)
+    else:
+        _gpu_init(state, layout, input_shape.dtype)
+    return state
+
+
+def _param_rows(state: BatchNormState, attrs: BatchNormAttrs, names: tuple[str, ...], arrays: tuple[Any, ...],
+                required: bool) -> list[tuple]:
+    """check_call rows for gamma, beta and their grads: shaped like a statistic when affine, absent when not."""
+    stat_shape = state.shapes["stat_shape"]
+    if not attrs.affine:
+        for name, array in zip(names, arrays):
+            if array is not None:
+                raise fail(ShapeError, OP, name, "None (attrs.affine is False)", f"an array {tuple(array.shape)}")
+        return []
+    return [(name, array, stat_shape, required) for name, array in zip(names, arrays)]
+
+
+def _check_running(state: BatchNormState, device: Any) -> None:
+    """The running statistics, which a caller may have replaced, are still arrays of the right kind."""
+    for name in ("running_mean", "running_var"):
+        array = getattr(state, name)
+        if array is None:
+            raise fail(StateError, OP, f"state.{name}", "an array", None)
+        core.check_tensor(OP, f"state.{name}", array, state.shapes["stat_shape"], device)
+
+
+def _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training) -> Any:
+    rows = [("input", input, state.shapes["input_shape"], True), ("output", output, state.shapes["output_shape"], True)]
+    if isinstance(state, BatchNormState):
+        rows += _param_rows(state, attrs, ("gamma", "beta"), (gamma, beta), True)
+    device = core.check_call(OP, stream, handle, state, attrs, rows)
+    _check_running(state, device)
+    layout = state.saved["layout"]
+    if training and layout.count == 1 and layout.stats:
+        raise fail(ShapeError, OP, "input", "more than 1 value per statistic when training",
+                   f"dims {tuple(input.shape)}")
+    return device
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                    gamma_grad, beta_grad) -> dict[str, Any]:
+    rows = [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], True),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ]
+    if isinstance(state, BatchNormState):
+        rows += _param_rows(state, attrs, ("gamma",), (gamma,), True)
+        rows += _param_rows(state, attrs, ("beta", "gamma_grad", "beta_grad"), (beta, gamma_grad, beta_grad), False)
+    core.check_call(OP, stream, handle, state, attrs, rows)
+    saved = state.saved.get("forward")
+    if saved is None:
+        raise fail(StateError, OP, "state", "a forward on this state before backward", "none")
+    return saved
+
+
+def _momentum(state: BatchNormState, attrs: BatchNormAttrs) -> float:
+    """The weight of this step's statistics; counts the step (momentum None: 1 / steps so far, as torch)."""
+    state.num_batches_tracked += 1
+    return 1.0 / state.num_batches_tracked if attrs.momentum is None else attrs.momentum
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def _cpu_view(array: np.ndarray, layout: Layout) -> np.ndarray:
+    return array.reshape(layout.outer, layout.stats, layout.inner)
+
+
+def _cpu_params(array: np.ndarray | None, layout: Layout) -> np.ndarray | None:
+    return None if array is None else array.reshape(1, layout.stats, 1).astype(np.float64)
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output, *, training: bool = True) -> None:
+    """output = activation((input - mean) * invstd * gamma + beta), with batch statistics (training, which
+    updates the running ones) or the running statistics (inference)."""
+    _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training)
+    layout = state.saved["layout"]
+    if input.size == 0:
+        state.saved["forward"] = {"training": training, "empty": True}
+        return
+    x = _cpu_view(input, layout).astype(np.float64, copy=False)
+    if training:
+        mean = x.sum(axis=(0, 2)) / layout.count
+        centered = x - mean[:, None]
+        var_sum = np.square(centered).sum(axis=(0, 2))
+        invstd = 1.0 / np.sqrt(var_sum / layout.count + attrs.eps)
+        momentum = _momentum(state, attrs)
+        running_mean = state.running_mean.reshape(-1)
+        running_var = state.running_var.reshape(-1)
+        running_mean[...] = momentum * mean + (1.0 - momentum) * running_mean.astype(np.float64)
+        running_var[...] = momentum * (var_sum / (layout.count - 1)) + (1.0 - momentum) * running_var.astype(np.float64)
+    else:
+        mean = state.running_mean.reshape(-1).astype(np.float64)
+        invstd = 1.0 / np.sqrt(state.running_var.reshape(-1).astype(np.float64) + attrs.eps)
+        centered = x - mean[:, None]
+    normalized = centered
+    normalized *= invstd[:, None]
+    if attrs.affine:
+        normalized *= _cpu_params(gamma, layout)
+        normalized += _cpu_params(beta, layout)
+    state.saved["forward"] = {"training": training, "mean": mean, "invstd": invstd}
+    if attrs.activation is None:
+        _cpu_view(output, layout)[...] = normalized
+        return
+    pre = state.saved.get("pre")
+    if pre is None:
+        pre = state.saved["pre"] = np.empty(input.shape, input.dtype)
+    _cpu_view(pre, layout)[...] = normalized
+    activations.cpu_forward(attrs.activation, pre, output)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                        gamma_grad, beta_grad) -> None:
+    """Gradients of the forward before (training: through the batch statistics; inference: through the
+    fixed running ones); gamma_grad = sum(g * xhat), beta_grad = sum(g), g the pre-activation gradient."""
+    saved = _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                            gamma_grad, beta_grad)
+    layout = state.saved["layout"]
+    if saved.get("empty"):
+        for grad in (gamma_grad, beta_grad):  # sums over no elements
+            if grad is not None:
+                grad[...] = 0
+        return
+    if attrs.activation is not None:
+        pre_grad = state.saved.get("pre_grad")
+        if pre_grad is None:
+            pre_grad = state.saved["pre_grad"] = np.empty(input.shape, input.dtype)
+        activations.cpu_backward(attrs.activation, state.saved["pre"], output_grad, pre_grad)
+        output_grad = pre_grad
+    mean, invstd, training = saved["mean"], saved["invstd"], saved["training"]
+    g = _cpu_view(output_grad, layout).astype(np.float64, copy=False)
+    centered = _cpu_view(input, layout) - mean[:, None]
+    need_sums = gamma_grad is not None or beta_grad is not None or (training and input_grad is not None)
+    if need_sums:
+        sum_g = g.sum(axis=(0, 2))
+        dot = (g * centered).sum(axis=(0, 2))
+        if gamma_grad is not None:
+            gamma_grad.reshape(-1)[...] = dot * invstd
+        if beta_grad is not None:
+            beta_grad.reshape(-1)[...] = sum_g
+    if input_grad is None:
+        return
+    if training:
+        grad_mean = sum_g / layout.count
+        k = dot * invstd * invstd / layout.count
+        centered *= k[:, None]
+        result = g - grad_mean[:, None]
+        result -= centered
+        result *= invstd[:, None]
+    else:
+        result = g * invstd[:, None]
+    if attrs.affine:
+        result *= _cpu_params(gamma, layout)
+    _cpu_view(input_grad, layout)[...] = result
+
+
+# --------------------------------------------------------------------------- GPU
+#
+# Custom kernels rather than cuDNN: cuDNN's batch norm refuses eps < 1e-5, keeps
+# its own variance conventions, and its reductions are neither bitwise
+# reproducible across algorithms nor in float64 for float32 data. These kernels
+# reduce in float64 in a fixed order with no atomics (deterministic), with the
+# same operations as the CPU code above.
+#
+# SPATIAL training: a partial-sum kernel over (part, channel) blocks, then the
+# same kernel again for the sum of squared deviations (each block recomputes
+# the mean from the partials in the same order: two-pass, as the CPU), a
+# per-channel finalize (mean, invstd, running statistics), and an elementwise
+# apply. PER_ACTIVATION (and SPATIAL without spatial dims): one thread per
+# statistic reduces over N, then the same apply. Backward mirrors it.
+
+_BLOCK = 256
+_NULL = np.uint64(0)  # a null pointer argument (absent gamma, beta or gradient)
+_CHUNK = 2048  # elements of one row that a partial-sum block reduces (8 per thread)
+
+_CUDA = gpu.CudaModule("batch_norm.cu", [
+    f"{kernel}<{t}, {i}>"
+    for kernel in ("bn_spatial_partials", "bn_feature_stats", "bn_forward_apply", "bn_spatial_grad_partials",
+                   "bn_feature_grad", "bn_backward_apply")
+    for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES
+] + [
+    f"{kernel}<{t}>" for kernel in ("bn_spatial_finalize", "bn_inference_stats", "bn_spatial_grad_finalize")
+    for t in gpu.FLOAT_TYPES
+])
+
+
+@dataclass(frozen=True)
+class _GpuPlan:
+    by_feature: bool  # one thread per statistic, reducing over N (PER_ACTIVATION, or no spatial dims)
+    chunk: int
+    parts_per_row: int
+    parts: int  # partial sums per channel: outer * parts_per_row
+    rows: int  # apply kernels: rows x cols, statistic = row % stats (SPATIAL) or col (by feature)
+    cols: int
+    index: str
+    scalar: Any
+
+
+def _gpu_plan(layout: Layout) -> _GpuPlan:
+    total = layout.outer * layout.stats * layout.inner
+    index = gpu.index_type(total, layout.count)
+    scalar = np.int32 if index == "int" else np.int64
+    by_feature = layout.inner == 1
+    chunk = min(max(layout.inner, 1), _CHUNK)
+    parts_per_row = -(-layout.inner // chunk) if layout.inner else 1
+    if by_feature:
+        return _GpuPlan(True, 1, 1, 1, layout.outer, layout.stats, index, scalar)
+    return _GpuPlan(False, chunk, parts_per_row, layout.outer * parts_per_row, layout.outer * layout.stats,
+                    layout.inner, index, scalar)
+
+
+def _gpu_init(state: BatchNormState, layout: Layout, dtype: np.dtype) -> None:
+    cupy = gpu.cupy
+    plan = _gpu_plan(layout)
+    with cupy.cuda.Device(state.device):
+        # init has no stream: the fills go on CuPy's current stream, and every call on this state
+        # waits for them through an event rather than synchronizing the device.
+        state.running_mean = cupy.zeros(layout.stat_dims, dtype)
+        state.running_var = cupy.ones(layout.stat_dims, dtype)
+        ready = cupy.cuda.Event(disable_timing=True)
+        ready.record()
+        stats = max(layout.stats, 1)
+        state.saved.update(
+            plan=plan, ready=ready,
+            mean=cupy.empty(stats, np.float64), invstd=cupy.empty(stats, np.float64),
+            coef=cupy.empty(2 * stats, np.float64),  # backward: grad_mean, k per statistic
+            partials=cupy.empty(2 * stats * max(plan.parts, 1) if not plan.by_feature else 1, np.float64),
+        )
+
+
+def _grid2(cols_blocks: int, rows: int) -> tuple[int, int]:
+    return (max(1, min(cols_blocks, 65535)), max(1, min(rows, 65535)))
+
+
+def _gpu_apply_grid(plan: _GpuPlan) -> tuple[int, int]:
+    return _grid2(-(-plan.cols // _BLOCK), plan.rows)
+
+
+def _gpu_stats(stream, state, attrs, layout: Layout, plan: _GpuPlan, input, training: bool) -> None:
+    """Fill state.saved mean and invstd (float64) and, training, update the running statistics."""
+    t = gpu.cuda_type(input.dtype)
+    mean, invstd = state.saved["mean"], state.saved["invstd"]
+    if not training:
+        gpu.launch(stream, _CUDA.function(f"bn_inference_stats<{t}>"), gpu.grid_for(layout.stats), _BLOCK,
+                   (state.running_mean, state.running_var, np.int64(layout.stats), np.float64(attrs.eps), mean, invstd))
+        return
+    momentum = np.float64(_momentum(state, attrs))
+    if plan.by_feature:
+        gpu.launch(stream, _CUDA.function(f"bn_feature_stats<{t}, {plan.index}>"), gpu.grid_for(layout.stats), _BLOCK,
+                   (input, plan.scalar(layout.outer), plan.scalar(layout.stats), np.float64(attrs.eps), momentum,
+                    state.running_mean, state.running_var, mean, invstd))
+        return
+    partials = state.saved["partials"]
+    size = layout.stats * plan.parts
+    sums, squares = partials[:size], partials[size:2 * size]
+    grid = (max(1, min(plan.parts, 65535)), max(1, min(layout.stats, 65535)))
+    function = _CUDA.function(f"bn_spatial_partials<{t}, {plan.index}>")
+    common = (plan.scalar(layout.stats), plan.scalar(layout.inner), plan.scalar(plan.chunk),
+              plan.scalar(plan.parts_per_row), plan.scalar(plan.parts), np.float64(layout.count))
+    gpu.launch(stream, function, grid, _BLOCK, (input, _NULL, sums) + common)
+    gpu.launch(stream, function, grid, _BLOCK, (input, sums, squares) + common)
+    gpu.launch(stream, _CUDA.function(f"bn_spatial_finalize<{t}>"), gpu.grid_for(layout.stats), _BLOCK,
+               (sums, squares, np.int64(plan.parts), np.int64(layout.stats), np.float64(layout.count),
+                np.float64(attrs.eps), momentum, state.running_mean, state.running_var, mean, invstd))
+
+
+def _wait_ready(stream, state) -> None:
+    stream.cupy_stream.wait_event(state.saved["ready"])
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output, *, training: bool = True) -> None:
+    """output = activation((input - mean) * invstd * gamma + beta), enqueued on the stream (see cpu_forward_kernel)."""
+    _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training)
+    layout, plan = state.saved["layout"], state.saved["plan"]
+    if input.size == 0:
+        state.saved["forward"] = {"training": training, "empty": True}
+        return
+    _wait_ready(stream, state)
+    _gpu_stats(stream, state, attrs, layout, plan, input, training)
+    state.saved["forward"] = {"training": training}
+    pre = _NULL
+    if attrs.activation is not None:
+        pre = state.saved.get("pre")
+        if pre is None:
+            with gpu.cupy.cuda.Device(state.device):
+                pre = state.saved["pre"] = gpu.cupy.empty(input.shape, input.dtype)
+    t = gpu.cuda_type(input.dtype)
+    gpu.launch(stream, _CUDA.function(f"bn_forward_apply<{t}, {plan.index}>"), _gpu_apply_grid(plan), _BLOCK,
+               (input, state.saved["mean"], state.saved["invstd"], gamma if attrs.affine else _NULL,
+                beta if attrs.affine else _NULL, pre, output, plan.scalar(plan.rows), plan.scalar(plan.cols),
+                plan.scalar(layout.stats), np.int32(0 if plan.by_feature else 1),
+                activations.code(attrs.activation)))
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                        gamma_grad, beta_grad) -> None:
+    """Gradients of the forward before, enqueued on the stream (see cpu_backward_kernel)."""
+    saved = _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                            gamma_grad, beta_grad)
+    layout, plan = state.saved["layout"], state.saved["plan"]
+    if saved.get("empty"):
+        with stream:
+            for grad in (gamma_grad, beta_grad):
+                if grad is not None:
+                    grad.fill(0)
+        return
+    _wait_ready(stream, state)
+    # The activation's gradient is taken inside the kernels, from the pre-activation the forward kept.
+    upstream = (output_grad, state.saved["pre"] if attrs.activation is not None else _NULL,
+                activations.code(attrs.activation))
+    t = gpu.cuda_type(input.dtype)
+    training = saved["training"]
+    mean, invstd, coef = state.saved["mean"], state.saved["invstd"], state.saved["coef"]
+    need_sums = gamma_grad is not None or beta_grad is not None or (training and input_grad is not None)
+    if need_sums:
+        sums_args = (np.float64(layout.count), np.int32(training), gamma_grad if gamma_grad is not None else _NULL,
+                     beta_grad if beta_grad is not None else _NULL, coef)
+        if plan.by_feature:
+            gpu.launch(stream, _CUDA.function(f"bn_feature_grad<{t}, {plan.index}>"), gpu.grid_for(layout.stats), _BLOCK,
+                       upstream + (input, mean, invstd, plan.scalar(layout.outer), plan.scalar(layout.stats)) + sums_args)
+        else:
+            partials = state.saved["partials"][:2 * layout.stats * plan.parts]
+            grid = (max(1, min(plan.parts, 65535)), max(1, min(layout.stats, 65535)))
+            gpu.launch(stream, _CUDA.function(f"bn_spatial_grad_partials<{t}, {plan.index}>"), grid, _BLOCK,
+                       upstream + (input, mean, partials, plan.scalar(layout.stats), plan.scalar(layout.inner),
+                        plan.scalar(plan.chunk), plan.scalar(plan.parts_per_row), plan.scalar(plan.parts)))
+            gpu.launch(stream, _CUDA.function(f"bn_spatial_grad_finalize<{t}>"), gpu.grid_for(layout.stats), _BLOCK,
+                       (partials, np.int64(plan.parts), np.int64(layout.stats), invstd) + sums_args)
+    if input_grad is not None:
+        gpu.launch(stream, _CUDA.function(f"bn_backward_apply<{t}, {plan.index}>"), _gpu_apply_grid(plan), _BLOCK,
+                   upstream + (input, mean, invstd, coef, gamma if attrs.affine else _NULL, input_grad,
+                    plan.scalar(plan.rows), plan.scalar(plan.cols), plan.scalar(layout.stats),
+                    np.int32(0 if plan.by_feature else 1), np.int32(training)))
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, gamma, beta, output, *, training: bool = True) -> None:
+    """Write output (training: batch statistics, running ones updated; inference: running statistics)."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, gamma, beta, output,
+                  training=training)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                    gamma_grad, beta_grad) -> None:
+    """Write input_grad, gamma_grad and beta_grad (each skipped when None) for the forward before."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs, output, output_grad,
+                  input, input_grad, gamma, beta, gamma_grad, beta_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state: running statistics, saved statistics, workspace."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

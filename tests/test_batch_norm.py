@@ -1,0 +1,207 @@
+"""batch_norm behaviour beyond the golden cases: the running statistics as a caller
+sees them, gradients skipped with None, the cumulative average over more steps,
+zero-size batches, and (on the GPU) agreement with the CPU and run-to-run
+determinism on shapes that the GPU reduces in many parts."""
+
+import numpy as np
+import pytest
+
+from conformance.case import pattern, ulp
+from conformance.compare import compare
+from kernels import BatchNormAttrs, BatchNormMode, TensorShape, batch_norm
+
+from .conftest import DEVICE_PARAMS, Dev, require
+
+
+def _shape(dims, dtype=np.float32):
+    return TensorShape(dims, dtype)
+
+
+def _reference_forward(x, mean, var, eps, gamma, beta):
+    """(x - mean) / sqrt(var + eps) * gamma + beta per channel (axis 1), in float64."""
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    x = x.astype(np.float64)
+    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * gamma.reshape(shape) + beta.reshape(shape)
+
+
+def test_running_statistics_read_and_overwritten(dev):
+    attrs = BatchNormAttrs(eps=0.25, momentum=0.5)
+    dims = (2, 3, 2, 4)
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims), _shape(dims))
+    assert np.array_equal(dev.host(state.running_mean), np.zeros(3, np.float32))
+    assert np.array_equal(dev.host(state.running_var), np.ones(3, np.float32))
+    x = pattern(dims, 13, 0.5).astype(np.float32)
+    gamma, beta = np.array([1, -0.5, 2], np.float32), np.array([0.25, 0, -1], np.float32)
+    output = dev.array(np.zeros(dims, np.float32))
+    args = (dev.array(x), dev.array(gamma), dev.array(beta), output)
+    # in place
+    state.running_mean[...] = dev.array(np.array([0.5, -1, 2], np.float32))
+    state.running_var[...] = dev.array(np.array([0.75, 3.75, 15.75], np.float32))
+    batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, *args, training=False)
+    dev.stream.synchronize()
+    expected = _reference_forward(x, np.array([0.5, -1, 2]), np.array([0.75, 3.75, 15.75]), 0.25, gamma, beta)
+    assert np.array_equal(dev.host(output), expected.astype(np.float32))  # var + eps = 1, 4, 16: all exact
+    # by assignment: the new arrays are used, and a training step updates them
+    state.running_mean = dev.array(np.zeros(3, np.float32))
+    state.running_var = dev.array(np.full(3, 2, np.float32))
+    batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, *args, training=True)
+    dev.stream.synchronize()
+    channels = x.transpose(1, 0, 2, 3).reshape(3, -1).astype(np.float64)
+    assert np.array_equal(dev.host(state.running_mean), (0.5 * channels.mean(1)).astype(np.float32))
+    assert np.array_equal(dev.host(state.running_var), (0.5 * channels.var(1, ddof=1) + 1.0).astype(np.float32))
+    assert state.num_batches_tracked == 1
+    batch_norm.cleanup_kernel(dev.handle, state)
+    assert state.running_mean is None and state.closed
+
+
+@pytest.mark.parametrize("mode", [BatchNormMode.SPATIAL, BatchNormMode.PER_ACTIVATION])
+@pytest.mark.parametrize("training", [True, False])
+def test_none_gradients_are_skipped(dev, mode, training):
+    attrs = BatchNormAttrs(eps=1e-3, momentum=0.03, mode=mode, activation="SILU")
+    dims = (4, 3, 2, 5)
+    stat_dims = (3,) if mode is BatchNormMode.SPATIAL else dims[1:]
+    x, g = dev.array(pattern(dims, 13, 0.5).astype(np.float32)), dev.array(pattern(dims, 11, 0.25, 3).astype(np.float32))
+    gamma = dev.array(pattern(stat_dims, 9, 0.5, 5).astype(np.float32))
+    beta = dev.array(pattern(stat_dims, 5, 0.25).astype(np.float32))
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims), _shape(dims))
+    output = dev.array(np.zeros(dims, np.float32))
+    batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, x, gamma, beta, output, training=training)
+
+    def backward(with_input, with_gamma, with_beta):
+        grads = [dev.array(np.full(d, np.nan, np.float32)) if w else None
+                 for w, d in ((with_input, dims), (with_gamma, stat_dims), (with_beta, stat_dims))]
+        batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, g, x, grads[0], gamma, beta,
+                                   grads[1], grads[2])
+        dev.stream.synchronize()
+        return [None if a is None else dev.host(a) for a in grads]
+
+    full = backward(True, True, True)
+    for flags in ((True, False, False), (False, True, False), (False, False, True), (False, False, False)):
+        partial = backward(*flags)
+        for got, want in zip(partial, full):
+            if got is not None:
+                assert np.array_equal(got, want)
+    batch_norm.cleanup_kernel(dev.handle, state)
+
+
+def test_inference_backward_is_the_fixed_statistics_gradient(dev):
+    attrs = BatchNormAttrs(eps=0.5, momentum=0.25)
+    dims = (2, 2, 2, 4)
+    x, g = pattern(dims, 13, 0.5).astype(np.float32), pattern(dims, 11, 0.25, 3).astype(np.float32)
+    gamma, beta = np.array([2, -0.5], np.float32), np.array([1, 0.5], np.float32)
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims), _shape(dims))
+    state.running_var[...] = dev.array(np.array([3.5, 0.5], np.float32))  # var + eps = 4 and 1: invstd 0.5 and 1
+    output = dev.array(np.zeros(dims, np.float32))
+    batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, dev.array(x), dev.array(gamma), dev.array(beta),
+                              output, training=False)
+    input_grad = dev.array(np.zeros(dims, np.float32))
+    gamma_grad, beta_grad = dev.array(np.zeros(2, np.float32)), dev.array(np.zeros(2, np.float32))
+    batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, dev.array(g), dev.array(x), input_grad,
+                               dev.array(gamma), dev.array(beta), gamma_grad, beta_grad)
+    dev.stream.synchronize()
+    invstd = np.array([0.5, 1.0], np.float32).reshape(1, 2, 1, 1)
+    assert np.array_equal(dev.host(input_grad), g * invstd * gamma.reshape(1, 2, 1, 1))
+    assert np.array_equal(dev.host(gamma_grad), (g * x * invstd).sum(axis=(0, 2, 3)))
+    assert np.array_equal(dev.host(beta_grad), g.sum(axis=(0, 2, 3)))
+    assert np.array_equal(dev.host(state.running_mean), np.zeros(2, np.float32))  # inference updates nothing
+    batch_norm.cleanup_kernel(dev.handle, state)
+
+
+def test_cumulative_average_over_four_steps(dev):
+    attrs = BatchNormAttrs(affine=False, momentum=None, mode=BatchNormMode.PER_ACTIVATION)
+    dims = (4, 2, 3)
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, np.float64), _shape(dims, np.float64))
+    output = dev.array(np.zeros(dims))
+    batches = [pattern(dims, 13, 0.5, offset) for offset in range(4)]
+    for batch in batches:
+        batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, dev.array(batch), None, None, output)
+    dev.stream.synchronize()
+    assert state.num_batches_tracked == 4
+    np.testing.assert_allclose(dev.host(state.running_mean), np.mean([b.mean(0) for b in batches], 0), rtol=1e-15,
+                               atol=1e-15)
+    np.testing.assert_allclose(dev.host(state.running_var), np.mean([b.var(0, ddof=1) for b in batches], 0),
+                               rtol=1e-15)
+    batch_norm.cleanup_kernel(dev.handle, state)
+
+
+def test_zero_batch_does_nothing(dev):
+    attrs = BatchNormAttrs()
+    dims = (0, 3, 2, 2)
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims), _shape(dims))
+    empty = dev.array(np.zeros(dims, np.float32))
+    gamma, beta = dev.array(np.ones(3, np.float32)), dev.array(np.zeros(3, np.float32))
+    batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, empty, gamma, beta, empty)
+    gamma_grad, beta_grad = dev.array(np.full(3, np.nan, np.float32)), dev.array(np.full(3, np.nan, np.float32))
+    batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, empty, empty, empty, empty, gamma, beta,
+                               gamma_grad, beta_grad)
+    dev.stream.synchronize()
+    assert state.num_batches_tracked == 0
+    assert np.array_equal(dev.host(state.running_mean), np.zeros(3, np.float32))
+    assert np.array_equal(dev.host(gamma_grad), np.zeros(3, np.float32))  # sums over no values
+    assert np.array_equal(dev.host(beta_grad), np.zeros(3, np.float32))
+    batch_norm.cleanup_kernel(dev.handle, state)
+
+
+def _run_all(device, attrs, dims, dtype, steps=2):
+    """Training forward and backward, `steps` times, on a device; everything written, on the host."""
+    dev = Dev(device)
+    stat_dims = (dims[1],) if attrs.mode is BatchNormMode.SPATIAL else dims[1:]
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, dtype), _shape(dims, dtype))
+    gamma = dev.array(pattern(stat_dims, 9, 0.5, 5).astype(dtype))
+    beta = dev.array(pattern(stat_dims, 5, 0.25).astype(dtype))
+    results = []
+    for step in range(steps):
+        x = dev.array(pattern(dims, 13, 0.5, step).astype(dtype))
+        g = dev.array(pattern(dims, 11, 0.25, step + 3).astype(dtype))
+        output, input_grad = dev.array(np.zeros(dims, dtype)), dev.array(np.zeros(dims, dtype))
+        gamma_grad, beta_grad = dev.array(np.zeros(stat_dims, dtype)), dev.array(np.zeros(stat_dims, dtype))
+        batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, x, gamma, beta, output)
+        batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, g, x, input_grad, gamma, beta,
+                                   gamma_grad, beta_grad)
+        results += [output, input_grad, gamma_grad, beta_grad]
+    results += [state.running_mean, state.running_var]
+    dev.stream.synchronize()
+    host = [dev.host(a) for a in results]
+    dev.handle.close()
+    return host
+
+
+GPU_SHAPES = [
+    pytest.param(BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU"), (1, 16, 80, 100),
+                 id="spatial_silu_1x16x80x100_four_parts_a_row"),
+    pytest.param(BatchNormAttrs(eps=1e-3, momentum=0.03), (8, 5, 3, 7), id="spatial_8x5x3x7_short_rows"),
+    pytest.param(BatchNormAttrs(momentum=None, mode=BatchNormMode.PER_ACTIVATION), (16, 4, 9, 11), id="per_activation"),
+    pytest.param(BatchNormAttrs(), (64, 33), id="rank2"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("attrs, dims", GPU_SHAPES)
+def test_gpu_matches_cpu_and_is_deterministic(attrs, dims, dtype):
+    """Two GPU runs give the same bits; the GPU is within an ulp or two of the CPU (the same float64
+    operations; only the order of the sums differs, and where a channel's count is no power of two the
+    mean is inexact, so the sums of squares round differently)."""
+    require("gpu")
+    cpu = _run_all("cpu", attrs, dims, dtype)
+    first, second = _run_all("gpu", attrs, dims, dtype), _run_all("gpu", attrs, dims, dtype)
+    for index, (a, b, c) in enumerate(zip(cpu, first, second)):
+        assert np.array_equal(b.view(np.uint8), c.view(np.uint8)), f"tensor {index}: two GPU runs differ"
+        report = compare(b, a, ulp(2 if attrs.activation is None else 4))  # exp: CUDA's expf vs NumPy's
+        assert report is None, f"tensor {index}: {report}"
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_two_states_keep_their_own_statistics(device):
+    require(device)
+    dev = Dev(device)
+    attrs = BatchNormAttrs(affine=False, momentum=1.0)
+    dims = (2, 2, 4)
+    states = [batch_norm.init_kernel(dev.handle, attrs, _shape(dims), _shape(dims)) for _ in range(2)]
+    output = dev.array(np.zeros(dims, np.float32))
+    batch_norm.forward_kernel(dev.stream, dev.handle, states[0], attrs, dev.array(pattern(dims, 13, 0.5).astype(np.float32)),
+                              None, None, output)
+    dev.stream.synchronize()
+    assert not np.array_equal(dev.host(states[0].running_mean), dev.host(states[1].running_mean))
+    assert np.array_equal(dev.host(states[1].running_var), np.ones(2, np.float32))
+    dev.handle.close()
