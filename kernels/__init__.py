@@ -12,6 +12,7 @@ from . import (
     batch_matmul,
     batch_norm,
     concat,
+    element_binary,
     gradient_reduction,
     reshape,
     softmax,
@@ -35,6 +36,7 @@ from .core import (
     cpu_handle,
     cpu_stream,
 )
+from .element_binary import BinaryOpType, ElementBinaryAttrs
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
 from .gradient_reduction import GradientReductionAttrs
 from .reshape import ReshapeAttrs
@@ -53,12 +55,14 @@ OPS = {
     "upsample": upsample,
     "softmax": softmax,
     "gradient_reduction": gradient_reduction,
+    "element_binary": element_binary,
 }
 
 __all__ = [
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
+    "element_binary", "ElementBinaryAttrs", "BinaryOpType",
     "activation", "Activation",
     "batch_norm", "BatchNormAttrs", "BatchNormMode",
     "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",

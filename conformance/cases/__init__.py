@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..case import Case
-from . import batch_matmul, batch_norm, concat, gradient_reduction, reshape, softmax, split, transpose, upsample
+from . import batch_matmul, batch_norm, concat, element_binary, gradient_reduction, reshape, softmax, split, transpose, upsample
 
 CASE_MODULES = {
     "batch_norm": batch_norm,
@@ -16,6 +16,7 @@ CASE_MODULES = {
     "concat": concat,
     "split": split,
     "gradient_reduction": gradient_reduction,
+    "element_binary": element_binary,
 }
 
 

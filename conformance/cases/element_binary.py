@@ -1,0 +1,162 @@
+"""element_binary cases: every op on equal shapes and on every broadcasting pattern
+(either side, both sides at once, size-1 dims in the middle, different ranks, a
+one-element operand), MAX/MIN with ties and NaN, DIV by powers of two (exact) and by
+other values (measured ulp bounds), float64, YOLOv10's residual add and broadcast
+multiplies, and shapes that reach every GPU reduction path (split reductions
+included).
+
+Values are small dyadic fractions, so sums and products are exact in float32 in any
+order: the CPU (pairwise np.sum) and GPU (per-thread or per-warp fixed-order sums)
+must give the golden's bits. Only DIV by non-powers of two is inexact; see _DIV_ULPS.
+"""
+
+import numpy as np
+
+from kernels import BinaryOpType, ElementBinaryAttrs, element_binary
+
+from ..case import EXACT, CaseTable, pattern, ulp
+from ..harness import run_binary
+
+TABLE = CaseTable("element_binary")
+
+ADD, SUB, MUL, DIV, MAX, MIN = (BinaryOpType.ADD, BinaryOpType.SUB, BinaryOpType.MUL, BinaryOpType.DIV,
+                                BinaryOpType.MAX, BinaryOpType.MIN)
+
+# (lhs dims, rhs dims) of each broadcasting pattern.
+LAYOUTS = {
+    "same": ((2, 3, 4), (2, 3, 4)),
+    "bcast_lhs": ((2, 1, 4), (2, 3, 4)),
+    "bcast_rhs": ((2, 3, 4), (2, 3, 1)),
+    "bcast_both": ((2, 1, 4), (1, 3, 1)),
+    "mid_ones": ((2, 1, 3, 4), (2, 5, 1, 4)),
+    "rank_mismatch": ((4,), (2, 3, 4)),
+    "scalar_rhs": ((2, 3, 4), (1,)),
+}
+
+# Divisors: powers of two (every quotient exact) and other short dyadic values.
+_POW2 = [0.5, -2.0, 1.0, 4.0, -0.25, 2.0, -1.0, 0.125]
+_OTHER = [3.0, -5.0, 1.5, 7.0, -0.75, 6.0, 2.5, -3.5, 5.0, 1.25, -6.0, 0.75]
+
+
+def _cycle(dims, values, offset=0):
+    count = int(np.prod(dims, dtype=np.int64))
+    return np.array([values[(i * 5 + offset) % len(values)] for i in range(count)], dtype=np.float64).reshape(dims)
+
+
+def _out_dims(lhs_dims, rhs_dims):
+    return element_binary.broadcast_dims(lhs_dims, rhs_dims)
+
+
+def _inputs(op, lhs_dims, rhs_dims, divisors=_POW2):
+    out_dims = _out_dims(lhs_dims, rhs_dims)
+    if op in (MAX, MIN):
+        # Values in {-1, -0.5, 0, 0.5, 1} on both sides: many ties, where each side gets g / 2.
+        lhs, rhs = pattern(lhs_dims, 5, 0.5, 0), pattern(rhs_dims, 5, 0.5, 2)
+    elif op is DIV:
+        lhs, rhs = pattern(lhs_dims, 17, 0.25, 0), _cycle(rhs_dims, divisors, 3)
+    else:
+        lhs, rhs = pattern(lhs_dims, 17, 0.25, 0), pattern(rhs_dims, 11, 0.5, 4)
+    return {"lhs": lhs, "rhs": rhs, "output_grad": pattern(out_dims, 13, 0.25, 5)}
+
+
+def _add(name, op, lhs_dims, rhs_dims, dtype=np.float32, tolerance=EXACT, inputs=None, description=""):
+    TABLE.add(name, ElementBinaryAttrs(op), inputs or _inputs(op, lhs_dims, rhs_dims), dtype=dtype,
+              tolerance=tolerance, description=description or f"{op.name} {lhs_dims} with {rhs_dims}")
+
+
+# Every op on every broadcasting pattern, float32, exact (DIV by powers of two).
+for _op in BinaryOpType:
+    for _layout, (_lhs, _rhs) in LAYOUTS.items():
+        _add(f"{_op.name.lower()}_{_layout}", _op, _lhs, _rhs)
+
+_add("sub_scalar_lhs", SUB, (1,), (3, 4), description="one-element lhs: lhs_grad sums every output element")
+_add("div_scalar_lhs", DIV, (1,), (3, 4))
+
+# MAX/MIN where either side is NaN: the output is NaN and both sides get g (torch's rule).
+_NAN_LHS = pattern((2, 3, 4), 5, 0.5, 0)
+_NAN_RHS = pattern((2, 3, 4), 5, 0.5, 2)
+_NAN_LHS.reshape(-1)[[1, 6, 11]] = np.nan
+_NAN_RHS.reshape(-1)[[6, 17, 20]] = np.nan
+for _op in (MAX, MIN):
+    _add(f"{_op.name.lower()}_nan", _op, (2, 3, 4), (2, 3, 4),
+         inputs={"lhs": _NAN_LHS, "rhs": _NAN_RHS, "output_grad": pattern((2, 3, 4), 13, 0.25, 5)},
+         description="NaN on either side (one position on both): NaN propagates, both sides get g")
+_NAN_ROW = pattern((3, 1), 5, 0.5, 1)
+_NAN_ROW[1, 0] = np.nan
+_add("max_nan_bcast", MAX, (3, 1), (3, 4),
+     inputs={"lhs": _NAN_ROW, "rhs": pattern((3, 4), 5, 0.5, 2), "output_grad": pattern((3, 4), 13, 0.25, 5)},
+     description="a NaN broadcast along a row: its lhs_grad sums the whole row of g")
+
+# DIV by values that are not powers of two: the quotients round. Bounds are the smallest
+# that pass, measured against torch's float64 result rounded to the case's dtype on the
+# CPU and on the GPU's summation order (emulated bit for bit in
+# tests/test_element_binary_plan.py; the same elementwise bits, another order of sums):
+# - float32 output and unreduced lhs_grad = g / rhs: one correctly rounded division, and
+#   rounding the float64 quotient of float32 values to float32 gives the same bits: exact.
+# - float32 rhs_grad = -g * ((lhs / rhs) / rhs): three float32 roundings against one:
+#   1 ulp. Reduced gradients add roundings of their sums: 1 ulp, except the one-element
+#   rhs of scalar_rhs, a sum of 24 such terms: 2 ulp in the GPU's order (1 on the CPU).
+# - float64: the same formulas in torch's order of operations, so unreduced results are
+#   exact; sums of inexact terms in another order than torch's sum_to_size: 1 ulp where
+#   measured (0 elsewhere, so exact).
+_DIV_ULPS = {
+    "same": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
+    "bcast_both": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
+    "rank_mismatch": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
+    "scalar_rhs": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(2)},
+}
+_DIV_ULPS_F64 = {
+    "same": EXACT,
+    "bcast_both": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
+    "rank_mismatch": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": EXACT},
+    "scalar_rhs": EXACT,
+}
+for _layout in _DIV_ULPS:
+    _lhs, _rhs = LAYOUTS[_layout]
+    _add(f"div_nonpow2_{_layout}", DIV, _lhs, _rhs, tolerance=_DIV_ULPS[_layout],
+         inputs=_inputs(DIV, _lhs, _rhs, _OTHER), description=f"DIV by 3, -5, 1.5, 7, ... {_lhs} / {_rhs}")
+    _add(f"div_nonpow2_{_layout}_f64", DIV, _lhs, _rhs, np.float64, tolerance=_DIV_ULPS_F64[_layout],
+         inputs=_inputs(DIV, _lhs, _rhs, _OTHER), description=f"float64 DIV by non-powers of two {_lhs} / {_rhs}")
+
+# float64 on the other ops and patterns.
+_add("add_bcast_both_f64", ADD, (2, 1, 4), (1, 3, 1), np.float64)
+_add("sub_scalar_rhs_f64", SUB, (2, 3, 4), (1,), np.float64)
+_add("mul_mid_ones_f64", MUL, (2, 1, 3, 4), (2, 5, 1, 4), np.float64)
+_add("div_bcast_rhs_f64", DIV, (2, 3, 4), (2, 3, 1), np.float64)
+_add("max_rank_mismatch_f64", MAX, (4,), (2, 3, 4), np.float64)
+_add("min_same_f64", MIN, (2, 3, 4), (2, 3, 4), np.float64)
+
+# YOLOv10, small: C2f's residual add, PSA's attention scaling broadcast over one dim,
+# and a per-channel (1, C, 1, 1) multiply.
+_add("yolov10_residual_add", ADD, (1, 4, 5, 3), (1, 4, 5, 3))
+_add("yolov10_attention_scale_mul", MUL, (1, 2, 4, 6), (1, 2, 1, 6))
+_add("yolov10_per_channel_mul", MUL, (1, 4, 5, 3), (1, 4, 1, 1))
+
+# The GPU's reduction paths (element_binary.grad_plan): a warp per gradient element with
+# two reduced dims; split reductions (partial sums, then their sum) in both kernels.
+_add("per_channel_batch2_mul", MUL, (2, 3, 5, 8), (1, 3, 1, 1),
+     description="rhs_grad: warp per channel, reduced over batch and 40 positions")
+_add("per_channel_split_mul", MUL, (1, 2, 24, 25), (1, 2, 1, 1),
+     description="rhs_grad sums 600 positions a channel: a split warp reduction (2 chunks)")
+_add("rows_split_add", ADD, (3, 100, 4), (4,), description="rhs_grad sums 300 rows: a split thread-per-element reduction")
+_add("rows_split_max", MAX, (4,), (3, 100, 4), description="lhs_grad of a broadcast MAX with ties, split reduction")
+
+# Zero-size: nothing to compute, but a broadcast operand's gradient is an empty sum (zeros).
+_add("zero_size_mul", MUL, (2, 0, 3), (2, 1, 3), description="output (2, 0, 3): rhs_grad is all zeros")
+
+
+_TORCH_OPS = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", MAX: "maximum", MIN: "minimum"}
+
+
+def torch_program(case, tensors):
+    import torch
+
+    lhs = tensors["lhs"].requires_grad_()
+    rhs = tensors["rhs"].requires_grad_()
+    output = getattr(torch, _TORCH_OPS[case.attrs.op_type])(lhs, rhs)
+    lhs_grad, rhs_grad = torch.autograd.grad(output, [lhs, rhs], tensors["output_grad"])
+    return {"output": output, "lhs_grad": lhs_grad, "rhs_grad": rhs_grad}
+
+
+def run(case, env):
+    run_binary(element_binary, case, env)

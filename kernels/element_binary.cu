@@ -1,0 +1,281 @@
+// element_binary: output = lhs (op) rhs with broadcasting, and its gradients.
+// The host collapses dims first (element_binary.collapse); an index space is given
+// as rank, sizes (outermost first), 32-bit division constants, and the output, lhs
+// and rhs strides of each dim (0 where that side is broadcast).
+//
+// Gradients are reduced over broadcast dims without atomics: every sum is taken by
+// one thread or one warp in a fixed order, and a split reduction writes partial sums
+// that a second kernel adds in chunk order. The same shapes give the same bits.
+#include "common.cuh"
+
+// BinaryOpType values.
+#define OP_ADD 0
+#define OP_SUB 1
+#define OP_MUL 2
+#define OP_DIV 3
+#define OP_MAX 4
+#define OP_MIN 5
+
+// Correctly rounded arithmetic that the compiler may not contract into an FMA, so an
+// elementwise gradient has the bits NumPy gives it.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
+
+template <int OP, typename T>
+__device__ __forceinline__ T apply(T l, T r) {
+    if (OP == OP_ADD) return l + r;
+    if (OP == OP_SUB) return l - r;
+    if (OP == OP_MUL) return mul_rn(l, r);
+    if (OP == OP_DIV) return div_rn(l, r);
+    // torch.maximum/minimum: NaN propagates from either side; a tie (+0 and -0) gives lhs.
+    if (OP == OP_MAX) return (l < r || r != r) ? r : l;
+    return (l > r || r != r) ? r : l;
+}
+
+// The gradient one output element sends to side 0 (lhs) or 1 (rhs): torch's formulas,
+// in torch's order of operations.
+template <int OP, typename T>
+__device__ __forceinline__ T grad_of(int side, T l, T r, T g) {
+    if (OP == OP_ADD) return g;
+    if (OP == OP_SUB) return side ? -g : g;
+    if (OP == OP_MUL) return mul_rn(g, side ? l : r);
+    if (OP == OP_DIV) return side ? mul_rn(-g, div_rn(div_rn(l, r), r)) : div_rn(g, r);
+    // where(l == r, g / 2, g).masked_fill_(this side loses, 0); NaN on either side gives g.
+    const bool loses = (OP == OP_MAX) == (side == 0) ? (l < r) : (l > r);
+    return l == r ? mul_rn(g, (T)0.5) : (loses ? (T)0 : g);
+}
+
+// Instantiate the body (the variadic arguments) with the op as a compile-time constant.
+#define DISPATCH_OP(op, ...)                                   \
+    switch (op) {                                              \
+        case OP_ADD: { constexpr int OPC = OP_ADD; __VA_ARGS__; } break; \
+        case OP_SUB: { constexpr int OPC = OP_SUB; __VA_ARGS__; } break; \
+        case OP_MUL: { constexpr int OPC = OP_MUL; __VA_ARGS__; } break; \
+        case OP_DIV: { constexpr int OPC = OP_DIV; __VA_ARGS__; } break; \
+        case OP_MAX: { constexpr int OPC = OP_MAX; __VA_ARGS__; } break; \
+        default:     { constexpr int OPC = OP_MIN; __VA_ARGS__; } break; \
+    }
+
+// n / size. For 32-bit indices by the host's constants (PyTorch's IntDivider:
+// packed = magic | shift << 32, exact for n < 2^31, size < 2^31).
+template <typename I>
+__device__ __forceinline__ I divide(I n, long long size, long long packed);
+
+template <>
+__device__ __forceinline__ int divide<int>(int n, long long size, long long packed) {
+    const unsigned magic = (unsigned)(packed & 0xffffffffLL);
+    const unsigned shift = (unsigned)(packed >> 32);
+    return (int)((__umulhi((unsigned)n, magic) + (unsigned)n) >> shift);
+}
+
+template <>
+__device__ __forceinline__ long long divide<long long>(long long n, long long size, long long) {
+    return n / size;
+}
+
+// The output, lhs and rhs offsets of element `index` of an index space. The loop is
+// unrolled over the largest rank with uniform guards, so that every dim's constants are
+// read straight from the kernel parameters (a runtime index would copy them to local memory).
+template <typename I>
+__device__ __forceinline__ void offsets(I index, int rank, const Ints& sizes, const Ints& divs,
+                                        const Ints& out_strides, const Ints& lhs_strides,
+                                        const Ints& rhs_strides, I& out, I& lhs, I& rhs) {
+    out = 0;
+    lhs = 0;
+    rhs = 0;
+    I rest = index;
+#pragma unroll
+    for (int d = KERNELS_MAX_RANK - 1; d > 0; --d) {
+        if (d < rank) {
+            const I quotient = divide<I>(rest, sizes.v[d], divs.v[d]);
+            const I coordinate = rest - quotient * (I)sizes.v[d];
+            rest = quotient;
+            out += coordinate * (I)out_strides.v[d];
+            lhs += coordinate * (I)lhs_strides.v[d];
+            rhs += coordinate * (I)rhs_strides.v[d];
+        }
+    }
+    if (rank > 0) {  // the outermost coordinate is what is left: no division
+        out += rest * (I)out_strides.v[0];
+        lhs += rest * (I)lhs_strides.v[0];
+        rhs += rest * (I)rhs_strides.v[0];
+    }
+}
+
+// 16 bytes of T, for vector loads and stores where the host found every pointer aligned.
+template <typename T>
+struct alignas(16) Vec {
+    T v[16 / sizeof(T)];
+};
+
+// --------------------------------------------------------------------------- forward
+
+// lhs, rhs and output have the same dims.
+template <typename T, typename I>
+__global__ void binary_same(const T* __restrict__ lhs, const T* __restrict__ rhs, T* __restrict__ output,
+                            I count, int op, int vectorized) {
+    constexpr int N = 16 / sizeof(T);
+    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    const I step = (I)gridDim.x * blockDim.x;
+    DISPATCH_OP(op, {
+        I done = 0;
+        if (vectorized) {
+            const I groups = count / N;
+            for (I i = start; i < groups; i += step) {
+                const Vec<T> a = reinterpret_cast<const Vec<T>*>(lhs)[i];
+                const Vec<T> b = reinterpret_cast<const Vec<T>*>(rhs)[i];
+                Vec<T> c;
+#pragma unroll
+                for (int k = 0; k < N; ++k) c.v[k] = apply<OPC>(a.v[k], b.v[k]);
+                reinterpret_cast<Vec<T>*>(output)[i] = c;
+            }
+            done = groups * N;
+        }
+        for (I i = done + start; i < count; i += step) output[i] = apply<OPC>(lhs[i], rhs[i]);
+    })
+}
+
+// Broadcasting: each thread gathers its lhs and rhs elements through the strides.
+template <typename T, typename I>
+__global__ void binary_broadcast(const T* __restrict__ lhs, const T* __restrict__ rhs, T* __restrict__ output,
+                                 I count, int op, int rank, Ints sizes, Ints divs, Ints out_strides,
+                                 Ints lhs_strides, Ints rhs_strides) {
+    const I step = (I)gridDim.x * blockDim.x;
+    DISPATCH_OP(op, {
+        for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count; index += step) {
+            I out, l, r;
+            offsets<I>(index, rank, sizes, divs, out_strides, lhs_strides, rhs_strides, out, l, r);
+            output[index] = apply<OPC>(lhs[l], rhs[r]);
+        }
+    })
+}
+
+// --------------------------------------------------------------------------- backward
+
+// No broadcasting: both gradients in one pass over output_grad. Pointers of gradients
+// not wanted, or of values not needed, are never dereferenced.
+template <typename T, typename I>
+__global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restrict__ rhs,
+                                     const T* __restrict__ output_grad, T* __restrict__ lhs_grad,
+                                     T* __restrict__ rhs_grad, I count, int op, int want_lhs, int want_rhs,
+                                     int need_lhs, int need_rhs, int vectorized) {
+    constexpr int N = 16 / sizeof(T);
+    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    const I step = (I)gridDim.x * blockDim.x;
+    DISPATCH_OP(op, {
+        I done = 0;
+        if (vectorized) {
+            const I groups = count / N;
+            for (I i = start; i < groups; i += step) {
+                const Vec<T> g = reinterpret_cast<const Vec<T>*>(output_grad)[i];
+                Vec<T> l = {}, r = {};
+                if (need_lhs) l = reinterpret_cast<const Vec<T>*>(lhs)[i];
+                if (need_rhs) r = reinterpret_cast<const Vec<T>*>(rhs)[i];
+                if (want_lhs) {
+                    Vec<T> out;
+#pragma unroll
+                    for (int k = 0; k < N; ++k) out.v[k] = grad_of<OPC>(0, l.v[k], r.v[k], g.v[k]);
+                    reinterpret_cast<Vec<T>*>(lhs_grad)[i] = out;
+                }
+                if (want_rhs) {
+                    Vec<T> out;
+#pragma unroll
+                    for (int k = 0; k < N; ++k) out.v[k] = grad_of<OPC>(1, l.v[k], r.v[k], g.v[k]);
+                    reinterpret_cast<Vec<T>*>(rhs_grad)[i] = out;
+                }
+            }
+            done = groups * N;
+        }
+        for (I i = done + start; i < count; i += step) {
+            const T g = output_grad[i];
+            const T l = need_lhs ? lhs[i] : (T)0;
+            const T r = need_rhs ? rhs[i] : (T)0;
+            if (want_lhs) lhs_grad[i] = grad_of<OPC>(0, l, r, g);
+            if (want_rhs) rhs_grad[i] = grad_of<OPC>(1, l, r, g);
+        }
+    })
+}
+
+// The arguments of the gradient kernels of one side: the kept space (the dims that side
+// has; its element j is gradient element j) and the reduced space (the dims it was
+// broadcast along), each as rank, sizes, division constants and out/lhs/rhs strides.
+#define GRAD_PARAMS                                                                              \
+    const T *__restrict__ lhs, const T *__restrict__ rhs, const T *__restrict__ output_grad,     \
+        T *__restrict__ destination, int op, int side, int need_lhs, int need_rhs, I kept_count, \
+        I reduced_count, I chunks, I chunk, int kept_rank, Ints kept_sizes, Ints kept_divs,      \
+        Ints kept_out, Ints kept_lhs, Ints kept_rhs, int reduced_rank, Ints reduced_sizes,       \
+        Ints reduced_divs, Ints reduced_out, Ints reduced_lhs, Ints reduced_rhs
+
+// 'rows': one thread per gradient element j and chunk s (blockIdx.y) of its reduced
+// positions, summed in order. Used when the innermost dim is kept, so neighbouring
+// threads read neighbouring elements; with no reduced dims it is an elementwise gather.
+// destination[s * kept_count + j] is the gradient itself when chunks == 1.
+template <typename T, typename I>
+__global__ void binary_grad_rows(GRAD_PARAMS) {
+    const I step = (I)gridDim.x * blockDim.x;
+    DISPATCH_OP(op, {
+        for (I s = blockIdx.y; s < chunks; s += gridDim.y) {
+            const I first = s * chunk;
+            const I last = min(first + chunk, reduced_count);
+            for (I j = (I)blockIdx.x * blockDim.x + threadIdx.x; j < kept_count; j += step) {
+                I out0, lhs0, rhs0;
+                offsets<I>(j, kept_rank, kept_sizes, kept_divs, kept_out, kept_lhs, kept_rhs, out0, lhs0, rhs0);
+                T sum = 0;
+                for (I k = first; k < last; ++k) {
+                    I out, l, r;
+                    offsets<I>(k, reduced_rank, reduced_sizes, reduced_divs, reduced_out, reduced_lhs,
+                               reduced_rhs, out, l, r);
+                    const T lv = need_lhs ? lhs[lhs0 + l] : (T)0;
+                    const T rv = need_rhs ? rhs[rhs0 + r] : (T)0;
+                    sum += grad_of<OPC>(side, lv, rv, output_grad[out0 + out]);
+                }
+                destination[s * kept_count + j] = sum;
+            }
+        }
+    })
+}
+
+// 'warps': one warp per (gradient element j, chunk s); the lanes stride over the
+// chunk (the innermost dim is reduced, so a warp reads consecutive elements) and the
+// lane sums are added by a fixed shuffle tree.
+template <typename T, typename I>
+__global__ void binary_grad_warps(GRAD_PARAMS) {
+    const int lane = threadIdx.x & 31;
+    const I warp = ((I)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const I warps = ((I)gridDim.x * blockDim.x) >> 5;
+    const I items = kept_count * chunks;
+    DISPATCH_OP(op, {
+        for (I item = warp; item < items; item += warps) {
+            const I j = item / chunks;  // neighbouring warps take neighbouring chunks of one j
+            const I s = item - j * chunks;
+            I out0, lhs0, rhs0;
+            offsets<I>(j, kept_rank, kept_sizes, kept_divs, kept_out, kept_lhs, kept_rhs, out0, lhs0, rhs0);
+            const I first = s * chunk;
+            const I last = min(first + chunk, reduced_count);
+            T sum = 0;
+            for (I k = first + lane; k < last; k += 32) {
+                I out, l, r;
+                offsets<I>(k, reduced_rank, reduced_sizes, reduced_divs, reduced_out, reduced_lhs, reduced_rhs,
+                           out, l, r);
+                const T lv = need_lhs ? lhs[lhs0 + l] : (T)0;
+                const T rv = need_rhs ? rhs[rhs0 + r] : (T)0;
+                sum += grad_of<OPC>(side, lv, rv, output_grad[out0 + out]);
+            }
+#pragma unroll
+            for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+            if (lane == 0) destination[s * kept_count + j] = sum;
+        }
+    })
+}
+
+// The second pass of a split reduction: gradient[j] = partial sums of chunks 0, 1, ... in order.
+template <typename T, typename I>
+__global__ void binary_sum_partials(const T* __restrict__ partials, T* __restrict__ gradient, I count, I chunks) {
+    for (I j = (I)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += (I)gridDim.x * blockDim.x) {
+        T sum = partials[j];
+        for (I s = 1; s < chunks; ++s) sum += partials[s * count + j];
+        gradient[j] = sum;
+    }
+}
