@@ -142,11 +142,10 @@ def init_kernel(handle: Any, attrs: BatchNormAttrs, input_shape: TensorShape, ou
     return state
 
 
-def _param_rows(state: BatchNormState, attrs: BatchNormAttrs, names: tuple[str, ...], arrays: tuple[Any, ...],
-                required: bool) -> list[tuple]:
+def _param_rows(state: BatchNormState, names: tuple[str, ...], arrays: tuple[Any, ...], required: bool) -> list[tuple]:
     """check_call rows for gamma, beta and their grads: shaped like a statistic when affine, absent when not."""
     stat_shape = state.shapes["stat_shape"]
-    if not attrs.affine:
+    if not state.attrs.affine:
         for name, array in zip(names, arrays):
             if array is not None:
                 raise fail(ShapeError, OP, name, "None (attrs.affine is False)", f"an array {tuple(array.shape)}")
@@ -163,10 +162,15 @@ def _check_running(state: BatchNormState, device: Any) -> None:
         core.check_tensor(OP, f"state.{name}", array, state.shapes["stat_shape"], device)
 
 
+def _check_state(state: Any) -> None:
+    if not isinstance(state, BatchNormState):
+        raise fail(StateError, OP, "state", f"a state from {OP}.init_kernel", type(state).__name__)
+
+
 def _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training) -> Any:
+    _check_state(state)
     rows = [("input", input, state.shapes["input_shape"], True), ("output", output, state.shapes["output_shape"], True)]
-    if isinstance(state, BatchNormState):
-        rows += _param_rows(state, attrs, ("gamma", "beta"), (gamma, beta), True)
+    rows += _param_rows(state, ("gamma", "beta"), (gamma, beta), True)
     device = core.check_call(OP, stream, handle, state, attrs, rows)
     _check_running(state, device)
     layout = state.saved["layout"]
@@ -178,15 +182,15 @@ def _check_forward(stream, handle, state, attrs, input, gamma, beta, output, tra
 
 def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
                     gamma_grad, beta_grad) -> dict[str, Any]:
+    _check_state(state)
     rows = [
         ("output", output, state.shapes["output_shape"], False),
         ("output_grad", output_grad, state.shapes["output_shape"], True),
         ("input", input, state.shapes["input_shape"], True),
         ("input_grad", input_grad, state.shapes["input_shape"], False),
     ]
-    if isinstance(state, BatchNormState):
-        rows += _param_rows(state, attrs, ("gamma",), (gamma,), True)
-        rows += _param_rows(state, attrs, ("beta", "gamma_grad", "beta_grad"), (beta, gamma_grad, beta_grad), False)
+    rows += _param_rows(state, ("gamma",), (gamma,), True)
+    rows += _param_rows(state, ("beta", "gamma_grad", "beta_grad"), (beta, gamma_grad, beta_grad), False)
     core.check_call(OP, stream, handle, state, attrs, rows)
     saved = state.saved.get("forward")
     if saved is None:
