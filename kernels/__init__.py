@@ -14,6 +14,7 @@ from . import (
     concat,
     element_binary,
     gradient_reduction,
+    pool_2d,
     reshape,
     softmax,
     split,
@@ -39,6 +40,7 @@ from .core import (
 from .element_binary import BinaryOpType, ElementBinaryAttrs
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
 from .gradient_reduction import GradientReductionAttrs
+from .pool_2d import Pool2DAttrs, PoolOp
 from .reshape import ReshapeAttrs
 from .softmax import SoftmaxAttrs
 from .split import SplitAttrs
@@ -47,6 +49,7 @@ from .upsample import UpsampleAttrs, UpsampleMode
 
 OPS = {
     "batch_norm": batch_norm,
+    "pool_2d": pool_2d,
     "concat": concat,
     "split": split,
     "reshape": reshape,
@@ -63,6 +66,7 @@ __all__ = [
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
     "element_binary", "ElementBinaryAttrs", "BinaryOpType",
+    "pool_2d", "Pool2DAttrs", "PoolOp",
     "activation", "Activation",
     "batch_norm", "BatchNormAttrs", "BatchNormMode",
     "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",

@@ -4,10 +4,23 @@
 from __future__ import annotations
 
 from ..case import Case
-from . import batch_matmul, batch_norm, concat, element_binary, gradient_reduction, reshape, softmax, split, transpose, upsample
+from . import (
+    batch_matmul,
+    batch_norm,
+    concat,
+    element_binary,
+    gradient_reduction,
+    pool_2d,
+    reshape,
+    softmax,
+    split,
+    transpose,
+    upsample,
+)
 
 CASE_MODULES = {
     "batch_norm": batch_norm,
+    "pool_2d": pool_2d,
     "transpose": transpose,
     "reshape": reshape,
     "upsample": upsample,

@@ -1,0 +1,141 @@
+"""pool_2d cases: YOLOv10's SPPF pool (MAX 5x5, stride 1, pad 2) on small maps
+full of equal maxima, the usual MAX and AVG shapes, an asymmetric kernel and
+stride, NaN and -inf windows, count_include_pad both ways, and each fused
+activation.
+
+MAX is exact: it moves values, and its gradients are sums of a few short dyadic
+values. The tie rule is PyTorch's (checked on torch 2.13): the first maximum in
+row-major window order takes the gradient, a NaN wins over everything (the last
+NaN of a window), and a window of -inf sends it to its first element inside the
+input. Overlapping windows send several gradients to one element.
+"""
+
+import numpy as np
+
+from kernels import Activation, Pool2DAttrs, PoolOp, pool_2d
+
+from ..case import EXACT, CaseTable, pattern, ulp
+from ..harness import run_unary
+
+TABLE = CaseTable("pool_2d")
+
+MAX, AVG = PoolOp.MAX, PoolOp.AVG
+NAN, INF = np.nan, np.inf
+
+
+def _ties(dims, offset=0):
+    """Integers in -2..2 (modulus 5): almost every window holds its maximum several times."""
+    return pattern(dims, modulus=5, scale=1.0, offset=offset)
+
+
+def _add(name, dims, attrs, input=None, dtype=np.float32, tolerance=EXACT, description=""):
+    out_dims = pool_2d.output_dims(attrs, dims)
+    TABLE.add(name, attrs,
+              {"input": _ties(dims) if input is None else input,
+               "output_grad": pattern(out_dims, modulus=13, scale=0.25, offset=3)},
+              dtype=dtype, tolerance=tolerance, description=description)
+
+
+def _max(kernel, stride, padding, activation=None):
+    return Pool2DAttrs(kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1], MAX, activation=activation)
+
+
+def _avg(kernel, stride, padding, count_include_pad, activation=None):
+    return Pool2DAttrs(kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1], AVG, count_include_pad,
+                       activation)
+
+
+# YOLOv10 SPPF: three chained MAX pools 5x5, stride 1, pad 2. Overlapping windows:
+# each element can be the argmax of up to 25 windows and sums their gradients.
+_add("sppf_max_5x5_s1_p2", (2, 3, 6, 7), _max((5, 5), (1, 1), (2, 2)),
+     description="YOLOv10 SPPF pool, non-square map, values -2..2 full of ties")
+_add("sppf_max_5x5_s1_p2_f64", (1, 2, 7, 5), _max((5, 5), (1, 1), (2, 2)), dtype=np.float64)
+_add("sppf_max_5x5_s1_p2_plateau", (1, 1, 5, 6), _max((5, 5), (1, 1), (2, 2)),
+     input=np.array([[[[1, 1, 1, 1, 1, 1], [1, 2, 1, 2, 1, 1], [1, 1, 1, 1, 1, 1],
+                       [2, 1, 1, 1, 2, 2], [1, 1, 2, 1, 1, 1]]]], dtype=np.float64),
+     description="a plateau of equal maxima: the first one in row-major window order takes each gradient")
+_add("max_2x2_s2", (2, 3, 6, 8), _max((2, 2), (2, 2), (0, 0)))
+_add("max_2x2_s2_odd", (1, 2, 7, 9), _max((2, 2), (2, 2), (0, 0)), description="odd sizes: the last row and column are dropped")
+_add("max_3x3_s2_p1", (2, 2, 7, 6), _max((3, 3), (2, 2), (1, 1)))
+_add("max_3x2_s21_p10", (1, 3, 7, 5), _max((3, 2), (2, 1), (1, 0)), description="asymmetric kernel and stride")
+_add("max_2x3_s12_p11_f64", (2, 1, 5, 9), _max((2, 3), (1, 2), (1, 1)), dtype=np.float64)
+_add("max_16x16_s2_wide_taps", (1, 2, 17, 19), _max((16, 16), (2, 2), (0, 0)),
+     description="256 taps: the saved argmax no longer fits a byte")
+_add("max_nan_and_neg_inf", (1, 1, 4, 6), _max((3, 3), (1, 1), (1, 1)),
+     input=np.array([[[[1, NAN, 3, -INF, -INF, -INF], [NAN, 2, 3, -INF, -INF, -INF],
+                       [0, 3, NAN, 1, -INF, -INF], [2, 2, 1, -INF, -INF, -INF]]]], dtype=np.float64),
+     description="NaN propagates; the last NaN of a window takes its gradient; an all -inf window sends it to "
+                 "its first element inside the input")
+_add("max_nan_f64", (2, 1, 3, 4), _max((2, 2), (1, 1), (1, 1)), dtype=np.float64,
+     input=np.array([[[[NAN, 1, 2, 2], [3, 3, NAN, 0], [1, -1, 4, NAN]]],
+                     [[[0, 0, 0, 0], [0, NAN, 0, 0], [-2, 0, NAN, -1]]]], dtype=np.float64))
+_add("max_zero_batch", (0, 3, 5, 6), _max((3, 3), (1, 1), (1, 1)), description="zero-size: nothing to do")
+
+# AVG: window sums of small integers are exact; the one division by 6, 9 or 25
+# rounds, and the float32 rounding of the float64 golden may differ from a float32
+# division by one ulp (double rounding): ulp(1), measured 0. Backward sums up to 9
+# (or 25) rounded quotients in row-major output order, as PyTorch: measured 1.
+# (The GPU sums in the same order with the same IEEE divisions: the same bits.)
+_AVG_TOLERANCE = {"output": ulp(1), "input_grad": ulp(1)}
+_add("avg_2x2_s2", (2, 3, 6, 8), _avg((2, 2), (2, 2), (0, 0), True), description="divides by 4: exact")
+_add("avg_3x3_s1_p1_include_pad", (2, 2, 5, 7), _avg((3, 3), (1, 1), (1, 1), True), tolerance=_AVG_TOLERANCE,
+     description="count_include_pad: every window divides by 9")
+_add("avg_3x3_s2_p1_exclude_pad", (1, 3, 7, 6), _avg((3, 3), (2, 2), (1, 1), False), tolerance=_AVG_TOLERANCE,
+     description="count_include_pad false: edge windows divide by 4 or 6")
+_add("avg_5x5_s1_p2_exclude_pad_f64", (2, 1, 6, 5), _avg((5, 5), (1, 1), (2, 2), False), dtype=np.float64,
+     tolerance=_AVG_TOLERANCE, description="SPPF geometry, AVG, divisors from 9 to 25")
+_add("avg_3x2_s21_p11_include_pad", (2, 2, 5, 4), _avg((3, 2), (2, 1), (1, 1), True), tolerance=_AVG_TOLERANCE,
+     description="asymmetric AVG with padding counted: divides by 6")
+
+# Fused activations on the pooled values (forward) and the gradients (backward).
+# Inputs in [-1, 1] keep the derivatives' cancellations (1 - s, 1 - t^2) mild.
+# Measured on the CPU: at most 1 ulp (output) and 1 ulp (input_grad); CUDA's
+# expf, tanhf and erff are within 2 ulps (NumPy's within 1), hence ulp(4).
+_ACTIVATION_TOLERANCE = {
+    Activation.RELU: EXACT,
+    Activation.SIGMOID: ulp(4),
+    Activation.TANH: ulp(4),
+    Activation.GELU: ulp(4),
+    Activation.SILU: ulp(4),
+}
+_ACTIVATION_INPUT = pattern((1, 2, 5, 6), modulus=9, scale=0.25)  # -1 .. 1 in quarters
+for _activation, _tolerance in _ACTIVATION_TOLERANCE.items():
+    _add(f"max_3x3_s1_p1_{_activation.name.lower()}", (1, 2, 5, 6),
+         _max((3, 3), (1, 1), (1, 1), activation=_activation), input=_ACTIVATION_INPUT,
+         tolerance=_tolerance, description=f"MAX then {_activation.name}")
+_add("avg_2x2_s2_silu_f64", (2, 1, 4, 6), _avg((2, 2), (2, 2), (0, 0), True, activation=Activation.SILU),
+     input=pattern((2, 1, 4, 6), modulus=9, scale=0.25), dtype=np.float64, tolerance=ulp(2),
+     description="AVG then SILU")  # measured 0; CUDA's double exp is within 1 ulp
+
+
+def _torch_activation(activation, value):
+    import torch
+    import torch.nn.functional as F
+
+    if activation is None:
+        return value
+    return {
+        Activation.RELU: torch.relu, Activation.SIGMOID: torch.sigmoid, Activation.TANH: torch.tanh,
+        Activation.GELU: F.gelu, Activation.SILU: F.silu,
+    }[activation](value)
+
+
+def torch_program(case, tensors):
+    import torch
+    import torch.nn.functional as F
+
+    attrs = case.attrs
+    kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
+    padding = (attrs.padding_h, attrs.padding_w)
+    input = tensors["input"].requires_grad_()
+    if attrs.pool_type is PoolOp.MAX:
+        pooled = F.max_pool2d(input, kernel, stride, padding)
+    else:
+        pooled = F.avg_pool2d(input, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
+    output = _torch_activation(attrs.activation, pooled)
+    (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
+    return {"output": output, "input_grad": input_grad}
+
+
+def run(case, env):
+    run_unary(pool_2d, case, env)

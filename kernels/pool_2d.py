@@ -1,0 +1,350 @@
+"""pool_2d: MAX or AVG pooling of an NCHW tensor, then an optional fused activation.
+
+The output is (N, C, floor((H + 2 * padding_h - kernel_h) / stride_h) + 1, likewise W)
+(PyTorch with ceil_mode false). Padding is at most half the kernel, so every window
+holds at least one input element.
+
+MAX follows PyTorch bit for bit: padding never wins, a NaN in a window makes its
+output NaN, and the gradient of each output goes to its window's argmax: the first
+maximum in row-major window order, or the window's last NaN. The forward saves each
+argmax as a tap index (row * kernel_w + column inside the window) in the state,
+like cuDNN's reserve space; a MAX backward without a forward before it raises
+StateError. AVG divides by kernel_h * kernel_w (count_include_pad, PyTorch's
+default) or by the number of input elements in the window.
+
+Backward is a gather on both devices: every input gradient is the sum, in
+row-major output order, of the gradients of the windows that send it one. On the
+GPU one thread owns one input element: no atomics, the same bits on every run.
+Custom kernels rather than cuDNN: cuDNN's max-pooling backward does not promise
+PyTorch's tie rule nor determinism with overlapping windows (SPPF's 5x5 stride 1).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import activation, core, gpu
+from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+
+OP = "pool_2d"
+
+
+class PoolOp(enum.Enum):
+    MAX = "MAX"
+    AVG = "AVG"
+
+
+@dataclass(frozen=True)
+class Pool2DAttrs:
+    kernel_h: int
+    kernel_w: int
+    stride_h: int
+    stride_w: int
+    padding_h: int
+    padding_w: int
+    pool_type: PoolOp
+    count_include_pad: bool = True  # AVG only, PyTorch's default
+    activation: activation.Activation | None = None  # applied after the pooling
+
+    def __post_init__(self) -> None:
+        for name in ("kernel_h", "kernel_w", "stride_h", "stride_w"):
+            core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=1))
+        for name, kernel_name in (("padding_h", "kernel_h"), ("padding_w", "kernel_w")):
+            padding = core.attr_int(OP, name, getattr(self, name), minimum=0)
+            half = getattr(self, kernel_name) // 2
+            if padding > half:
+                raise fail(AttrsError, OP, name, f"at most half of {kernel_name} ({half})", padding)
+            core.set_attr(self, name, padding)
+        core.set_attr(self, "pool_type", core.attr_enum(OP, "pool_type", self.pool_type, PoolOp))
+        if not isinstance(self.count_include_pad, (bool, np.bool_)):
+            raise fail(AttrsError, OP, "count_include_pad", "a bool", repr(self.count_include_pad))
+        core.set_attr(self, "count_include_pad", bool(self.count_include_pad))
+        core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
+
+
+def output_dims(attrs: Pool2DAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """(N, C, out_h, out_w) of an NCHW input, by floor((size + 2 * padding - kernel) / stride) + 1."""
+    n, c, h, w = dims
+    return (n, c, (h + 2 * attrs.padding_h - attrs.kernel_h) // attrs.stride_h + 1,
+            (w + 2 * attrs.padding_w - attrs.kernel_w) // attrs.stride_w + 1)
+
+
+def tap_dtype(attrs: Pool2DAttrs) -> np.dtype:
+    """The dtype of the saved argmax taps: one byte while the window has at most 255 taps."""
+    return np.dtype(np.uint8 if attrs.kernel_h * attrs.kernel_w <= 255 else np.int32)
+
+
+def init_kernel(handle: Any, attrs: Pool2DAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
+    """Check the shapes against the attrs (rank 4, the output formula, float dtypes) and record them."""
+    state = core.make_state(OP, handle, attrs, Pool2DAttrs, input_shape=input_shape, output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_rank(OP, "input_shape", input_shape, rank=4)
+    _, _, height, width = input_shape.dims
+    for size, kernel, padding, what in ((height, attrs.kernel_h, attrs.padding_h, "H"),
+                                        (width, attrs.kernel_w, attrs.padding_w, "W")):
+        if size < 1 or size + 2 * padding < kernel:
+            raise fail(ShapeError, OP, "input_shape", f"{what} >= 1 and {what} + 2 * padding >= kernel ({kernel - 2 * padding})",
+                       input_shape.dims)
+    core.check_rank(OP, "output_shape", output_shape, rank=4)
+    core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    return state
+
+
+def _check_forward(stream, handle, state, attrs, input, output) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], False),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ])
+    if attrs.pool_type is PoolOp.MAX and "taps" not in state.saved:
+        raise fail(StateError, OP, "state", "a MAX forward before the backward (it saves the argmax)", "none")
+    if attrs.activation is not None and "pre" not in state.saved:
+        raise fail(StateError, OP, "state", f"a forward before the backward (it saves the pre-{attrs.activation.name} values)",
+                   "none")
+
+
+def _saved(state, name: str, xp: Any, dims: tuple[int, ...], dtype: Any) -> Any:
+    """A buffer the state keeps across calls (argmax taps, pre-activation), made on first use."""
+    if name not in state.saved:
+        state.saved[name] = xp.empty(dims, dtype=dtype)
+    return state.saved[name]
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def _window_tap(array: np.ndarray, attrs: Pool2DAttrs, out_h: int, out_w: int, row: int, column: int) -> np.ndarray:
+    """The strided view of a padded NCHW array that tap (row, column) of every window reads."""
+    return array[:, :, row:row + attrs.stride_h * (out_h - 1) + 1:attrs.stride_h,
+                 column:column + attrs.stride_w * (out_w - 1) + 1:attrs.stride_w]
+
+
+def _padded(input: np.ndarray, attrs: Pool2DAttrs, fill: float) -> np.ndarray:
+    n, c, h, w = input.shape
+    padded = np.full((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), fill, dtype=input.dtype)
+    padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w] = input
+    return padded
+
+
+def _first_inside(padding: int, stride: int, out_size: int) -> np.ndarray:
+    """For each output row (column), the first window row (column) inside the input."""
+    return np.maximum(padding - stride * np.arange(out_size), 0)
+
+
+def _average_divisor(attrs: Pool2DAttrs, height: int, width: int, out_h: int, out_w: int, dtype: Any) -> Any:
+    """kernel_h * kernel_w, or per window the number of its elements inside the input."""
+    if attrs.count_include_pad:
+        return np.asarray(attrs.kernel_h * attrs.kernel_w, dtype=dtype)
+    counts = []
+    for size, kernel, stride, padding, out_size in ((height, attrs.kernel_h, attrs.stride_h, attrs.padding_h, out_h),
+                                                   (width, attrs.kernel_w, attrs.stride_w, attrs.padding_w, out_w)):
+        start = stride * np.arange(out_size) - padding
+        counts.append(np.minimum(start + kernel, size) - np.maximum(start, 0))
+    return (counts[0][:, None] * counts[1][None, :]).astype(dtype)
+
+
+def _cpu_max_forward(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray, taps: np.ndarray) -> None:
+    """Separable: the maximum along window rows, then down window columns (np.maximum propagates NaN).
+
+    The argmax follows PyTorch's row-major scan (take a value if greater, or NaN):
+    within a row, and then among rows, the first maximum, or else the last NaN.
+    Scanning taps in reverse and overwriting on equality leaves the first one.
+    """
+    out_h, out_w = pooled.shape[2:]
+    kernel_h, kernel_w, stride_h, stride_w = attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w
+    padded = _padded(input, attrs, -np.inf)  # padding is never greater, never NaN: it never wins
+    has_nan = bool(np.isnan(input).any())
+    # Each padded row's maximum over the window columns of every output column.
+    columns = [padded[:, :, :, j:j + stride_w * (out_w - 1) + 1:stride_w] for j in range(kernel_w)]
+    row_best = columns[0].copy()
+    for column in columns[1:]:
+        np.maximum(row_best, column, out=row_best)
+    row_column = np.zeros(row_best.shape, dtype=taps.dtype)
+    for j in reversed(range(kernel_w)):
+        np.copyto(row_column, j, where=columns[j] == row_best)
+    if has_nan:
+        for j in range(kernel_w):
+            np.copyto(row_column, j, where=np.isnan(columns[j]))
+    # Then the maximum over the window rows.
+    rows = [slice(i, i + stride_h * (out_h - 1) + 1, stride_h) for i in range(kernel_h)]
+    np.copyto(pooled, row_best[:, :, rows[0]])
+    for i in range(1, kernel_h):
+        np.maximum(pooled, row_best[:, :, rows[i]], out=pooled)
+    for i in reversed(range(kernel_h)):
+        np.copyto(taps, i * kernel_w + row_column[:, :, rows[i]], where=row_best[:, :, rows[i]] == pooled)
+    if has_nan:
+        for i in range(kernel_h):
+            np.copyto(taps, i * kernel_w + row_column[:, :, rows[i]], where=np.isnan(row_best[:, :, rows[i]]))
+    # A window whose elements are all -inf (where padding compared equal too) takes its
+    # first element inside the input, as PyTorch.
+    first = (_first_inside(attrs.padding_h, stride_h, out_h)[:, None] * kernel_w
+             + _first_inside(attrs.padding_w, stride_w, out_w)[None, :])
+    np.copyto(taps, first, where=pooled == -np.inf, casting="unsafe")  # taps < kernel_h * kernel_w fit
+
+
+def _cpu_avg_forward(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray) -> None:
+    """The window sum in row-major order (padding adds exact zeros), divided once."""
+    out_h, out_w = pooled.shape[2:]
+    padded = _padded(input, attrs, 0.0)
+    total = np.zeros(pooled.shape, dtype=pooled.dtype)
+    for row in range(attrs.kernel_h):
+        for column in range(attrs.kernel_w):
+            total += _window_tap(padded, attrs, out_h, out_w, row, column)
+    np.divide(total, _average_divisor(attrs, *input.shape[2:], out_h, out_w, pooled.dtype), out=pooled)
+
+
+def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, input_grad: np.ndarray) -> None:
+    """input_grad = each output's gradient added at its window's argmax, in row-major output
+    order and in the dtype (np.add.at adds one by one): the GPU gather's sums, bit for bit."""
+    n, c, height, width = input_grad.shape
+    out_h, out_w = grad.shape[2:]
+    tap = taps.astype(np.intp)
+    row = (np.arange(out_h, dtype=np.intp) * attrs.stride_h - attrs.padding_h)[:, None] + tap // attrs.kernel_w
+    column = (np.arange(out_w, dtype=np.intp) * attrs.stride_w - attrs.padding_w)[None, :] + tap % attrs.kernel_w
+    target = (np.arange(n * c, dtype=np.intp).reshape(n, c, 1, 1) * height + row) * width + column
+    flat = input_grad.reshape(-1)  # a view: input_grad is C-contiguous
+    flat.fill(0)
+    np.add.at(flat, target.reshape(-1), grad.reshape(-1))
+
+
+def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:
+    """input_grad = the sum of output_grad / divisor over the windows holding each element.
+
+    Taps are visited in reverse: a later tap of a window is an earlier window of the
+    same input element, so the sums run in row-major output order, as the GPU gather's.
+    """
+    height, width = input_grad.shape[2:]
+    out_h, out_w = grad.shape[2:]
+    share = grad / _average_divisor(attrs, height, width, out_h, out_w, grad.dtype)
+    padded = np.zeros((*input_grad.shape[:2], height + 2 * attrs.padding_h, width + 2 * attrs.padding_w),
+                      dtype=input_grad.dtype)
+    for row in reversed(range(attrs.kernel_h)):
+        for column in reversed(range(attrs.kernel_w)):
+            _window_tap(padded, attrs, out_h, out_w, row, column)[...] += share
+    np.copyto(input_grad, padded[:, :, attrs.padding_h:attrs.padding_h + height, attrs.padding_w:attrs.padding_w + width])
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = activation(pool(input)); MAX saves the argmax taps, an activation its input."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    taps = _saved(state, "taps", np, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
+    pooled = output if attrs.activation is None else _saved(state, "pre", np, output.shape, output.dtype)
+    if output.size:
+        if attrs.pool_type is PoolOp.MAX:
+            _cpu_max_forward(input, attrs, pooled, taps)
+        else:
+            _cpu_avg_forward(input, attrs, pooled)
+        if attrs.activation is not None:
+            activation.cpu_forward(attrs.activation, pooled, output)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = the gather of output_grad (through the activation's derivative) to the windows' elements."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None or not input_grad.size:
+        return
+    grad = output_grad
+    if attrs.activation is not None:
+        grad = np.empty_like(output_grad)
+        activation.cpu_backward(attrs.activation, state.saved["pre"], output_grad, grad)
+    if attrs.pool_type is PoolOp.MAX:
+        _cpu_max_backward(attrs, grad, state.saved["taps"], input_grad)
+    else:
+        _cpu_avg_backward(attrs, grad, input_grad)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+_CUDA = gpu.CudaModule("pool_2d.cu", [
+    f"max_pool_{direction}<{value}, {tap}, {index}>"
+    for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES
+    for tap in ("unsigned char", "int") for index in gpu.INDEX_TYPES
+] + [
+    f"avg_pool_{direction}<{value}, {index}>"
+    for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES for index in gpu.INDEX_TYPES
+])
+
+
+def _gpu_launch(stream, attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[int, ...],
+                output_dims: tuple[int, ...], arrays: tuple[Any, ...]) -> None:
+    """One pool kernel: forward has a thread per output element, backward a thread per input element."""
+    n, c, height, width = input_dims
+    out_h, out_w = output_dims[2:]
+    count = core.numel(output_dims if direction == "forward" else input_dims)
+    index = gpu.index_type(core.numel(input_dims), core.numel(output_dims))
+    scalar = np.int32 if index == "int" else np.int64
+    geometry = tuple(np.int32(v) for v in (height, width, out_h, out_w, attrs.kernel_h, attrs.kernel_w,
+                                           attrs.stride_h, attrs.stride_w, attrs.padding_h, attrs.padding_w))
+    value = gpu.cuda_type(dtype)
+    if attrs.pool_type is PoolOp.MAX:
+        name = f"max_pool_{direction}<{value}, {gpu.cuda_type(tap_dtype(attrs))}, {index}>"
+        args = arrays + (scalar(count),) + geometry
+    else:
+        name = f"avg_pool_{direction}<{value}, {index}>"
+        args = arrays + (scalar(count),) + geometry + (np.int32(attrs.count_include_pad),)
+    gpu.launch(stream, _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, args)
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = activation(pool(input)), enqueued on the stream; MAX saves the argmax taps."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    with stream:  # the state's buffers live on the stream's device
+        taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
+        pooled = output if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
+    if not output.size:
+        return
+    arrays = (input, pooled, taps) if taps is not None else (input, pooled)
+    _gpu_launch(stream, attrs, "forward", input.dtype, input.shape, output.shape, arrays)
+    if attrs.activation is not None:
+        activation.gpu_forward(stream, attrs.activation, pooled, output)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = the gather of output_grad to the windows' elements, enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None or not input_grad.size:
+        return
+    grad = output_grad
+    if attrs.activation is not None:
+        with stream:
+            grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
+        activation.gpu_backward(stream, attrs.activation, state.saved["pre"], output_grad, grad)
+    arrays = (grad, state.saved["taps"], input_grad) if attrs.pool_type is PoolOp.MAX else (grad, input_grad)
+    _gpu_launch(stream, attrs, "backward", input_grad.dtype, input_grad.shape, output_grad.shape, arrays)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """Write output = activation(pool(input)) on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """Write input_grad from output_grad (MAX: to the saved argmax of each window) on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, input, input_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state and the buffers it saved."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
