@@ -12,6 +12,7 @@ from . import (
     batch_matmul,
     batch_norm,
     concat,
+    conv_2d,
     element_binary,
     gradient_reduction,
     pool_2d,
@@ -25,6 +26,7 @@ from .activation import Activation
 from .batch_matmul import BatchMatmulAttrs
 from .batch_norm import BatchNormAttrs, BatchNormMode
 from .concat import ConcatAttrs
+from .conv_2d import Conv2DAttrs
 from .core import (
     AttrsError,
     CudaError,
@@ -48,6 +50,7 @@ from .transpose import TransposeAttrs
 from .upsample import UpsampleAttrs, UpsampleMode
 
 OPS = {
+    "conv_2d": conv_2d,
     "batch_norm": batch_norm,
     "pool_2d": pool_2d,
     "concat": concat,
@@ -65,6 +68,7 @@ __all__ = [
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
+    "conv_2d", "Conv2DAttrs",
     "element_binary", "ElementBinaryAttrs", "BinaryOpType",
     "pool_2d", "Pool2DAttrs", "PoolOp",
     "activation", "Activation",

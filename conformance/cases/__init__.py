@@ -8,6 +8,7 @@ from . import (
     batch_matmul,
     batch_norm,
     concat,
+    conv_2d,
     element_binary,
     gradient_reduction,
     pool_2d,
@@ -19,6 +20,7 @@ from . import (
 )
 
 CASE_MODULES = {
+    "conv_2d": conv_2d,
     "batch_norm": batch_norm,
     "pool_2d": pool_2d,
     "transpose": transpose,

@@ -1,0 +1,166 @@
+"""conv_2d cases: every YOLOv10 convolution at a small size (the first k3 s2 conv on
+3 channels, k1 and k3 convs, SCDown's depthwise k3 s2, the n/s variants' 7x7
+depthwise, PSA's depthwise positional conv, the head's 1x1 convs with bias and DFL's
+fixed 1x1 conv from 16 bins to 1), and the shapes that hid bugs before: kernels
+and strides that differ in h and w, padding wider than half the kernel, dilation,
+groups neither 1 nor C, batch > 1, odd spatial sizes, float64, zero batch, and
+every fused activation.
+
+Inputs and filters are quarters in [-2, 2] (pattern()), so every product is a
+multiple of 1/16 and every partial sum of the forward and of both gradients is
+exact in float32 (|sum| < 2^10): EXACT on every device, whatever order cuDNN sums in.
+"""
+
+import numpy as np
+
+from kernels import Activation, Conv2DAttrs, conv_2d
+
+from ..case import EXACT, CaseTable, pattern, ulp
+
+TABLE = CaseTable("conv_2d")
+
+
+def _add(name, input_dims, attrs, dtype=np.float32, tolerance=EXACT, description="", filter=None, input=None,
+         filter_scale=0.25, positive_output_grad=False):
+    n, channels = input_dims[:2]
+    filter_dims = conv_2d.filter_dims(attrs, channels)
+    output_dims = conv_2d.output_dims(attrs, input_dims)
+    inputs = {
+        "input": pattern(input_dims) if input is None else input,
+        "filter": pattern(filter_dims, modulus=9 if filter_scale < 0.25 else 17, scale=filter_scale, offset=2)
+        if filter is None else filter,
+    }
+    if attrs.use_bias:
+        inputs["bias"] = pattern((attrs.out_channels,), modulus=13, offset=5)
+    # Positive output gradients for the activation cases: the bias gradient then adds terms of one sign
+    # (mostly), so the few-ulp errors of the activation's derivative do not meet cancellation.
+    inputs["output_grad"] = pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0)
+    TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description)
+
+
+def _conv(out_channels, kernel, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, use_bias=False,
+          activation=None):
+    return Conv2DAttrs(out_channels, kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1],
+                       dilation[0], dilation[1], groups, use_bias, activation)
+
+
+# YOLOv10's convolutions, small.
+_add("yolo_stem_k3_s2_p1", (1, 3, 9, 10), _conv(4, (3, 3), (2, 2), (1, 1)),
+     description="the first conv: 3 input channels, k3 s2 p1, odd and even sizes")
+_add("yolo_k1_s1", (2, 5, 6, 7), _conv(3, (1, 1)), description="1x1 conv (C2f cv1/cv2, SCDown cv1)")
+_add("yolo_k3_s1_p1", (1, 4, 7, 6), _conv(5, (3, 3), (1, 1), (1, 1)), description="C2f bottleneck 3x3")
+_add("yolo_k3_s2_p1_downsample", (2, 4, 8, 7), _conv(6, (3, 3), (2, 2), (1, 1)), description="backbone downsample")
+_add("yolo_scdown_depthwise_k3_s2_p1", (2, 4, 9, 8), _conv(4, (3, 3), (2, 2), (1, 1), groups=4),
+     description="SCDown cv2: depthwise 3x3 stride 2")
+_add("yolo_depthwise_k7_p3", (1, 3, 9, 10), _conv(3, (7, 7), (1, 1), (3, 3), groups=3),
+     description="C2fCIB (n/s variants): depthwise 7x7")
+_add("yolo_psa_pe_depthwise_k3_p1", (1, 6, 4, 5), _conv(6, (3, 3), (1, 1), (1, 1), groups=6),
+     description="PSA positional encoding: depthwise 3x3 stride 1")
+_add("yolo_depthwise_multiplier_2", (1, 3, 6, 5), _conv(6, (3, 3), (1, 1), (1, 1), groups=3),
+     description="depthwise with 2 filters per channel (groups = C, O = 2C)")
+_add("yolo_head_1x1_bias", (2, 6, 5, 4), _conv(7, (1, 1), use_bias=True),
+     description="head: 1x1 conv with bias to box/class channels")
+_add("yolo_head_k3_p1_bias", (1, 4, 5, 6), _conv(3, (3, 3), (1, 1), (1, 1), use_bias=True),
+     description="head 3x3 with bias")
+_add("yolo_dfl_1x1_16_to_1", (1, 16, 4, 8), _conv(1, (1, 1)),
+     filter=np.arange(16, dtype=np.float64).reshape(1, 16, 1, 1),
+     description="DFL decode: fixed 1x1 conv of bins 0..15 from 16 channels to 1, on (B, 16, 4, A)")
+
+# The shapes that hide bugs.
+_add("kernel_3x2_stride_2x1_pad_1x0", (2, 3, 7, 5), _conv(4, (3, 2), (2, 1), (1, 0)),
+     description="asymmetric kernel and stride")
+_add("kernel_1x5_stride_1x3_pad_0x2", (1, 2, 4, 11), _conv(3, (1, 5), (1, 3), (0, 2)),
+     description="a 1x5 kernel, stride 3 across")
+_add("padding_wider_than_half_kernel", (1, 2, 5, 4), _conv(3, (3, 3), (1, 2), (2, 3)),
+     description="padding 2 and 3 on a 3x3 kernel: windows wholly in the padding")
+_add("dilation_2_pad_2", (1, 3, 9, 8), _conv(2, (3, 3), (1, 1), (2, 2), (2, 2)), description="dilation 2")
+_add("dilation_2x1_stride_2_groups_3", (2, 6, 9, 7), _conv(3, (3, 2), (2, 2), (1, 1), (2, 1), groups=3),
+     description="dilation only in h, stride 2, 3 groups of 2 channels to 1")
+_add("groups_2_c4_o6_bias", (2, 4, 6, 5), _conv(6, (3, 3), (1, 1), (1, 1), groups=2, use_bias=True),
+     description="groups neither 1 nor C: 2 groups of 2 input and 3 output channels")
+_add("batch_3_odd_7x5", (3, 2, 7, 5), _conv(3, (3, 3), (2, 2), (1, 1)), description="batch 3, odd spatial sizes")
+_add("kernel_covers_input", (2, 2, 3, 4), _conv(3, (3, 4)), description="one output pixel per image: 1x1 output")
+_add("f64_groups_2_dilation_2_stride_2_bias", (2, 4, 9, 10),
+     _conv(4, (3, 3), (2, 2), (2, 1), (2, 2), groups=2, use_bias=True), dtype=np.float64)
+_add("f64_depthwise_k3_s2_p1", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4), dtype=np.float64)
+_add("zero_batch", (0, 3, 5, 4), _conv(2, (3, 3), (1, 1), (1, 1), use_bias=True),
+     description="N = 0: nothing to compute; filter and bias gradients are zero")
+
+# Fused activations after the bias. Filters are eighths in [-0.5, 0.5] so that the
+# pre-activations stay in about [-4, 4], where every activation still bends; the
+# pre-activations themselves are exact, so RELU is exact. For the others every
+# activation value and derivative is a few ulps off in the case's dtype (NumPy's exp,
+# tanh and erf within 1 ulp, CUDA's expf, tanhf and erff within 2), and the gradients
+# then add such values, some with cancellation (a small input_grad element made of
+# larger terms). Measured on the CPU: at most 1 ulp (output), 3 (input_grad), 2
+# (filter_grad), 1 (bias_grad). The GPU cannot be measured here, so the bounds come
+# from a model of it: every activation value and derivative moved by up to 3 ulps at
+# random, worst over 2 x 300-500 trials (sigmoid 13, silu 9, tanh 7, gelu 5, the
+# depthwise silu 8, float64 4), rounded up.
+_ACTIVATION_TOLERANCE = {
+    Activation.RELU: EXACT,
+    Activation.SIGMOID: ulp(16),  # 1 - s cancels for larger inputs: the widest errors
+    Activation.TANH: ulp(8),
+    Activation.GELU: ulp(8),
+    Activation.SILU: ulp(12),
+}
+for _activation, _tolerance in _ACTIVATION_TOLERANCE.items():
+    _add(f"k3_s1_p1_bias_{_activation.name.lower()}", (2, 3, 4, 5),
+         _conv(4, (3, 3), (1, 1), (1, 1), use_bias=True, activation=_activation), tolerance=_tolerance,
+         filter_scale=0.125, positive_output_grad=True, description=f"3x3 conv with bias, then {_activation.name}")
+_add("depthwise_k3_s2_p1_silu", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4, activation=Activation.SILU),
+     tolerance=ulp(10), filter_scale=0.125, positive_output_grad=True,
+     description="depthwise stride 2, then SILU (YOLOv10's Conv activation)")
+_add("f64_k3_s2_p1_bias_gelu", (2, 3, 6, 5), _conv(4, (3, 3), (2, 2), (1, 1), use_bias=True, activation=Activation.GELU),
+     dtype=np.float64, tolerance=ulp(6), filter_scale=0.125, positive_output_grad=True)
+_add("f64_k1_silu", (2, 3, 4, 5), _conv(5, (1, 1), activation=Activation.SILU), dtype=np.float64, tolerance=ulp(6),
+     filter_scale=0.125, positive_output_grad=True)
+
+
+def _torch_activation(activation, value):
+    import torch
+    import torch.nn.functional as F
+
+    if activation is None:
+        return value
+    return {
+        Activation.RELU: torch.relu, Activation.SIGMOID: torch.sigmoid, Activation.TANH: torch.tanh,
+        Activation.GELU: F.gelu, Activation.SILU: F.silu,
+    }[activation](value)
+
+
+def torch_program(case, tensors):
+    import torch
+    import torch.nn.functional as F
+
+    attrs = case.attrs
+    input = tensors["input"].requires_grad_()
+    filter = tensors["filter"].requires_grad_()
+    bias = tensors["bias"].requires_grad_() if attrs.use_bias else None
+    pre = F.conv2d(input, filter, bias, stride=(attrs.stride_h, attrs.stride_w),
+                   padding=(attrs.padding_h, attrs.padding_w), dilation=(attrs.dilation_h, attrs.dilation_w),
+                   groups=attrs.groups)
+    output = _torch_activation(attrs.activation, pre)
+    wanted = [input, filter] + ([bias] if bias is not None else [])
+    grads = torch.autograd.grad(output, wanted, tensors["output_grad"], allow_unused=True)
+    # An unused gradient (N = 0) is a zero gradient.
+    grads = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
+    expected = {"output": output, "input_grad": grads[0], "filter_grad": grads[1]}
+    if bias is not None:
+        expected["bias_grad"] = grads[2]
+    return expected
+
+
+def run(case, env):
+    attrs = case.attrs
+    input, filter = env.read("input"), env.read("filter")
+    bias = env.read("bias") if attrs.use_bias else None
+    output = env.write("output")
+    state = conv_2d.init_kernel(env.handle, attrs, env.shape("input"), env.shape("output"))
+    conv_2d.forward_kernel(env.stream, env.handle, state, attrs, input, filter, bias, output)
+    output_grad = env.read("output_grad")
+    input_grad, filter_grad = env.write("input_grad"), env.write("filter_grad")
+    bias_grad = env.write("bias_grad") if attrs.use_bias else None
+    conv_2d.backward_kernel(env.stream, env.handle, state, attrs, output, output_grad, input, input_grad,
+                            filter, filter_grad, bias_grad)
+    conv_2d.cleanup_kernel(env.handle, state)
