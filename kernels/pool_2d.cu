@@ -62,6 +62,73 @@ __global__ void max_pool_forward(const T* __restrict__ input, T* __restrict__ ou
     }
 }
 
+// The same result as max_pool_forward, separably, for a tile of tile_h x tile_w
+// outputs of one plane a block: the block loads the tile's input rectangle into
+// shared memory (-inf outside the input), takes each input row's maximum over
+// the window columns of every output column, then each output's maximum over
+// its window rows. The scan rule (greater, or NaN) in row order then column order
+// picks the same argmax as the row-major scan: the first maximum, or the last NaN.
+// Shared memory: in_h x in_w values, then in_h x tile_w row maxima and their columns.
+template <typename T, typename Tap, typename I>
+__global__ void max_pool_forward_tiled(const T* __restrict__ input, T* __restrict__ output, Tap* __restrict__ taps,
+                                       I planes, int height, int width, int out_h, int out_w, int kernel_h,
+                                       int kernel_w, int stride_h, int stride_w, int padding_h, int padding_w,
+                                       int tile_h, int tile_w, int tiles_w) {
+    extern __shared__ __align__(16) unsigned char shared[];
+    const int in_h = (tile_h - 1) * stride_h + kernel_h, in_w = (tile_w - 1) * stride_w + kernel_w;
+    T* tile = reinterpret_cast<T*>(shared);
+    T* row_best = tile + in_h * in_w;
+    Tap* row_column = reinterpret_cast<Tap*>(row_best + in_h * tile_w);
+    const int oh0 = (int)(blockIdx.x / tiles_w) * tile_h, ow0 = (int)(blockIdx.x % tiles_w) * tile_w;
+    const int h0 = oh0 * stride_h - padding_h, w0 = ow0 * stride_w - padding_w;
+    for (I plane = blockIdx.y; plane < planes; plane += gridDim.y) {
+        const T* __restrict__ base = input + plane * (I)height * width;
+        for (int i = threadIdx.x; i < in_h * in_w; i += blockDim.x) {
+            const int h = h0 + i / in_w, w = w0 + i % in_w;
+            tile[i] = (h >= 0 && h < height && w >= 0 && w < width) ? base[(I)h * width + w] : negative_infinity<T>();
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < in_h * tile_w; i += blockDim.x) {
+            const T* row = tile + (i / tile_w) * in_w + (i % tile_w) * stride_w;
+            T best = negative_infinity<T>();
+            int column = 0;  // a row left at -inf is never taken below, whatever its column
+            for (int j = 0; j < kernel_w; ++j) {
+                const T value = row[j];
+                if (value > best || value != value) {
+                    best = value;
+                    column = j;
+                }
+            }
+            row_best[i] = best;
+            row_column[i] = (Tap)column;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < tile_h * tile_w; i += blockDim.x) {
+            const int y = i / tile_w, x = i % tile_w;
+            const int oh = oh0 + y, ow = ow0 + x;
+            if (oh >= out_h || ow >= out_w) continue;
+            T best = negative_infinity<T>();
+            int best_tap = -1;
+            for (int r = 0; r < kernel_h; ++r) {
+                const int k = (y * stride_h + r) * tile_w + x;
+                const T value = row_best[k];
+                if (value > best || value != value) {
+                    best = value;
+                    best_tap = r * kernel_w + (int)row_column[k];
+                }
+            }
+            if (best_tap < 0) {  // every element is -inf: the first one inside the input, as PyTorch
+                const int wh = oh * stride_h - padding_h, ww = ow * stride_w - padding_w;
+                best_tap = (max(wh, 0) - wh) * kernel_w + (max(ww, 0) - ww);
+            }
+            const I o = (plane * out_h + oh) * (I)out_w + ow;
+            output[o] = best;
+            taps[o] = (Tap)best_tap;
+        }
+        __syncthreads();  // the next plane overwrites the tile
+    }
+}
+
 // count = N * C * height * width; each thread writes one input gradient: the sum,
 // in row-major output order, of the gradients of the windows whose argmax it is.
 template <typename T, typename Tap, typename I>

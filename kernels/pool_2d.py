@@ -14,9 +14,12 @@ default) or by the number of input elements in the window.
 
 Backward is a gather on both devices: every input gradient is the sum, in
 row-major output order, of the gradients of the windows that send it one. On the
-GPU one thread owns one input element: no atomics, the same bits on every run.
-Custom kernels rather than cuDNN: cuDNN's max-pooling backward does not promise
-PyTorch's tie rule nor determinism with overlapping windows (SPPF's 5x5 stride 1).
+GPU one thread owns one input element: no atomics, the same bits on every run,
+and the same bits as the CPU. Custom kernels rather than cuDNN: cuDNN's
+max-pooling backward does not promise PyTorch's tie rule nor determinism with
+overlapping windows (SPPF's 5x5 stride 1). The MAX forward is separable on both
+devices (window rows, then window columns; on the GPU a shared-memory tile of
+outputs a block), which keeps the row-major scan's argmax.
 """
 
 from __future__ import annotations
@@ -86,8 +89,9 @@ def init_kernel(handle: Any, attrs: Pool2DAttrs, input_shape: TensorShape, outpu
     _, _, height, width = input_shape.dims
     for size, kernel, padding, what in ((height, attrs.kernel_h, attrs.padding_h, "H"),
                                         (width, attrs.kernel_w, attrs.padding_w, "W")):
-        if size < 1 or size + 2 * padding < kernel:
-            raise fail(ShapeError, OP, "input_shape", f"{what} >= 1 and {what} + 2 * padding >= kernel ({kernel - 2 * padding})",
+        smallest = max(1, kernel - 2 * padding)
+        if size < smallest:
+            raise fail(ShapeError, OP, "input_shape", f"{what} >= {smallest} (a window inside the padded input)",
                        input_shape.dims)
     core.check_rank(OP, "output_shape", output_shape, rank=4)
     core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
@@ -270,18 +274,37 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 
 
 _CUDA = gpu.CudaModule("pool_2d.cu", [
-    f"max_pool_{direction}<{value}, {tap}, {index}>"
-    for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES
+    f"max_pool_{kind}<{value}, {tap}, {index}>"
+    for kind in ("forward", "forward_tiled", "backward") for value in gpu.FLOAT_TYPES
     for tap in ("unsigned char", "int") for index in gpu.INDEX_TYPES
 ] + [
     f"avg_pool_{direction}<{value}, {index}>"
     for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES for index in gpu.INDEX_TYPES
 ])
 
+TILE_OUTPUTS = 512  # outputs a block of the tiled MAX forward aims at (two a thread)
+TILE_SHARED_LIMIT = 48 * 1024  # static shared-memory limit; a larger tile falls back to the direct kernel
+
+
+def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) -> tuple[int, int, int, int, int] | None:
+    """(tile_h, tile_w, tiles_h, tiles_w, shared bytes) of the tiled MAX forward, or None where the
+    tile's shared memory would exceed TILE_SHARED_LIMIT. Tiles split the plane evenly, at most 32 wide."""
+    tiles_w = -(-out_w // 32)
+    tile_w = -(-out_w // tiles_w)
+    tiles_h = -(-out_h // max(1, TILE_OUTPUTS // tile_w))
+    tile_h = -(-out_h // tiles_h)
+    in_h = (tile_h - 1) * attrs.stride_h + attrs.kernel_h
+    in_w = (tile_w - 1) * attrs.stride_w + attrs.kernel_w
+    shared = in_h * in_w * itemsize + in_h * tile_w * (itemsize + tap_dtype(attrs).itemsize)
+    if shared > TILE_SHARED_LIMIT:
+        return None
+    return tile_h, tile_w, tiles_h, tiles_w, shared
+
 
 def _gpu_launch(stream, attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[int, ...],
                 output_dims: tuple[int, ...], arrays: tuple[Any, ...]) -> None:
-    """One pool kernel: forward has a thread per output element, backward a thread per input element."""
+    """One pool kernel. Forward: a block per tile of outputs (MAX, where the tile fits shared memory)
+    or a thread per output; backward: a thread per input element."""
     n, c, height, width = input_dims
     out_h, out_w = output_dims[2:]
     count = core.numel(output_dims if direction == "forward" else input_dims)
@@ -291,7 +314,15 @@ def _gpu_launch(stream, attrs: Pool2DAttrs, direction: str, dtype: Any, input_di
                                            attrs.stride_h, attrs.stride_w, attrs.padding_h, attrs.padding_w))
     value = gpu.cuda_type(dtype)
     if attrs.pool_type is PoolOp.MAX:
-        name = f"max_pool_{direction}<{value}, {gpu.cuda_type(tap_dtype(attrs))}, {index}>"
+        types = f"<{value}, {gpu.cuda_type(tap_dtype(attrs))}, {index}>"
+        tile = max_forward_tile(attrs, out_h, out_w, np.dtype(dtype).itemsize) if direction == "forward" else None
+        if tile is not None:
+            tile_h, tile_w, tiles_h, tiles_w, shared = tile
+            args = arrays + (scalar(n * c),) + geometry + (np.int32(tile_h), np.int32(tile_w), np.int32(tiles_w))
+            gpu.launch(stream, _CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, min(n * c, 65535)),
+                       gpu.BLOCK, args, shared_mem=shared)
+            return
+        name = f"max_pool_{direction}{types}"
         args = arrays + (scalar(count),) + geometry
     else:
         name = f"avg_pool_{direction}<{value}, {index}>"

@@ -132,10 +132,10 @@ def test_init_refuses_bad_shapes():
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape((2, 3, 4, 4), np.float32))
     with pytest.raises(ShapeError, match=r"pool_2d: output_shape: expected rank 4"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape((6, 4, 3), np.float32))
-    with pytest.raises(ShapeError, match=r"pool_2d: input_shape: expected H >= 1 and H \+ 2 \* padding >= kernel"):
+    with pytest.raises(ShapeError, match=r"pool_2d: input_shape: expected H >= 5 \(a window inside the padded input\)"):
         pool_2d.init_kernel(handle, Pool2DAttrs(5, 5, 1, 1, 0, 0, PoolOp.MAX), TensorShape((1, 1, 4, 9), np.float32),
                             TensorShape((1, 1, 0, 5), np.float32))
-    with pytest.raises(ShapeError, match=r"pool_2d: input_shape: expected W >= 1"):
+    with pytest.raises(ShapeError, match=r"pool_2d: input_shape: expected W >= 1 \(a window"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape((1, 1, 4, 0), np.float32), TensorShape((1, 1, 2, 0), np.float32))
     with pytest.raises(DTypeError, match=r"pool_2d: input_shape: expected one of float32, float64, found int32"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.int32), TensorShape(OUT, np.int32))

@@ -1,0 +1,109 @@
+"""pool_2d beyond the golden cases: many geometries full of ties, NaN and -inf against
+PyTorch on the CPU, and on the GPU both MAX forward paths (tiled, direct) and the
+backward gathers against the CPU, bit for bit (same order, same IEEE operations)."""
+
+import numpy as np
+import pytest
+
+from kernels import Pool2DAttrs, PoolOp, TensorShape, pool_2d
+
+from .conftest import Dev, require
+
+
+def _geometries(count, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for trial in range(count):
+        kernel_h, kernel_w = (int(v) for v in rng.integers(1, 7, 2))
+        stride_h, stride_w = (int(v) for v in rng.integers(1, 4, 2))
+        padding_h, padding_w = int(rng.integers(0, kernel_h // 2 + 1)), int(rng.integers(0, kernel_w // 2 + 1))
+        height = int(rng.integers(max(1, kernel_h - 2 * padding_h), 40))
+        width = int(rng.integers(max(1, kernel_w - 2 * padding_w), 70))
+        pool_type = PoolOp.MAX if trial % 3 else PoolOp.AVG
+        attrs = Pool2DAttrs(kernel_h, kernel_w, stride_h, stride_w, padding_h, padding_w, pool_type, bool(trial % 2))
+        out.append((attrs, (2, 3, height, width)))
+    out.append((Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), (1, 4, 80, 80)))  # SPPF, several tiles a plane
+    out.append((Pool2DAttrs(16, 17, 2, 1, 3, 8, PoolOp.MAX), (1, 2, 33, 40)))  # int32 taps
+    return out
+
+
+def _input(dims, attrs, dtype, seed):
+    """Integers -3..3 (ties everywhere); MAX inputs also get NaN and -inf."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 4, dims).astype(dtype)
+    if attrs.pool_type is PoolOp.MAX:
+        x[rng.random(dims) < 0.3] = -np.inf
+        if seed % 2:
+            x[rng.random(dims) < 0.03] = np.nan
+    return x
+
+
+def _run(dev, attrs, x, output_grad):
+    dtype = x.dtype
+    out_dims = pool_2d.output_dims(attrs, x.shape)
+    state = pool_2d.init_kernel(dev.handle, attrs, TensorShape(x.shape, dtype), TensorShape(out_dims, dtype))
+    output, input_grad = dev.array(np.full(out_dims, np.nan, dtype)), dev.array(np.full(x.shape, np.nan, dtype))
+    input = dev.array(x)
+    pool_2d.forward_kernel(dev.stream, dev.handle, state, attrs, input, output)
+    pool_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, dev.array(output_grad), input, input_grad)
+    dev.stream.synchronize()
+    taps = dev.host(state.saved["taps"]) if "taps" in state.saved else None
+    result = dev.host(output), dev.host(input_grad), taps
+    pool_2d.cleanup_kernel(dev.handle, state)
+    return result
+
+
+@pytest.mark.parametrize("index, case", list(enumerate(_geometries(60, seed=0))))
+def test_cpu_matches_torch(index, case):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    attrs, dims = case
+    x = _input(dims, attrs, np.float64, index)
+    out_dims = pool_2d.output_dims(attrs, dims)
+    output_grad = np.random.default_rng(index).standard_normal(out_dims)
+    output, input_grad, _ = _run(Dev("cpu"), attrs, x, output_grad)
+    tensor = torch.from_numpy(x).requires_grad_()
+    kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
+    padding = (attrs.padding_h, attrs.padding_w)
+    if attrs.pool_type is PoolOp.MAX:
+        expected = F.max_pool2d(tensor, kernel, stride, padding)
+    else:
+        expected = F.avg_pool2d(tensor, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
+    (expected_grad,) = torch.autograd.grad(expected, [tensor], torch.from_numpy(output_grad))
+    if attrs.pool_type is PoolOp.MAX:  # same values moved, same sums in the same order
+        assert np.array_equal(output, expected.detach().numpy(), equal_nan=True)
+        assert np.array_equal(input_grad, expected_grad.numpy(), equal_nan=True)
+    else:
+        np.testing.assert_allclose(output, expected.detach().numpy(), rtol=1e-15, atol=1e-15)
+        np.testing.assert_allclose(input_grad, expected_grad.numpy(), rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "direct"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index, case", list(enumerate(_geometries(24, seed=1))))
+def test_gpu_matches_cpu_bits(index, case, dtype, tiled, monkeypatch):
+    require("gpu")
+    attrs, dims = case
+    if not tiled:
+        monkeypatch.setattr(pool_2d, "TILE_SHARED_LIMIT", -1)
+    x = _input(dims, attrs, dtype, index)
+    output_grad = np.random.default_rng(index).standard_normal(pool_2d.output_dims(attrs, dims)).astype(dtype)
+    cpu = _run(Dev("cpu"), attrs, x, output_grad)
+    gpu = _run(Dev("gpu"), attrs, x, output_grad)
+    for name, got, expected in zip(("output", "input_grad", "taps"), gpu, cpu):
+        if expected is not None:
+            assert np.array_equal(got.view(np.uint8), expected.view(np.uint8)) or \
+                np.array_equal(got, expected, equal_nan=True), f"{name} differs"
+
+
+@pytest.mark.gpu
+def test_gpu_backward_is_deterministic():
+    """SPPF's overlapping windows send up to 25 gradients to one element: same bits every run."""
+    require("gpu")
+    attrs = Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX)
+    dims = (2, 64, 40, 40)
+    x = np.random.default_rng(0).integers(-2, 3, dims).astype(np.float32)
+    output_grad = np.random.default_rng(1).standard_normal(dims).astype(np.float32)
+    runs = [_run(Dev("gpu"), attrs, x, output_grad)[1] for _ in range(3)]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
