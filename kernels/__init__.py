@@ -14,6 +14,7 @@ from . import (
     concat,
     conv_2d,
     element_binary,
+    element_unary,
     gradient_reduction,
     pool_2d,
     reshape,
@@ -40,6 +41,7 @@ from .core import (
     cpu_stream,
 )
 from .element_binary import BinaryOpType, ElementBinaryAttrs
+from .element_unary import ElementUnaryAttrs, UnaryOpType
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
 from .gradient_reduction import GradientReductionAttrs
 from .pool_2d import Pool2DAttrs, PoolOp
@@ -62,12 +64,14 @@ OPS = {
     "softmax": softmax,
     "gradient_reduction": gradient_reduction,
     "element_binary": element_binary,
+    "element_unary": element_unary,
 }
 
 __all__ = [
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
+    "element_unary", "ElementUnaryAttrs", "UnaryOpType",
     "conv_2d", "Conv2DAttrs",
     "element_binary", "ElementBinaryAttrs", "BinaryOpType",
     "pool_2d", "Pool2DAttrs", "PoolOp",

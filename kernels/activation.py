@@ -104,9 +104,33 @@ def erf(x: Any) -> np.ndarray:
 
 # --------------------------------------------------------------------------- CPU
 
+# Elementwise formulas take several NumPy passes and temporaries; run over blocks this many
+# elements long, they stay in cache and a large tensor crosses memory about once.
+BLOCK_ELEMENTS = 1 << 16
+
+
+def blockwise(function: Any, *arrays: np.ndarray) -> None:
+    """Call function(*blocks) on successive flat blocks of same-shaped C-contiguous arrays (any
+    may alias another), or once on the whole arrays where one is not contiguous. A loop over
+    cache-sized blocks, never over elements."""
+    count = arrays[0].size
+    if count <= BLOCK_ELEMENTS or not all(a.flags.c_contiguous for a in arrays):
+        function(*arrays)
+        return
+    flat = [a.reshape(-1) for a in arrays]  # views of contiguous arrays
+    for start in range(0, count, BLOCK_ELEMENTS):
+        block = slice(start, start + BLOCK_ELEMENTS)
+        function(*(a[block] for a in flat))
+
 
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
     """output = f(pre) on NumPy arrays of one float dtype and shape; output may be pre itself."""
+    if not isinstance(activation, Activation):
+        raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
+    blockwise(lambda p, o: _forward_block(activation, p, o), pre, output)
+
+
+def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
     if activation is Activation.RELU:
         np.maximum(pre, pre.dtype.type(0), out=output)  # NaN propagates, as torch.relu
     elif activation is Activation.SIGMOID:
@@ -137,7 +161,7 @@ def cpu_derivative(activation: Activation, pre: np.ndarray) -> np.ndarray:
         return pre > 0
     if activation is Activation.SIGMOID:
         sigmoid = np.empty_like(pre)
-        cpu_forward(Activation.SIGMOID, pre, sigmoid)
+        _forward_block(Activation.SIGMOID, pre, sigmoid)
         return (1 - sigmoid) * sigmoid
     if activation is Activation.TANH:
         tanh = np.tanh(pre)
@@ -150,13 +174,19 @@ def cpu_derivative(activation: Activation, pre: np.ndarray) -> np.ndarray:
         return cdf + wide * pdf
     if activation is Activation.SILU:
         sigmoid = np.empty_like(pre)
-        cpu_forward(Activation.SIGMOID, pre, sigmoid)
+        _forward_block(Activation.SIGMOID, pre, sigmoid)
         return sigmoid * (1 + pre * (1 - sigmoid))
     raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
 
 
 def cpu_backward(activation: Activation, pre: np.ndarray, output_grad: np.ndarray, pre_grad: np.ndarray) -> None:
     """pre_grad = output_grad * f'(pre); output_grad is only read. pre_grad may alias pre or output_grad."""
+    if not isinstance(activation, Activation):
+        raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
+    blockwise(lambda p, g, pg: _backward_block(activation, p, g, pg), pre, output_grad, pre_grad)
+
+
+def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.ndarray, pre_grad: np.ndarray) -> None:
     if activation is Activation.RELU:
         # torch's threshold_backward: 0 where pre <= 0, output_grad elsewhere (NaN pre passes it).
         np.copyto(pre_grad, np.where(pre <= 0, pre.dtype.type(0), output_grad))
@@ -164,7 +194,7 @@ def cpu_backward(activation: Activation, pre: np.ndarray, output_grad: np.ndarra
     if activation is Activation.SILU:
         # torch: grad * sigmoid * (1 + x * (1 - sigmoid)), in that order.
         sigmoid = np.empty_like(pre)
-        cpu_forward(Activation.SIGMOID, pre, sigmoid)
+        _forward_block(Activation.SIGMOID, pre, sigmoid)
         factor = 1 - sigmoid
         factor *= pre
         factor += 1

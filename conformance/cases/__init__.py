@@ -10,6 +10,7 @@ from . import (
     concat,
     conv_2d,
     element_binary,
+    element_unary,
     gradient_reduction,
     pool_2d,
     reshape,
@@ -32,6 +33,7 @@ CASE_MODULES = {
     "split": split,
     "gradient_reduction": gradient_reduction,
     "element_binary": element_binary,
+    "element_unary": element_unary,
 }
 
 

@@ -1,0 +1,140 @@
+"""element_unary cases: every op type forward and backward, float32 and float64,
+non-default ELU alpha and SiLU beta, POW exponents 2, 3, 0.5, -1, 0 and a general
+one, RSQRT on powers of 4 and on other values, the edges (0 for RELU and ELU,
+negative inputs for ELU), and YOLOv10's SiLU and PSA scale (x / sqrt(32)).
+
+Values are quarter- and half-integers in [-2, 2] (wider for sin and cos), and
+output gradients half-integers in [-2.5, 2.5] that differ from their
+neighbours. Tolerances: EXACT where IEEE arithmetic on these values is exact on
+both devices (relu, identity, scalar ops on dyadic values, pow 2 and 3, rsqrt of
+powers of 4, pow 0). Elsewhere ulp(n), n chosen to cover both devices: the CPU
+error measured against the golden, and the GPU's, which adds CUDA's documented
+maximum errors (float: expf, expm1f, tanhf, erff, sinf, cosf 2 ulps or less, powf
+4; double: 1-2 ulps) carried through each formula, checked by perturbing every
+transcendental result by up to that many ulps on the CPU (see each bound's comment).
+"""
+
+import math
+
+import numpy as np
+
+from kernels import ElementUnaryAttrs, UnaryOpType, element_unary
+
+from ..case import EXACT, CaseTable, pattern, ulp
+from ..harness import run_unary
+
+TABLE = CaseTable("element_unary")
+F32, F64 = np.float32, np.float64
+SHAPE = (2, 3, 5)
+
+
+def _grad(shape):
+    """Output gradients: half-integers in [-2.5, 2.5], never all equal."""
+    return pattern(shape, modulus=11, scale=0.5, offset=3)
+
+
+def _add(name, op_type, scalar=None, dtype=F32, tolerance=EXACT, input=None, shape=SHAPE, description=""):
+    if input is None:
+        input = pattern(shape)
+    input = np.asarray(input, dtype=np.float64).reshape(shape)
+    TABLE.add(name, ElementUnaryAttrs(UnaryOpType[op_type], scalar),
+              {"input": input, "output_grad": _grad(shape)}, dtype=dtype, tolerance=tolerance,
+              description=description)
+
+
+def _both(name, op_type, scalar=None, tolerance32=EXACT, tolerance64=EXACT, **kwargs):
+    _add(f"{name}_f32", op_type, scalar, F32, tolerance32, **kwargs)
+    _add(f"{name}_f64", op_type, scalar, F64, tolerance64, **kwargs)
+
+
+# Quarter-integers in [-2, 2] with 0 among them; sin and cos get [-4, 4].
+WIDE = pattern(SHAPE, scale=0.5)
+# Powers of 4 from 4^-3 to 4^3: rsqrt and its derivative are powers of 2.
+POWERS_OF_4 = [4.0 ** k for k in (-3, -2, -1, 0, 1, 2, 3)] * 4 + [0.25, 1.0]
+# Positive, mostly not powers of 4 (0.25 .. 4.0 in quarters).
+POSITIVE = (np.arange(30) * 7 % 16 + 1) * 0.25
+
+_both("relu", "RELU", description="relu(0) = 0 and relu'(0) = 0, as torch")
+_both("identity", "IDENTITY")
+# Bounds: max(CPU measured, GPU emulated with CUDA's documented errors) + 1 for the GPU's FMA
+# contraction, at least 2. CPU / GPU-emulated worst (output, input_grad) are in each comment.
+# sigmoid: 1 / (1 + exp(-x)); derivative (1 - s) s cancels in 1 - s. CPU 1/2, 0/1; GPU 1/2, 2/4.
+_both("sigmoid", "SIGMOID", tolerance32=ulp(3), tolerance64=ulp(5))
+# tanh: tanhf/tanh 2 ulps; 1 - t^2 cancels. CPU 1/1, 1/1; GPU 2/3, 3/3.
+_both("tanh", "TANH", tolerance32=ulp(4), tolerance64=ulp(4))
+# gelu: erff/erf 2 ulps, 1 + erf cancels for negative x (covered by the floor). CPU 0/0, 1/1; GPU 2/2, 1/2.
+_both("gelu", "GELU", tolerance32=ulp(3), tolerance64=ulp(3), description="exact (erf) GELU")
+# silu: x / (1 + exp(-x)). CPU 1/1, 0/1; GPU 1/1, 2/1.
+_both("silu", "SILU", tolerance32=ulp(2), tolerance64=ulp(3))
+# CPU 1/1, 1/1; GPU 1/1, 2/3.
+_both("silu_beta_1p5", "SILU", 1.5, tolerance32=ulp(2), tolerance64=ulp(4), description="x * sigmoid(1.5 x)")
+# elu: alpha expm1(x) (expm1f 1 ulp), derivative alpha exp(x). CPU 0/1, 1/0; GPU 1/2, 1/1.
+_both("elu", "ELU", tolerance32=ulp(3), tolerance64=ulp(2), description="alpha 1 (scalar None)")
+_both("elu_alpha_0p5", "ELU", 0.5, tolerance32=ulp(2), tolerance64=ulp(2),
+      description="non-default alpha; at x = 0 the gradient is alpha * dy, as torch")
+# exp: expf 2 ulps, exp 1. CPU 2/1, 0/0; GPU 2/2, 1/1.
+_both("exp", "EXP", tolerance32=ulp(3), tolerance64=ulp(2))
+# sin, cos: 2 ulps on the GPU in both dtypes. CPU 1/1, 0/0; GPU 2/2, 2/2.
+_both("sin", "SIN", tolerance32=ulp(3), tolerance64=ulp(3), input=WIDE)
+_both("cos", "COS", tolerance32=ulp(3), tolerance64=ulp(3), input=WIDE)
+_both("rsqrt_powers_of_4", "RSQRT", input=POWERS_OF_4, description="exact: 1/sqrt(4^k) = 2^-k")
+# rsqrt is IEEE sqrt then IEEE division on both devices (no rsqrtf): two roundings, 1 ulp.
+_both("rsqrt", "RSQRT", tolerance32=ulp(1), tolerance64=ulp(1), input=POSITIVE)
+_both("pow_2", "POW", 2.0, description="x * x, as torch")
+_both("pow_3", "POW", 3.0)
+# sqrt is correctly rounded (exact forward); the derivative 0.5 / sqrt(x) rounds twice: 1 ulp.
+_both("pow_0p5", "POW", 0.5, tolerance32=ulp(1), tolerance64=ulp(1), input=POSITIVE, description="sqrt")
+# 1/x is correctly rounded; the derivative -1/(x*x) times dy rounds three times: 1 ulp measured.
+_both("pow_minus_1", "POW", -1.0, tolerance32=ulp(1), tolerance64=ulp(1), input=POSITIVE - 2.125,
+      description="reciprocal, negative and positive inputs")
+_both("pow_0", "POW", 0.0, description="ones, and a zero gradient")
+# powf/pow (CUDA documents up to 9 and 2 ulps over the full range, worst at |y| ~ 260; at y = 1.5
+# on [0.25, 4] far less); the derivative 1.5 sqrt(x) is IEEE. CPU 1/1, 1/0; GPU with powf at 4 ulps 4/1.
+_both("pow_1p5", "POW", 1.5, tolerance32=ulp(4), tolerance64=ulp(3), input=POSITIVE, description="general powf/pow")
+_both("scalar_multiply_0p25", "SCALAR_MULTIPLY", 0.25)
+_both("scalar_multiply_minus_3", "SCALAR_MULTIPLY", -3.0)
+_both("scalar_add_1p5", "SCALAR_ADD", 1.5)
+_both("scalar_sub_0p75", "SCALAR_SUB", 0.75)
+_both("scalar_true_div_4", "SCALAR_TRUE_DIV", 4.0)
+# x / 3 is correctly rounded in either dtype, and rounding the float64 quotient to float32 again
+# cannot differ (no quotient by 3 lies on a float32 midpoint): exact.
+_both("scalar_true_div_3", "SCALAR_TRUE_DIV", 3.0)
+_add("zero_size", "EXP", shape=(2, 0, 3), description="zero-size tensor: nothing to do")
+_add("yolov10_silu", "SILU", shape=(2, 4, 3, 5), tolerance=ulp(2), input=pattern((2, 4, 3, 5), modulus=29),
+     description="YOLOv10's SiLU on NCHW, batch 2, inputs in [-3.5, 3.5]")
+# x * float32(1/sqrt(32)) against float64 x / sqrt(32) rounded once: at most 1 ulp apart.
+_add("yolov10_psa_scale", "SCALAR_MULTIPLY", 1 / math.sqrt(32), shape=(1, 2, 4, 6), tolerance=ulp(1),
+     description="PSA: q scaled by 1/sqrt(32) (head dim 32); the scalar rounds to float32 first, as torch")
+
+
+def torch_program(case, tensors):
+    import torch
+    import torch.nn.functional as F
+
+    op, scalar = case.attrs.op_type, case.attrs.scalar
+    x = tensors["input"].requires_grad_()
+    functions = {
+        UnaryOpType.RELU: torch.relu,
+        UnaryOpType.SIGMOID: torch.sigmoid,
+        UnaryOpType.TANH: torch.tanh,
+        UnaryOpType.ELU: lambda x: F.elu(x, alpha=scalar),
+        UnaryOpType.GELU: F.gelu,
+        UnaryOpType.SILU: lambda x: F.silu(x) if scalar == 1.0 else x * torch.sigmoid(scalar * x),
+        UnaryOpType.EXP: torch.exp,
+        UnaryOpType.IDENTITY: torch.clone,
+        UnaryOpType.RSQRT: torch.rsqrt,
+        UnaryOpType.SIN: torch.sin,
+        UnaryOpType.COS: torch.cos,
+        UnaryOpType.POW: lambda x: torch.pow(x, scalar),
+        UnaryOpType.SCALAR_MULTIPLY: lambda x: x * scalar,
+        UnaryOpType.SCALAR_ADD: lambda x: x + scalar,
+        UnaryOpType.SCALAR_SUB: lambda x: x - scalar,
+        UnaryOpType.SCALAR_TRUE_DIV: lambda x: x / scalar,
+    }
+    output = functions[op](x)
+    (input_grad,) = torch.autograd.grad(output, [x], tensors["output_grad"])
+    return {"output": output, "input_grad": input_grad}
+
+
+def run(case, env):
+    run_unary(element_unary, case, env)

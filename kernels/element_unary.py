@@ -1,0 +1,320 @@
+"""element_unary: output = f(input) elementwise, for sixteen op types; float32 and float64.
+
+RELU, SIGMOID, TANH, GELU (exact erf form) and SILU with beta 1 are the shared
+activations of :mod:`kernels.activation`. The others, with PyTorch's formulas:
+
+| op type         | scalar                      | forward                 | input_grad                            |
+|-----------------|-----------------------------|-------------------------|---------------------------------------|
+| ELU             | alpha (None: 1.0)           | x > 0 ? x : a expm1(x)  | x > 0 ? dy : dy a exp(x)  (a at x = 0) |
+| SILU            | beta (None: 1.0)            | x sigmoid(b x)          | dy s (1 + b x (1 - s)), s = sigmoid(b x) |
+| EXP             | none                        | exp(x)                  | dy exp(x)                             |
+| IDENTITY        | none                        | x                       | dy                                    |
+| RSQRT           | none                        | 1 / sqrt(x)             | -0.5 dy r^3, r = 1 / sqrt(x)          |
+| SIN, COS        | none                        | sin(x), cos(x)          | dy cos(x), -dy sin(x)                 |
+| POW             | exponent p (required)       | x^p                     | dy (p x^(p-1)); 0 where p == 0        |
+| SCALAR_MULTIPLY | c (required)                | x c                     | dy c                                  |
+| SCALAR_ADD      | c (required)                | x + c                   | dy                                    |
+| SCALAR_SUB      | c (required)                | x - c                   | dy                                    |
+| SCALAR_TRUE_DIV | c (required)                | x / c                   | dy / c                                |
+
+The scalar is rounded to the tensor's dtype and the math is done in that dtype,
+as PyTorch does for a Python scalar. POW takes PyTorch's exact shortcuts
+(p = 2, 3: products; 0.5: sqrt; -0.5: 1/sqrt; -1, -2: reciprocals), and RSQRT is
+1/sqrt(x) with IEEE sqrt and division on both devices, so both are exact where
+the math is. An op type that takes no scalar refuses one rather than ignore it.
+
+Backward needs `input` unless the derivative is a constant (IDENTITY and the
+SCALAR_* ops); `output` is never read.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import activation, core, gpu
+from .activation import Activation
+from .core import FLOAT_DTYPES, AttrsError, TensorShape, fail
+
+OP = "element_unary"
+
+
+class UnaryOpType(enum.Enum):
+    """The op types; the value is the op code in element_unary.cu."""
+
+    RELU = 0
+    SIGMOID = 1
+    TANH = 2
+    ELU = 3
+    GELU = 4
+    SILU = 5
+    EXP = 6
+    IDENTITY = 7
+    RSQRT = 8
+    SIN = 9
+    COS = 10
+    POW = 11
+    SCALAR_MULTIPLY = 12
+    SCALAR_ADD = 13
+    SCALAR_SUB = 14
+    SCALAR_TRUE_DIV = 15
+
+
+# Op types that are one of the shared activations (SILU only with beta 1).
+_ACTIVATIONS = {
+    UnaryOpType.RELU: Activation.RELU,
+    UnaryOpType.SIGMOID: Activation.SIGMOID,
+    UnaryOpType.TANH: Activation.TANH,
+    UnaryOpType.GELU: Activation.GELU,
+    UnaryOpType.SILU: Activation.SILU,
+}
+SCALAR_REQUIRED = frozenset({UnaryOpType.POW, UnaryOpType.SCALAR_MULTIPLY, UnaryOpType.SCALAR_ADD,
+                             UnaryOpType.SCALAR_SUB, UnaryOpType.SCALAR_TRUE_DIV})
+SCALAR_DEFAULTS = {UnaryOpType.ELU: 1.0, UnaryOpType.SILU: 1.0}  # scalar optional, None means this
+# Backward reads `input` except where the derivative is a constant.
+_CONSTANT_DERIVATIVE = frozenset({UnaryOpType.IDENTITY, UnaryOpType.SCALAR_MULTIPLY, UnaryOpType.SCALAR_ADD,
+                                  UnaryOpType.SCALAR_SUB, UnaryOpType.SCALAR_TRUE_DIV})
+
+
+@dataclass(frozen=True)
+class ElementUnaryAttrs:
+    """op_type, and scalar: alpha (ELU), beta (SILU), exponent (POW) or the SCALAR_* operand.
+
+    ELU and SILU store their default 1.0 when scalar is None, so equal math means equal attrs.
+    """
+
+    op_type: UnaryOpType
+    scalar: float | None = None
+
+    def __post_init__(self) -> None:
+        op_type = core.attr_enum(OP, "op_type", self.op_type, UnaryOpType)
+        scalar = self.scalar
+        if scalar is None:
+            if op_type in SCALAR_REQUIRED:
+                raise fail(AttrsError, OP, "scalar", f"a number ({op_type.name} needs one)", None)
+            scalar = SCALAR_DEFAULTS.get(op_type)
+        else:
+            if op_type not in SCALAR_REQUIRED and op_type not in SCALAR_DEFAULTS:
+                raise fail(AttrsError, OP, "scalar", f"None ({op_type.name} takes no scalar)", repr(scalar))
+            if isinstance(scalar, (bool, np.bool_)) or not isinstance(scalar, (int, float, np.integer, np.floating)):
+                raise fail(AttrsError, OP, "scalar", "a real number", repr(scalar))
+            scalar = float(scalar)
+            if not math.isfinite(scalar):
+                raise fail(AttrsError, OP, "scalar", "a finite number", scalar)
+        core.set_attr(self, "op_type", op_type)
+        core.set_attr(self, "scalar", scalar)
+
+    @property
+    def activation(self) -> Activation | None:
+        """The shared activation this op type is, or None (SILU counts only with beta 1)."""
+        if self.op_type is UnaryOpType.SILU and self.scalar != 1.0:
+            return None
+        return _ACTIVATIONS.get(self.op_type)
+
+
+def init_kernel(handle: Any, attrs: ElementUnaryAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
+    """Check that input and output have the same dims and one float dtype, and record them."""
+    state = core.make_state(OP, handle, attrs, ElementUnaryAttrs, input_shape=input_shape, output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    return state
+
+
+def _check_forward(stream, handle, state, attrs, input, output) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"],
+         input_grad is not None and attrs.op_type not in _CONSTANT_DERIVATIVE),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ])
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def _pow(x: np.ndarray, exponent: float) -> np.ndarray:
+    """x ** exponent with PyTorch's exact shortcuts for the common exponents."""
+    if exponent == 0.0:
+        return np.ones_like(x)
+    if exponent == 1.0:
+        return x.copy()
+    if exponent == 2.0:
+        return x * x
+    if exponent == 3.0:
+        return x * x * x
+    if exponent == 0.5:
+        return np.sqrt(x)
+    if exponent == -0.5:
+        return 1 / np.sqrt(x)
+    if exponent == -1.0:
+        return 1 / x
+    if exponent == -2.0:
+        return 1 / (x * x)
+    return np.power(x, x.dtype.type(exponent))
+
+
+def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = f(input), over cache-sized blocks."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    activation.blockwise(lambda x, out: _cpu_forward(attrs, x, out), input, output)
+
+
+def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) -> None:
+    op = attrs.op_type
+    scalar = None if attrs.scalar is None else x.dtype.type(attrs.scalar)
+    if attrs.activation is not None:
+        activation.cpu_forward(attrs.activation, x, output)
+    elif op is UnaryOpType.SILU:
+        np.divide(x, 1 + np.exp(-(scalar * x)), out=output)
+    elif op is UnaryOpType.ELU:
+        np.copyto(output, np.where(x > 0, x, scalar * np.expm1(x)))
+    elif op is UnaryOpType.EXP:
+        np.exp(x, out=output)
+    elif op is UnaryOpType.IDENTITY:
+        np.copyto(output, x)
+    elif op is UnaryOpType.RSQRT:
+        np.divide(1, np.sqrt(x), out=output)
+    elif op is UnaryOpType.SIN:
+        np.sin(x, out=output)
+    elif op is UnaryOpType.COS:
+        np.cos(x, out=output)
+    elif op is UnaryOpType.POW:
+        np.copyto(output, _pow(x, attrs.scalar))
+    elif op is UnaryOpType.SCALAR_MULTIPLY:
+        np.multiply(x, scalar, out=output)
+    elif op is UnaryOpType.SCALAR_ADD:
+        np.add(x, scalar, out=output)
+    elif op is UnaryOpType.SCALAR_SUB:
+        np.subtract(x, scalar, out=output)
+    elif op is UnaryOpType.SCALAR_TRUE_DIV:
+        np.divide(x, scalar, out=output)
+    else:  # pragma: no cover - attrs are validated
+        raise AssertionError(op)
+
+
+def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = output_grad * f'(input), over cache-sized blocks; output_grad and input are only read."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None:
+        return
+    # Constant derivatives never read input; output_grad stands in for it when it is None.
+    source = output_grad if input is None else input
+    activation.blockwise(lambda x, dy, dx: _cpu_backward(attrs, x, dy, dx), source, output_grad, input_grad)
+
+
+def _cpu_backward(attrs: ElementUnaryAttrs, x: np.ndarray, dy: np.ndarray, input_grad: np.ndarray) -> None:
+    op = attrs.op_type
+    scalar = None if attrs.scalar is None else dy.dtype.type(attrs.scalar)
+    if attrs.activation is not None:
+        activation.cpu_backward(attrs.activation, x, dy, input_grad)
+    elif op is UnaryOpType.SILU:
+        sigmoid = 1 / (1 + np.exp(-(scalar * x)))
+        np.multiply(dy * sigmoid, 1 + scalar * x * (1 - sigmoid), out=input_grad)
+    elif op is UnaryOpType.ELU:
+        np.copyto(input_grad, np.where(x > 0, dy, dy * scalar * np.exp(x)))
+    elif op is UnaryOpType.EXP:
+        np.multiply(dy, np.exp(x), out=input_grad)
+    elif op is UnaryOpType.RSQRT:
+        r = 1 / np.sqrt(x)
+        np.multiply(dy.dtype.type(-0.5) * dy, r * r * r, out=input_grad)
+    elif op is UnaryOpType.SIN:
+        np.multiply(dy, np.cos(x), out=input_grad)
+    elif op is UnaryOpType.COS:
+        np.multiply(dy, -np.sin(x), out=input_grad)
+    elif op is UnaryOpType.POW:
+        if attrs.scalar == 0.0:
+            input_grad.fill(0)  # torch: zeros, whatever dy holds
+        else:
+            np.multiply(dy, scalar * _pow(x, attrs.scalar - 1.0), out=input_grad)
+    elif op is UnaryOpType.SCALAR_MULTIPLY:
+        np.multiply(dy, scalar, out=input_grad)
+    elif op is UnaryOpType.SCALAR_TRUE_DIV:
+        np.divide(dy, scalar, out=input_grad)
+    elif op in (UnaryOpType.IDENTITY, UnaryOpType.SCALAR_ADD, UnaryOpType.SCALAR_SUB):
+        np.copyto(input_grad, dy)
+    else:  # pragma: no cover - attrs are validated
+        raise AssertionError(op)
+
+
+# --------------------------------------------------------------------------- GPU
+
+_CUDA = gpu.CudaModule("element_unary.cu", [
+    f"element_unary_{direction}<{cuda_type}, {op_type.value}>"
+    for direction in ("forward", "backward") for cuda_type in gpu.FLOAT_TYPES for op_type in UnaryOpType
+])
+
+_PACK_BYTES = 16  # each thread moves 16-byte packs where every pointer allows it
+
+
+def _aligned(*arrays: Any) -> np.int32:
+    return np.int32(all(a.data.ptr % _PACK_BYTES == 0 for a in arrays))
+
+
+def _gpu_launch(stream, direction: str, attrs: ElementUnaryAttrs, arrays: tuple, count: int) -> None:
+    dtype = arrays[-1].dtype
+    kernel = _CUDA.function(f"element_unary_{direction}<{gpu.cuda_type(dtype)}, {attrs.op_type.value}>")
+    scalar = dtype.type(0.0 if attrs.scalar is None else attrs.scalar)
+    aligned = _aligned(*arrays)
+    per_thread = _PACK_BYTES // dtype.itemsize if aligned else 1
+    gpu.launch(stream, kernel, gpu.grid_for(count, per_thread=per_thread), gpu.BLOCK,
+               arrays + (np.int64(count), scalar, aligned))
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """output = f(input), enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, input, output)
+    if not input.size:
+        return
+    if attrs.op_type is UnaryOpType.IDENTITY:
+        gpu.copy_async(stream, output, input)
+        return
+    _gpu_launch(stream, "forward", attrs, (input, output), input.size)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """input_grad = output_grad * f'(input), enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
+    if input_grad is None or not input_grad.size:
+        return
+    if attrs.op_type in (UnaryOpType.IDENTITY, UnaryOpType.SCALAR_ADD, UnaryOpType.SCALAR_SUB):
+        gpu.copy_async(stream, input_grad, output_grad)
+        return
+    # Constant derivatives never read input; output_grad stands in for it when it is None.
+    source = output_grad if input is None else input
+    _gpu_launch(stream, "backward", attrs, (source, output_grad, input_grad), input_grad.size)
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def forward_kernel(stream, handle, state, attrs, input, output) -> None:
+    """Write output = f(input), on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
+
+
+def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    """Write input_grad = output_grad * f'(input), on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
+                  output, output_grad, input, input_grad)
+
+
+def cleanup_kernel(handle, state) -> None:
+    """Release the state."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
