@@ -1,0 +1,41 @@
+"""split on YOLOv10x shapes: C2f's split of 1x160x160x160 into two halves on
+channels, and PSA's {32, 32, 64} split of (1, 5, 128, 400) on axis 2; forward
+(whole -> pieces) and backward (pieces -> whole, the same code as concat forward)."""
+
+import numpy as np
+import pytest
+
+from kernels import SplitAttrs, TensorShape, split
+
+SHAPES = [
+    pytest.param((1, 160, 160, 160), (80, 80), 1, id="c2f_1x160x160x160_halves"),
+    pytest.param((1, 5, 128, 400), (32, 32, 64), 2, id="psa_1x5x128x400_32_32_64"),
+]
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("dims, splits, axis", SHAPES)
+def test_split(benchmark, bench, dims, splits, axis, direction):
+    out_dims = [dims[:axis] + (size,) + dims[axis + 1:] for size in splits]
+    group = f"split {direction} {dims} -> {splits} axis {axis}"
+    bytes_moved = 2 * int(np.prod(dims)) * 4
+    whole = bench.array(dims) if direction == "forward" else bench.empty(dims)
+    pieces = [bench.empty(d) if direction == "forward" else bench.array(d, seed=i) for i, d in enumerate(out_dims)]
+    if bench.impl == "torch":
+        torch = bench.torch
+        if direction == "forward":
+            def function():  # torch.split gives views: copy them into preallocated outputs, as we do
+                for piece, part in zip(pieces, torch.split(whole, list(splits), dim=axis)):
+                    piece.copy_(part)
+        else:
+            function = lambda: torch.cat(pieces, dim=axis, out=whole)  # noqa: E731
+        bench.run(benchmark, function, bytes_moved, group)
+        return
+    attrs = SplitAttrs(splits=splits, axis=axis)
+    state = split.init_kernel(bench.handle, attrs, TensorShape(dims, np.float32), [TensorShape(d, np.float32) for d in out_dims])
+    if direction == "forward":
+        function = lambda: split.forward_kernel(bench.stream, bench.handle, state, attrs, whole, pieces)  # noqa: E731
+    else:
+        function = lambda: split.backward_kernel(bench.stream, bench.handle, state, attrs, None, pieces, None, whole)  # noqa: E731
+    bench.run(benchmark, function, bytes_moved, group)
+    split.cleanup_kernel(bench.handle, state)
