@@ -112,9 +112,8 @@ _CUDA = gpu.CudaModule("gradient_reduction.cu", [
 ])
 
 
-def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
-    """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs, enqueued on the stream."""
-    inputs = _check_forward(stream, handle, state, attrs, inputs, output)
+def gpu_sum(stream, inputs: list[Any], output: Any) -> None:
+    """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs (checked arrays of one shape)."""
     count = output.size
     if not count:
         return
@@ -134,21 +133,31 @@ def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
             pointers = [output.data.ptr] + pointers
 
 
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
-    """input_grads[i] = output_grad for each one that is not None: one read, up to 12 writes a launch."""
-    input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
-    targets = [g for g in input_grads if g is not None]
-    if not targets or not output_grad.size:
+def gpu_fanout(stream, source: Any, targets: list[Any]) -> None:
+    """Each target = source: one read, up to 12 writes a launch, in the widest unit sizes and addresses allow."""
+    if not targets or not source.size:
         return
-    unit = gpu.widest_unit(output_grad.nbytes, output_grad.data.ptr, *(g.data.ptr for g in targets))
-    count = output_grad.nbytes // unit
+    unit = gpu.widest_unit(source.nbytes, source.data.ptr, *(t.data.ptr for t in targets))
+    count = source.nbytes // unit
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
     kernel = _CUDA.function(f"gradient_reduction_fanout<{gpu.unit_type(unit)}, {index}>")
     for start in range(0, len(targets), MAX_POINTERS):
         batch = targets[start:start + MAX_POINTERS]
         gpu.launch(stream, kernel, gpu.grid_for(count), gpu.BLOCK,
-                   (output_grad, scalar(count), np.int32(len(batch)), gpu.ints_arg([g.data.ptr for g in batch])))
+                   (source, scalar(count), np.int32(len(batch)), gpu.ints_arg([t.data.ptr for t in batch])))
+
+
+def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+    """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs, enqueued on the stream."""
+    inputs = _check_forward(stream, handle, state, attrs, inputs, output)
+    gpu_sum(stream, inputs, output)
+
+
+def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+    """input_grads[i] = output_grad for each one that is not None: one read, up to 12 writes a launch."""
+    input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
+    gpu_fanout(stream, output_grad, [g for g in input_grads if g is not None])
 
 
 # --------------------------------------------------------------------------- dispatch
