@@ -1,0 +1,264 @@
+"""conv_2d beyond the golden cases: random shapes against PyTorch on every device,
+empty convolutions, skipped gradients, GPU determinism and resource cleanup, and
+the cuDNN binding's loading and status checks (which need no GPU)."""
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from kernels import Activation, Conv2DAttrs, CudaError, StateError, TensorShape, conv_2d, cudnn
+
+from .conftest import Dev, require
+
+# ------------------------------------------------------------------ random shapes against PyTorch
+
+
+def _random_configs(count=40, seed=0):
+    """(input dims, attrs) covering groups, dilation, strides and paddings that differ in h and w."""
+    rng = np.random.default_rng(seed)
+    configs = []
+    while len(configs) < count:
+        groups = int(rng.choice([1, 1, 2, 3]))
+        channels = groups * int(rng.integers(1, 4))
+        out_channels = groups * int(rng.integers(1, 4))
+        if rng.random() < 0.2:  # depthwise
+            groups, channels, out_channels = channels, channels, channels * int(rng.integers(1, 3))
+        kernel = [int(k) for k in rng.integers(1, 5, size=2)]
+        stride = [int(s) for s in rng.integers(1, 4, size=2)]
+        dilation = [int(d) for d in rng.integers(1, 3, size=2)]
+        padding = [int(p) for p in rng.integers(0, 4, size=2)]
+        size = [int(s) for s in rng.integers(1, 10, size=2)]
+        if any(size[i] + 2 * padding[i] < dilation[i] * (kernel[i] - 1) + 1 for i in range(2)):
+            continue
+        activation = rng.choice([None, None, *Activation])
+        attrs = Conv2DAttrs(out_channels, kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1],
+                            dilation[0], dilation[1], groups, bool(rng.random() < 0.5), activation)
+        configs.append(((int(rng.integers(1, 4)), channels, size[0], size[1]), attrs))
+    return configs
+
+
+def _torch_reference(input, filter, bias, output_grad, attrs):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    tensors = [torch.from_numpy(a).requires_grad_() for a in (input, filter)]
+    bias_tensor = torch.from_numpy(bias).requires_grad_() if bias is not None else None
+    pre = F.conv2d(tensors[0], tensors[1], bias_tensor, (attrs.stride_h, attrs.stride_w),
+                   (attrs.padding_h, attrs.padding_w), (attrs.dilation_h, attrs.dilation_w), attrs.groups)
+    output = {None: lambda x: x, Activation.RELU: torch.relu, Activation.SIGMOID: torch.sigmoid,
+              Activation.TANH: torch.tanh, Activation.GELU: F.gelu, Activation.SILU: F.silu}[attrs.activation](pre)
+    wanted = tensors + ([bias_tensor] if bias_tensor is not None else [])
+    grads = torch.autograd.grad(output, wanted, torch.from_numpy(output_grad))
+    return [output.detach().numpy()] + [g.numpy() for g in grads] + ([None] if bias is None else [])
+
+
+def _run(dev, attrs, input, filter, bias, output_grad, wanted=("input_grad", "filter_grad", "bias_grad")):
+    """Forward and backward on a device; host copies of output, input_grad, filter_grad, bias_grad."""
+    dtype = input.dtype
+    output_dims = conv_2d.output_dims(attrs, input.shape)
+    state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(input.shape, dtype), TensorShape(output_dims, dtype))
+    arrays = {name: dev.array(a) if a is not None else None
+              for name, a in (("input", input), ("filter", filter), ("bias", bias), ("output_grad", output_grad))}
+    output = dev.array(np.full(output_dims, np.nan, dtype))
+    conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, arrays["input"], arrays["filter"], arrays["bias"],
+                           output)
+    grads = {
+        "input_grad": dev.array(np.full(input.shape, np.nan, dtype)) if "input_grad" in wanted else None,
+        "filter_grad": dev.array(np.full(filter.shape, np.nan, dtype)) if "filter_grad" in wanted else None,
+        "bias_grad": dev.array(np.full(bias.shape, np.nan, dtype)) if bias is not None and "bias_grad" in wanted
+        else None,
+    }
+    conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, arrays["output_grad"], arrays["input"],
+                            grads["input_grad"], arrays["filter"], grads["filter_grad"], grads["bias_grad"])
+    dev.stream.synchronize()
+    conv_2d.cleanup_kernel(dev.handle, state)
+    return [dev.host(output)] + [None if grads[k] is None else dev.host(grads[k])
+                                 for k in ("input_grad", "filter_grad", "bias_grad")]
+
+
+def _inputs(dims, attrs, seed, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    filter = rng.standard_normal(conv_2d.filter_dims(attrs, dims[1])).astype(dtype)
+    bias = rng.standard_normal(attrs.out_channels).astype(dtype) if attrs.use_bias else None
+    output_grad = rng.standard_normal(conv_2d.output_dims(attrs, dims)).astype(dtype)
+    return rng.standard_normal(dims).astype(dtype), filter, bias, output_grad
+
+
+@pytest.mark.parametrize("index", range(40))
+def test_random_shapes_match_torch(index, dev):
+    dims, attrs = _random_configs()[index]
+    input, filter, bias, output_grad = _inputs(dims, attrs, seed=index)
+    expected = _torch_reference(input, filter, bias, output_grad, attrs)
+    got = _run(dev, attrs, input, filter, bias, output_grad)
+    for name, g, e in zip(("output", "input_grad", "filter_grad", "bias_grad"), got, expected):
+        if e is not None:
+            np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-10, err_msg=f"{name} of {dims} {attrs}")
+
+
+def test_skipped_gradients_leave_the_others_unchanged(dev):
+    dims, attrs = (2, 4, 6, 5), Conv2DAttrs(6, 3, 2, 2, 1, 1, 1, groups=2, use_bias=True, activation=Activation.TANH)
+    input, filter, bias, output_grad = _inputs(dims, attrs, seed=3)
+    full = _run(dev, attrs, input, filter, bias, output_grad)
+    for only in ("input_grad", "filter_grad", "bias_grad"):
+        partial = _run(dev, attrs, input, filter, bias, output_grad, wanted=(only,))
+        index = ("input_grad", "filter_grad", "bias_grad").index(only) + 1
+        np.testing.assert_array_equal(partial[index], full[index])
+        assert all(partial[i] is None for i in (1, 2, 3) if i != index)
+
+
+@pytest.mark.parametrize("dims, attrs", [
+    ((2, 0, 4, 3), Conv2DAttrs(3, 2, 2, use_bias=True, activation=Activation.SIGMOID)),  # zero input channels
+    ((2, 2, 0, 3), Conv2DAttrs(3, 1, 1, padding_h=1, use_bias=True)),  # H = 0: every window in the padding
+    ((0, 2, 4, 3), Conv2DAttrs(3, 3, 3, padding_h=1, padding_w=1, use_bias=True)),  # zero batch
+])
+def test_empty_sums(dims, attrs, dev):
+    """A convolution with nothing to sum gives activation(bias); its input and filter gradients are zero."""
+    input, filter, bias, output_grad = _inputs(dims, attrs, seed=5)
+    output, input_grad, filter_grad, bias_grad = _run(dev, attrs, input, filter, bias, output_grad)
+    pre = np.broadcast_to(bias.reshape(1, -1, 1, 1), output.shape)
+    expected = 1 / (1 + np.exp(-pre)) if attrs.activation is Activation.SIGMOID else pre
+    np.testing.assert_allclose(output, expected, rtol=1e-15)
+    assert not np.any(input_grad) and not np.any(filter_grad)
+    derivative = expected * (1 - expected) if attrs.activation is Activation.SIGMOID else 1.0
+    np.testing.assert_allclose(bias_grad, (output_grad * derivative).sum(axis=(0, 2, 3)), rtol=1e-14)
+
+
+def test_backward_without_forward_needs_none_without_activation(dev):
+    attrs = Conv2DAttrs(2, 3, 3, padding_h=1, padding_w=1, use_bias=True)
+    dims = (1, 2, 4, 4)
+    state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, np.float64), TensorShape((1, 2, 4, 4), np.float64))
+    grad, input_grad = dev.array(np.ones((1, 2, 4, 4))), dev.array(np.zeros(dims))
+    filter = dev.array(np.ones((2, 2, 3, 3)))
+    conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, None, grad, None, input_grad, filter, None, None)
+    dev.stream.synchronize()
+    assert dev.host(input_grad)[0, 0, 1, 1] == 18.0  # 2 output channels x 9 taps of ones
+    conv_2d.cleanup_kernel(dev.handle, state)
+    with_activation = Conv2DAttrs(2, 3, 3, padding_h=1, padding_w=1, activation=Activation.GELU)
+    state = conv_2d.init_kernel(dev.handle, with_activation, TensorShape(dims, np.float64),
+                                TensorShape((1, 2, 4, 4), np.float64))
+    with pytest.raises(StateError, match=r"conv_2d: state: expected a forward before the backward"):
+        conv_2d.backward_kernel(dev.stream, dev.handle, state, with_activation, None, grad, None, input_grad, filter,
+                                None, None)
+    conv_2d.cleanup_kernel(dev.handle, state)
+
+
+# ------------------------------------------------------------------ GPU only
+
+
+@pytest.mark.gpu
+def test_gpu_same_bits_every_run():
+    """Deterministic algorithms: two runs on inexact (random float32) data give the same bits."""
+    require("gpu")
+    dev = Dev("gpu")
+    try:
+        dims, attrs = (2, 32, 20, 18), Conv2DAttrs(48, 3, 3, 2, 1, 1, 1, groups=2, use_bias=True,
+                                                  activation=Activation.SILU)
+        data = _inputs(dims, attrs, seed=11, dtype=np.float32)
+        first, second = _run(dev, attrs, *data), _run(dev, attrs, *data)
+        for a, b in zip(first, second):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    finally:
+        dev.handle.close()
+
+
+@pytest.mark.gpu
+def test_gpu_algorithms_are_deterministic_sums():
+    require("gpu")
+    dev = Dev("gpu")
+    try:
+        for dims, attrs in _random_configs(count=12, seed=1):
+            output_dims = conv_2d.output_dims(attrs, dims)
+            for dtype in (np.float32, np.float64):
+                state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
+                assert state.algorithms["forward"].algo in cudnn.EXACT_FWD_ALGOS
+                assert state.algorithms["backward_data"].algo in cudnn.EXACT_BWD_DATA_ALGOS
+                assert state.algorithms["backward_filter"].algo in cudnn.EXACT_BWD_FILTER_ALGOS
+                if dtype == np.float32:
+                    assert all(a.math_type == cudnn.FMA_MATH for a in state.algorithms.values())
+                conv_2d.cleanup_kernel(dev.handle, state)
+    finally:
+        dev.handle.close()
+
+
+@pytest.mark.gpu
+def test_gpu_cleanup_releases_descriptors_and_memory():
+    """Hundreds of states made and cleaned up leave no descriptor and no pool memory behind."""
+    require("gpu")
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    dev = Dev("gpu")
+    configs = _random_configs(count=20, seed=2)
+    try:
+        # Warm up: the cuDNN handle, the NVRTC modules and the handle's workspace at its largest.
+        for dims, attrs in configs:
+            _run(dev, attrs, *_inputs(dims, attrs, seed=0, dtype=np.float32))
+        live, used = cudnn.live_descriptors(), pool.used_bytes()
+        for round in range(15):
+            states = []
+            for dims, attrs in configs:
+                output_dims = conv_2d.output_dims(attrs, dims)
+                states.append(conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, np.float32),
+                                                  TensorShape(output_dims, np.float32)))
+            assert sum(cudnn.live_descriptors().values()) > sum(live.values())
+            for state in states:
+                conv_2d.cleanup_kernel(dev.handle, state)
+            if round % 5 == 0:  # with forward and backward (the pre-activation buffers) too
+                for dims, attrs in configs:
+                    _run(dev, attrs, *_inputs(dims, attrs, seed=round, dtype=np.float32))
+            assert cudnn.live_descriptors() == live
+            assert pool.used_bytes() == used
+    finally:
+        dev.handle.close()
+
+
+# ------------------------------------------------------------------ the cuDNN binding without a GPU
+
+
+def test_binding_declares_perf_struct_as_in_the_header():
+    # cudnnConvolution*AlgoPerf_t: algo, status (int), time (float), memory (size_t at 16),
+    # determinism, mathType (int), reserved[3]: 48 bytes on x86-64.
+    assert ctypes.sizeof(cudnn.AlgoPerf) == 48
+    assert (cudnn.AlgoPerf.memory.offset, cudnn.AlgoPerf.determinism.offset, cudnn.AlgoPerf.mathType.offset) == \
+        (16, 24, 28)
+    for name in ("cudnnConvolutionForward", "cudnnConvolutionBackwardData", "cudnnConvolutionBackwardFilter"):
+        assert len(cudnn.FUNCTIONS[name][1]) == 13
+
+
+def test_status_names_and_check():
+    assert cudnn.status_name(2000) == "CUDNN_STATUS_BAD_PARAM"
+    assert cudnn.status_name(3000) == "CUDNN_STATUS_NOT_SUPPORTED"
+    cudnn.check(0, "cudnnAnything")
+    with pytest.raises(CudaError, match=r"cuDNN failed with CUDNN_STATUS_BAD_PARAM") as raised:
+        cudnn.check(2000, "cudnnSetTensor4dDescriptor")
+    assert raised.value.status == "CUDNN_STATUS_BAD_PARAM" and raised.value.library == "cuDNN"
+
+
+def test_missing_library_is_a_cuda_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(cudnn, "_LIBRARY", None)
+    monkeypatch.setenv(cudnn.ENV_PATH, str(tmp_path / "nowhere" / "libcudnn.so.9"))
+    with pytest.raises(CudaError, match=r"LIBRARY_NOT_FOUND.*nowhere"):
+        cudnn.library()
+    with pytest.raises(CudaError, match=r"LIBRARY_NOT_FOUND"):
+        cudnn.TensorDescriptor((1, 1, 1, 1), np.float32)
+    assert cudnn.live_descriptors()["tensor"] >= 0
+
+
+def test_library_candidates(monkeypatch, tmp_path):
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    monkeypatch.setenv(cudnn.ENV_PATH, str(folder))
+    assert cudnn.candidates() == [str(folder / "libcudnn.so.9")]
+    monkeypatch.setenv(cudnn.ENV_PATH, str(folder / "libcudnn.so.9.19.0"))
+    assert cudnn.candidates() == [str(folder / "libcudnn.so.9.19.0")]
+    # The wheel's layout: site-packages/nvidia/cudnn/lib/libcudnn.so.9 in the 'nvidia' namespace package.
+    monkeypatch.delenv(cudnn.ENV_PATH)
+    wheel = tmp_path / "site" / "nvidia" / "cudnn" / "lib"
+    wheel.mkdir(parents=True)
+    (wheel / "libcudnn.so.9").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    found = cudnn.candidates()
+    assert os.path.join(str(wheel), "libcudnn.so.9") in found
+    assert found[-1] == "libcudnn.so.9"
