@@ -1,22 +1,54 @@
 // Standalone activation passes (activation.gpu_forward / gpu_backward): one
 // grid-stride elementwise kernel per direction, the activation a template
-// parameter so that each instantiation is branch-free.
+// parameter so that each instantiation is branch-free. Where every pointer is
+// 16-byte aligned (`aligned`), each thread moves 16-byte packs, then the
+// remainder goes one element at a time.
+//
+// No __restrict__: output may be pre (in place) and pre_grad may be pre or
+// output_grad; every element is read before it is written, by the same thread.
 #include "activation.cuh"
 
+namespace activation_kernels {
+template <typename T>
+struct alignas(16) Pack {
+    T v[16 / sizeof(T)];
+};
+}  // namespace activation_kernels
+
 template <typename T, int CODE>
-__global__ void activation_forward_kernel(const T* pre, T* output, long long count) {
-    // output may be pre itself (in place): each element is read before it is written, by one thread.
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
-         i += (long long)gridDim.x * blockDim.x) {
+__global__ void activation_forward_kernel(const T* pre, T* output, long long count, int aligned) {
+    using activation_kernels::Pack;
+    constexpr int width = 16 / sizeof(T);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long packs = aligned ? count / width : 0;
+    for (long long i = first; i < packs; i += stride) {
+        Pack<T> pack = reinterpret_cast<const Pack<T>*>(pre)[i];
+#pragma unroll
+        for (int k = 0; k < width; ++k) pack.v[k] = kernels_activation::activation_forward<T>(CODE, pack.v[k]);
+        reinterpret_cast<Pack<T>*>(output)[i] = pack;
+    }
+    for (long long i = packs * width + first; i < count; i += stride) {
         output[i] = kernels_activation::activation_forward<T>(CODE, pre[i]);
     }
 }
 
 template <typename T, int CODE>
-__global__ void activation_backward_kernel(const T* pre, const T* output_grad, T* pre_grad, long long count) {
-    // pre_grad may alias pre or output_grad (no __restrict__): same element, same thread.
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
-         i += (long long)gridDim.x * blockDim.x) {
+__global__ void activation_backward_kernel(const T* pre, const T* output_grad, T* pre_grad, long long count,
+                                           int aligned) {
+    using activation_kernels::Pack;
+    constexpr int width = 16 / sizeof(T);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long packs = aligned ? count / width : 0;
+    for (long long i = first; i < packs; i += stride) {
+        Pack<T> x = reinterpret_cast<const Pack<T>*>(pre)[i];
+        Pack<T> dy = reinterpret_cast<const Pack<T>*>(output_grad)[i];
+#pragma unroll
+        for (int k = 0; k < width; ++k) dy.v[k] = kernels_activation::activation_backward<T>(CODE, x.v[k], dy.v[k]);
+        reinterpret_cast<Pack<T>*>(pre_grad)[i] = dy;
+    }
+    for (long long i = packs * width + first; i < count; i += stride) {
         pre_grad[i] = kernels_activation::activation_backward<T>(CODE, pre[i], output_grad[i]);
     }
 }

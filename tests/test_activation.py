@@ -98,3 +98,31 @@ def test_codes_match_activation_cuh():
         defines = dict(re.findall(r"#define KERNELS_ACTIVATION_(\w+) (-?\d+)", source.read()))
     assert int(defines.pop("NONE")) == activation.code(None) == -1
     assert {name: int(value) for name, value in defines.items()} == {a.name: int(activation.code(a)) for a in Activation}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "offset_view"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", list(Activation))
+def test_gpu_packs_and_remainder_match_cpu(kind, dtype, offset):
+    """4099 elements: 16-byte packs and a remainder, or (offset view) the one-element path; in place too."""
+    require("gpu")
+    cpu, gpu = Dev("cpu"), Dev("gpu")
+    count = 4099
+    host = ((np.arange(count + 1) * 37 % 129 - 64) / 16.0).astype(dtype)
+    host_grad = host[::-1].copy()
+    expected_output, expected_grad = np.empty(count, dtype), np.empty(count, dtype)
+    activation.cpu_forward(kind, host[offset:offset + count], expected_output)
+    activation.cpu_backward(kind, host[offset:offset + count], host_grad[offset:offset + count], expected_grad)
+    pre = gpu.xp.asarray(host)[offset:offset + count]
+    output_grad = gpu.xp.asarray(host_grad)[offset:offset + count]
+    output, pre_grad = gpu.xp.full(count, np.nan, dtype), gpu.xp.full(count, np.nan, dtype)
+    activation.gpu_forward(gpu.stream, kind, pre, output)
+    activation.gpu_backward(gpu.stream, kind, pre, output_grad, pre_grad)
+    activation.gpu_backward(gpu.stream, kind, pre, output_grad, output_grad)  # in place, after the one above
+    gpu.stream.synchronize()
+    assert compare(gpu.host(output), expected_output, ulp(8)) is None
+    assert compare(gpu.host(pre_grad), expected_grad, ulp(8)) is None
+    assert np.array_equal(gpu.host(output_grad), gpu.host(pre_grad), equal_nan=True)
+    cpu.handle.close()
+    gpu.handle.close()
