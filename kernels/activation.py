@@ -114,13 +114,16 @@ def blockwise(function: Any, *arrays: np.ndarray) -> None:
     may alias another), or once on the whole arrays where one is not contiguous. A loop over
     cache-sized blocks, never over elements."""
     count = arrays[0].size
-    if count <= BLOCK_ELEMENTS or not all(a.flags.c_contiguous for a in arrays):
-        function(*arrays)
-        return
-    flat = [a.reshape(-1) for a in arrays]  # views of contiguous arrays
-    for start in range(0, count, BLOCK_ELEMENTS):
-        block = slice(start, start + BLOCK_ELEMENTS)
-        function(*(a[block] for a in flat))
+    # The IEEE results are the contract (exp overflowing to inf, 1/0 = inf, sqrt(-1) = NaN, as torch):
+    # NumPy's warnings about them are noise here.
+    with np.errstate(all="ignore"):
+        if count <= BLOCK_ELEMENTS or not all(a.flags.c_contiguous for a in arrays):
+            function(*arrays)
+            return
+        flat = [a.reshape(-1) for a in arrays]  # views of contiguous arrays
+        for start in range(0, count, BLOCK_ELEMENTS):
+            block = slice(start, start + BLOCK_ELEMENTS)
+            function(*(a[block] for a in flat))
 
 
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
