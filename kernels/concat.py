@@ -34,50 +34,34 @@ class ConcatAttrs:
 
 @dataclass(frozen=True)
 class PieceLayout:
-    """A whole tensor and its pieces along `axis` (non-negative), each piece `sizes[i]` long there.
+    """A whole tensor and its pieces along `axis` (non-negative), each piece `sizes[i]` long there
+    and starting at `offsets[i]`.
 
     Every tensor is viewed as `outer` rows: a piece's row is `piece_bytes[i]` long and
     starts `offset_bytes[i]` into the whole's row of `row_bytes`. `unit` is the widest
-    copy unit that divides every row length and offset.
+    copy unit that divides every row length and offset. Computed once, in init_kernel.
     """
 
     axis: int
     sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
     outer: int
-    inner: int
-    itemsize: int
-
-    @property
-    def offsets(self) -> tuple[int, ...]:
-        """Where each piece starts along the axis."""
-        return tuple(int(v) for v in np.cumsum((0,) + self.sizes[:-1]))
-
-    @property
-    def piece_bytes(self) -> tuple[int, ...]:
-        return tuple(size * self.inner * self.itemsize for size in self.sizes)
-
-    @property
-    def offset_bytes(self) -> tuple[int, ...]:
-        return tuple(offset * self.inner * self.itemsize for offset in self.offsets)
-
-    @property
-    def row_bytes(self) -> int:
-        return sum(self.sizes) * self.inner * self.itemsize
-
-    @property
-    def unit(self) -> int:
-        return gpu.widest_unit(self.row_bytes, *self.piece_bytes)
-
-    def piece_dims(self, whole_dims: Sequence[int], index: int) -> tuple[int, ...]:
-        dims = list(whole_dims)
-        dims[self.axis] = self.sizes[index]
-        return tuple(dims)
+    piece_bytes: tuple[int, ...]
+    offset_bytes: tuple[int, ...]
+    row_bytes: int
+    unit: int
 
 
 def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLayout:
     """The layout of `whole` cut along `axis` (already normalized) into pieces of `sizes`."""
-    return PieceLayout(axis=axis, sizes=tuple(int(s) for s in sizes), outer=core.numel(whole.dims[:axis]),
-                       inner=core.numel(whole.dims[axis + 1:]), itemsize=whole.dtype.itemsize)
+    sizes = tuple(int(s) for s in sizes)
+    offsets = tuple(int(sum(sizes[:i])) for i in range(len(sizes)))
+    slice_bytes = core.numel(whole.dims[axis + 1:]) * whole.dtype.itemsize  # bytes of one step along the axis
+    piece_bytes = tuple(size * slice_bytes for size in sizes)
+    row_bytes = sum(sizes) * slice_bytes
+    return PieceLayout(axis=axis, sizes=sizes, offsets=offsets, outer=core.numel(whole.dims[:axis]),
+                       piece_bytes=piece_bytes, offset_bytes=tuple(offset * slice_bytes for offset in offsets),
+                       row_bytes=row_bytes, unit=gpu.widest_unit(row_bytes, *piece_bytes))
 
 
 def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:

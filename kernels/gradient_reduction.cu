@@ -11,11 +11,14 @@ struct alignas(sizeof(T) * V) Pack {
     T v[V];
 };
 
+// __grid_constant__: the pointer table is read in parameter space even where a
+// loop indexes it, never copied to local memory.
+//
 // Integer sums run in the unsigned type of the same width: two's complement
 // addition gives the same bits for signed inputs and wraps like NumPy, with no
 // signed-overflow undefined behaviour.
 template <typename T, typename I, int V>
-__global__ void gradient_reduction_sum(T* output, I count, int input_count, Ints inputs) {
+__global__ void gradient_reduction_sum(T* output, I count, int input_count, const __grid_constant__ Ints inputs) {
     using P = Pack<T, V>;
     const I packs = count / V;
     const I stride = (I)gridDim.x * blockDim.x;
@@ -46,7 +49,8 @@ __global__ void gradient_reduction_sum(T* output, I count, int input_count, Ints
 // Backward: every gradient is a copy of output_grad; read it once, write it to up
 // to KERNELS_MAX_RANK destinations. T is a copy unit (1 to 16 bytes).
 template <typename T, typename I>
-__global__ void gradient_reduction_fanout(const T* __restrict__ source, I count, int output_count, Ints outputs) {
+__global__ void gradient_reduction_fanout(const T* __restrict__ source, I count, int output_count,
+                                          const __grid_constant__ Ints outputs) {
     const I stride = (I)gridDim.x * blockDim.x;
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count; index += stride) {
         const T value = source[index];
