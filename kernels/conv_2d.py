@@ -312,11 +312,20 @@ def _gpu_init(handle: Any, state: Conv2DState) -> None:
                     state.algorithms[direction] = cudnn.find_algorithm(direction, cudnn_handle, descriptors, conv,
                                                                        dtype, WORKSPACE_LIMIT)
                 state.workspace_size = max(a.workspace for a in state.algorithms.values())
-            if attrs.activation is not None:
-                state.buffers["pre"] = cupy.empty(output.dims, dtype=dtype)
     except BaseException:
         state.release()
         raise
+
+
+def _buffer(stream, state: Conv2DState, name: str, like: Any) -> Any:
+    """A buffer the state keeps until cleanup (pre-activation, its gradient), made on first use on
+    the stream that uses it: CuPy's pool then reuses it after cleanup only in that stream's order."""
+    import cupy
+
+    if name not in state.buffers:
+        with stream:
+            state.buffers[name] = cupy.empty(like.shape, dtype=like.dtype)
+    return state.buffers[name]
 
 
 def _zero(stream, array) -> None:
@@ -336,7 +345,9 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
     from . import cudnn
 
     _check_forward(stream, handle, state, attrs, input, filter, bias, output)
-    target = state.buffers["pre"] if attrs.activation is not None else output
+    target = output
+    if attrs.activation is not None:
+        target = _buffer(stream, state, "pre", output)
     if output.size:
         dtype = output.dtype
         # Not nested around gpu.launch (which enters the stream itself): activation runs after the block.
@@ -362,8 +373,6 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
                         bias_grad) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
-    import cupy
-
     from . import cudnn
 
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
@@ -371,10 +380,7 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     dtype = output_grad.dtype
     grad = output_grad
     if attrs.activation is not None:
-        if "pre_grad" not in state.buffers:
-            with stream:  # allocated in the stream's order, kept until cleanup
-                state.buffers["pre_grad"] = cupy.empty(output_grad.shape, dtype=dtype)
-        grad = state.buffers["pre_grad"]
+        grad = _buffer(stream, state, "pre_grad", output_grad)
         activation.gpu_backward(stream, attrs.activation, state.saved["pre"], output_grad, grad)
     if bias_grad is not None and bias_grad.size:
         n, o, out_h, out_w = grad.shape
