@@ -262,3 +262,35 @@ def test_library_candidates(monkeypatch, tmp_path):
     found = cudnn.candidates()
     assert os.path.join(str(wheel), "libcudnn.so.9") in found
     assert found[-1] == "libcudnn.so.9"
+
+
+def _cudnn_or_skip():
+    try:
+        cudnn.library()
+    except CudaError as error:
+        pytest.skip(f"cuDNN is not loadable here: {error}")
+
+
+def test_cudnn_descriptors_agree_with_the_formula():
+    """cuDNN's own output dims (host-only calls: no GPU needed, only the library) equal ours for every
+    case shape and random config: the descriptors get pad, stride, dilation, groups and filter right."""
+    _cudnn_or_skip()
+    from conformance.cases import conv_2d as cases
+
+    shapes = [(case.inputs["input"].shape, case.attrs) for case in cases.TABLE if case.inputs["input"].size]
+    before = cudnn.live_descriptors()
+    for dims, attrs in shapes + _random_configs(count=40, seed=4):
+        for dtype in (np.float32, np.float64):
+            x = cudnn.TensorDescriptor(dims, dtype)
+            w = cudnn.FilterDescriptor(conv_2d.filter_dims(attrs, dims[1]), dtype)
+            conv = cudnn.ConvolutionDescriptor((attrs.padding_h, attrs.padding_w), (attrs.stride_h, attrs.stride_w),
+                                               (attrs.dilation_h, attrs.dilation_w), attrs.groups, dtype)
+            try:
+                assert cudnn.convolution_output_dims(conv, x, w) == conv_2d.output_dims(attrs, dims), (dims, attrs)
+            finally:
+                for descriptor in (x, w, conv):
+                    descriptor.destroy()
+    assert cudnn.live_descriptors() == before
+    with pytest.raises(CudaError, match=r"CUDNN_STATUS_BAD_PARAM"):
+        cudnn.TensorDescriptor((1, 0, 2, 2), np.float32)
+    assert cudnn.live_descriptors() == before
