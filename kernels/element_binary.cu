@@ -1,6 +1,6 @@
 // element_binary: output = lhs (op) rhs with broadcasting, and its gradients.
 // The host collapses dims first (element_binary.collapse); an index space is given
-// as rank, sizes (outermost first), 32-bit division constants, and the output, lhs
+// as rank, sizes (innermost first), 32-bit division constants, and the output, lhs
 // and rhs strides of each dim (0 where that side is broadcast).
 //
 // Gradients are reduced over broadcast dims without atomics: every sum is taken by
@@ -75,9 +75,10 @@ __device__ __forceinline__ long long divide<long long>(long long n, long long si
     return n / size;
 }
 
-// The output, lhs and rhs offsets of element `index` of an index space. The loop is
-// unrolled over the largest rank with uniform guards, so that every dim's constants are
-// read straight from the kernel parameters (a runtime index would copy them to local memory).
+// The output, lhs and rhs offsets of element `index` of an index space whose dims come
+// innermost first. The loop is unrolled with an exit at the rank, so every dim's
+// constants are read straight from the kernel parameters (a runtime index would copy
+// them to local memory) and a space of rank r costs r divisions and one failed test.
 template <typename I>
 __device__ __forceinline__ void offsets(I index, int rank, const Ints& sizes, const Ints& divs,
                                         const Ints& out_strides, const Ints& lhs_strides,
@@ -87,20 +88,14 @@ __device__ __forceinline__ void offsets(I index, int rank, const Ints& sizes, co
     rhs = 0;
     I rest = index;
 #pragma unroll
-    for (int d = KERNELS_MAX_RANK - 1; d > 0; --d) {
-        if (d < rank) {
-            const I quotient = divide<I>(rest, sizes.v[d], divs.v[d]);
-            const I coordinate = rest - quotient * (I)sizes.v[d];
-            rest = quotient;
-            out += coordinate * (I)out_strides.v[d];
-            lhs += coordinate * (I)lhs_strides.v[d];
-            rhs += coordinate * (I)rhs_strides.v[d];
-        }
-    }
-    if (rank > 0) {  // the outermost coordinate is what is left: no division
-        out += rest * (I)out_strides.v[0];
-        lhs += rest * (I)lhs_strides.v[0];
-        rhs += rest * (I)rhs_strides.v[0];
+    for (int d = 0; d < KERNELS_MAX_RANK; ++d) {
+        if (d >= rank) break;
+        const I quotient = divide<I>(rest, sizes.v[d], divs.v[d]);
+        const I coordinate = rest - quotient * (I)sizes.v[d];
+        rest = quotient;
+        out += coordinate * (I)out_strides.v[d];
+        lhs += coordinate * (I)lhs_strides.v[d];
+        rhs += coordinate * (I)rhs_strides.v[d];
     }
 }
 

@@ -241,9 +241,10 @@ class Space:
 
     @functools.cached_property
     def args(self) -> tuple:
-        """(rank, sizes, dividers, out, lhs, rhs strides) as kernel arguments, packed once."""
-        return (np.int32(len(self.sizes)), gpu.ints_arg(self.sizes), gpu.ints_arg([divider(s) for s in self.sizes]),
-                gpu.ints_arg(self.out_strides), gpu.ints_arg(self.lhs_strides), gpu.ints_arg(self.rhs_strides))
+        """(rank, sizes, dividers, out, lhs, rhs strides) as kernel arguments, innermost dim first, packed once."""
+        return (np.int32(len(self.sizes)), gpu.ints_arg(self.sizes[::-1]),
+                gpu.ints_arg([divider(s) for s in self.sizes[::-1]]), gpu.ints_arg(self.out_strides[::-1]),
+                gpu.ints_arg(self.lhs_strides[::-1]), gpu.ints_arg(self.rhs_strides[::-1]))
 
 
 @dataclass(frozen=True)

@@ -30,21 +30,17 @@ def _divide(n: np.ndarray, size: int) -> np.ndarray:
 
 
 def _offsets(space: Space, index: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """offsets() of element_binary.cu, for many indices at once."""
+    """offsets() of element_binary.cu for many indices at once: every dim divided, innermost first."""
     out, lhs, rhs = (np.zeros_like(index) for _ in range(3))
     rest = index.copy()
-    rank = len(space.sizes)
-    for d in range(rank - 1, 0, -1):
+    for d in reversed(range(len(space.sizes))):
         quotient = _divide(rest, space.sizes[d])
         coordinate = rest - quotient * space.sizes[d]
         rest = quotient
         out += coordinate * space.out_strides[d]
         lhs += coordinate * space.lhs_strides[d]
         rhs += coordinate * space.rhs_strides[d]
-    if rank > 0:
-        out += rest * space.out_strides[0]
-        lhs += rest * space.lhs_strides[0]
-        rhs += rest * space.rhs_strides[0]
+    assert not np.any(rest), "an index beyond the space"
     return out, lhs, rhs
 
 
