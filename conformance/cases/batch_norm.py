@@ -58,10 +58,21 @@ def _steps_inputs(dims, offset=0):
     }
 
 
+def _exact_channels(dims, means, deviation_sets, stride):
+    """An input (N, C, H, W) with N*H*W = 16 whose channel c holds means[c] plus the 16 values of
+    deviation_sets[c] (variance 1 or 13: with eps 3, var + eps is 4 or 16, so invstd is 1/2 or 1/4),
+    shuffled by a stride coprime with 16."""
+    sets = {1: [1, -1] * 8, 13: [1, -1, 5, -5] * 4}
+    order = (np.arange(16) * stride) % 16
+    channels = [means[c] + np.array(sets[deviation_sets[c]], np.float64)[order] for c in range(dims[1])]
+    n, h, w = dims[0], dims[2], dims[3]
+    return np.stack([v.reshape(n, h, w) for v in channels], axis=1)
+
+
 def _add(name, dims, *, mode=SPATIAL, affine=True, eps=1e-5, momentum=0.1, activation=None, steps=(True, True),
-         dtype=np.float32, tolerance=None, description=""):
+         dtype=np.float32, tolerance=None, description="", inputs=None):
     attrs = BatchNormAttrs(affine=affine, eps=eps, momentum=momentum, mode=mode, activation=activation)
-    inputs = _steps_inputs(dims)
+    inputs = _steps_inputs(dims) if inputs is None else inputs
     if affine:
         stat_dims = (dims[1],) if mode is SPATIAL else tuple(dims[1:])
         inputs["gamma"] = pattern(stat_dims, modulus=9, scale=0.5, offset=5)  # includes 0 and negatives
@@ -84,6 +95,13 @@ _add("yolov10_silu_2x4x2x4", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="
 _add("yolov10_silu_1x4x4x8", (1, 4, 4, 8), eps=1e-3, momentum=0.03, activation="SILU",
      description="YOLOv10 at batch 1 (statistics over H x W only)")
 _add("yolov10_silu_f64", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU", dtype=np.float64)
+_add("exact_eps3_momentum_half", (2, 2, 2, 4), eps=3.0, momentum=0.5,
+     inputs=dict(_steps_inputs((2, 2, 2, 4)),
+                 input=_exact_channels((2, 2, 2, 4), (0.5, -1.0), (1, 13), 5),
+                 input_step2=_exact_channels((2, 2, 2, 4), (2.0, 0.25), (13, 1), 3)),
+     tolerance={"*": EXACT, "running_var": ulp(1)},
+     description="var + eps a power of 4: every result exact, and the same bits on every device "
+                 "(but the unbiased running variance, divided by 15)")
 _add("eps_half_momentum_quarter", (2, 3, 2, 4), eps=0.5, momentum=0.25, description="non-default eps and momentum")
 _add("eps_1e-1_momentum_0_9_per_activation", (4, 3, 2, 2), mode=PER_ACTIVATION, eps=0.1, momentum=0.9)
 _add("momentum_none_cumulative", (2, 3, 2, 4), momentum=None,
