@@ -301,11 +301,14 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 
 # --------------------------------------------------------------------------- GPU
 #
-# Custom kernels rather than cuDNN: cuDNN's batch norm refuses eps < 1e-5, keeps
-# its own variance conventions, and its reductions are neither bitwise
-# reproducible across algorithms nor in float64 for float32 data. These kernels
-# reduce in float64 in a fixed order with no atomics (deterministic), with the
-# same operations as the CPU code above.
+# Custom kernels rather than cuDNN: cuDNN's batch norm leaves the precision and
+# order of its reductions to the library (no promise of the same bits as the
+# CPU), fuses no SiLU or GELU (its Ex variant knows ReLU), and older releases
+# refused eps < 1e-5 (CUDNN_BN_MIN_EPSILON; 0 since cuDNN 8). These kernels reduce in float64 in a fixed order with no
+# atomics (deterministic: the same bits on every run), follow torch's
+# conventions exactly (unbiased running variance, cumulative momentum) and do
+# the same float64 operations as the CPU code above, so that the CPU and the GPU
+# agree to the bit wherever the sums are exact.
 #
 # SPATIAL training: a partial-sum kernel over (part, channel) blocks, then the
 # same kernel again for the sum of squared deviations (each block recomputes
