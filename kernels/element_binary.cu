@@ -265,12 +265,29 @@ __global__ void binary_grad_warps(GRAD_PARAMS) {
     })
 }
 
-// The second pass of a split reduction: gradient[j] = partial sums of chunks 0, 1, ... in order.
+// The second pass of a split reduction, for few chunks: a thread per gradient element
+// adds the partial sums of chunks 0, 1, ... in order.
 template <typename T, typename I>
 __global__ void binary_sum_partials(const T* __restrict__ partials, T* __restrict__ gradient, I count, I chunks) {
     for (I j = (I)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += (I)gridDim.x * blockDim.x) {
         T sum = partials[j];
         for (I s = 1; s < chunks; ++s) sum += partials[s * count + j];
         gradient[j] = sum;
+    }
+}
+
+// The second pass for many chunks: a warp per gradient element, lane i adding chunks
+// i, i + 32, ... in order, then the fixed shuffle tree.
+template <typename T, typename I>
+__global__ void binary_sum_partials_warps(const T* __restrict__ partials, T* __restrict__ gradient, I count,
+                                          I chunks) {
+    const int lane = threadIdx.x & 31;
+    const I warps = ((I)gridDim.x * blockDim.x) >> 5;
+    for (I j = ((I)blockIdx.x * blockDim.x + threadIdx.x) >> 5; j < count; j += warps) {
+        T sum = 0;
+        for (I s = lane; s < chunks; s += 32) sum += partials[s * count + j];
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
+        if (lane == 0) gradient[j] = sum;
     }
 }

@@ -172,7 +172,8 @@ TARGET_THREADS = 262144   # about 132 SMs x 2048 resident threads
 TARGET_WARPS = TARGET_THREADS // 32
 MIN_PER_THREAD = 32       # reduced positions one thread sums at least, per chunk ('rows')
 MIN_PER_WARP = 32 * 16    # reduced positions one warp sums at least, per chunk ('warps')
-MAX_CHUNKS = 4096
+MAX_CHUNKS = 1024
+WARP_SUM_CHUNKS = 8       # more chunks than this: the second pass takes a warp per gradient element
 
 
 def _c_strides(dims: list[int]) -> list[int]:
@@ -251,7 +252,8 @@ class Space:
 class GradPlan:
     """How one side's gradient is computed: `kind` 'rows' (a thread per gradient element,
     looping over its broadcast positions) or 'warps' (a warp per gradient element, when the
-    innermost dim is reduced); `chunks` > 1 splits the positions, summed by a second pass."""
+    innermost dim is reduced); `chunks` > 1 splits the positions, and a second pass sums the
+    chunks' partial sums (a thread per element, or a warp for more than WARP_SUM_CHUNKS)."""
 
     kind: str
     kept: Space
@@ -313,7 +315,7 @@ def gpu_plan(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...], out_dims: tup
 
 
 _KERNELS = ("binary_same", "binary_broadcast", "binary_backward_same", "binary_grad_rows", "binary_grad_warps",
-            "binary_sum_partials")
+            "binary_sum_partials", "binary_sum_partials_warps")
 # One module per index type: tensors of 2**31 elements or more are rare, and their 64-bit
 # instantiations (64-bit division throughout) are compiled only when one turns up.
 _CUDA = {index: gpu.CudaModule("element_binary.cu", [f"{kernel}<{t}, {index}>" for kernel in _KERNELS
@@ -409,7 +411,11 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, 
         else:
             grid = (gpu.grid_for(kept_count), grad_plan_.chunks)
             gpu.launch(stream, _function("binary_grad_rows", dtype, plan.index), grid, gpu.BLOCK, args)
-        if grad_plan_.chunks > 1:
+        if grad_plan_.chunks > WARP_SUM_CHUNKS:
+            grid = max(1, min(-(-kept_count // (gpu.BLOCK // 32)), 65535))
+            gpu.launch(stream, _function("binary_sum_partials_warps", dtype, plan.index), grid, gpu.BLOCK,
+                       (destination, grad, scalar(kept_count), scalar(grad_plan_.chunks)))
+        elif grad_plan_.chunks > 1:
             gpu.launch(stream, _function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count), gpu.BLOCK,
                        (destination, grad, scalar(kept_count), scalar(grad_plan_.chunks)))
 

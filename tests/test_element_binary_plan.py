@@ -65,6 +65,14 @@ def _grad_values(op, side, l, r, g):
         return element_binary._cpu_grad(op, side, l, r, g)
 
 
+def _shuffle_tree(lanes):
+    """The __shfl_down_sync tree: lane i adds lane i + offset for offsets 16, 8, 4, 2, 1; lane 0's sum."""
+    lanes = lanes.copy()
+    for offset in (16, 8, 4, 2, 1):
+        lanes[:, :offset] = lanes[:, :offset] + lanes[:, offset:2 * offset]
+    return lanes[:, 0]
+
+
 def emulate_backward(op, lhs, rhs, output_grad):
     """(lhs_grad, rhs_grad) in the order the GPU kernels sum them."""
     out_dims = output_grad.shape
@@ -95,13 +103,17 @@ def emulate_backward(op, lhs, rhs, output_grad):
                 lanes = np.zeros((kept_count, 32), dtype=g.dtype)
                 for k in range(chunk.shape[1]):
                     lanes[:, k % 32] = lanes[:, k % 32] + chunk[:, k]
-                for offset in (16, 8, 4, 2, 1):  # __shfl_down_sync tree: lane i adds lane i + offset
-                    lanes[:, :offset] = lanes[:, :offset] + lanes[:, offset:2 * offset]
-                total = lanes[:, 0]
+                total = _shuffle_tree(lanes)
             partials.append(total)
-        total = partials[0]
-        for partial in partials[1:]:
-            total = total + partial
+        if grad.chunks > element_binary.WARP_SUM_CHUNKS:  # binary_sum_partials_warps
+            lanes = np.zeros((kept_count, 32), dtype=g.dtype)
+            for s, partial in enumerate(partials):
+                lanes[:, s % 32] = lanes[:, s % 32] + partial
+            total = _shuffle_tree(lanes)
+        else:  # binary_sum_partials
+            total = partials[0]
+            for partial in partials[1:]:
+                total = total + partial
         results.append(total.reshape(operand.shape))
     return tuple(results)
 
@@ -163,7 +175,8 @@ def test_plans_reach_every_reduction_path():
         kinds.add("same" if plan.same else "broadcast")
         if not plan.same:
             kinds.update(f"{g.kind}{'_split' if g.chunks > 1 else ''}" for g in plan.grads)
-    assert kinds >= {"same", "broadcast", "rows", "rows_split", "warps", "warps_split"}, kinds
+            kinds.update("warp_sum" for g in plan.grads if g.chunks > element_binary.WARP_SUM_CHUNKS)
+    assert kinds >= {"same", "broadcast", "rows", "rows_split", "warps", "warps_split", "warp_sum"}, kinds
 
 
 def test_bench_shapes_plan():
