@@ -22,12 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
 
     store = GoldenStore(arguments.goldens)
-    stale = store.staleness()
-    if stale:
-        print(f"error: {stale}", file=sys.stderr)
-        return 2
     devices = arguments.device or list(DEVICES)
     cases = [c for c in all_cases() if not arguments.op or c.op in arguments.op]
+    for op in sorted({c.op for c in cases}):
+        stale = store.staleness(op)
+        if stale:
+            print(f"error: {stale}", file=sys.stderr)
+            return 2
     if arguments.pattern:
         p = arguments.pattern
         cases = [c for c in cases if p in c.key or fnmatch.fnmatch(c.key, p)]

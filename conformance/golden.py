@@ -72,7 +72,7 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) ->
 
     torch.use_deterministic_algorithms(True)
     chosen = sorted(ops) if ops is not None else sorted(CASE_MODULES)
-    temporary = path + ".tmp"
+    temporary = f"{path}.{os.getpid()}.tmp"  # concurrent generators never share a file
     count = 0
     with h5py.File(temporary, "w", track_order=True, libver="earliest") as store:
         store.attrs["schema_version"] = SCHEMA_VERSION
@@ -81,6 +81,7 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) ->
         for op in chosen:
             module = CASE_MODULES[op]
             op_group = store.create_group(op, track_order=True)
+            op_group.attrs["cases_digest"] = cases_digest({op: module})
             for case in module.TABLE:
                 group = op_group.create_group(case.name, track_order=True)
                 group.attrs["attrs"] = case.attrs_json()
@@ -110,11 +111,13 @@ class GoldenStore:
         self.path = path
         self.goldens: dict[str, Golden] = {}
         self.attrs: dict[str, Any] = {}
+        self.op_digests: dict[str, str] = {}
         if not os.path.exists(path):
             return
         with h5py.File(path, "r") as store:
             self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in store.attrs.items()}
             for op in store:
+                self.op_digests[op] = store[op].attrs.get("cases_digest")
                 for name in store[op]:
                     group = store[op][name]
                     self.goldens[f"{op}/{name}"] = Golden(
@@ -122,16 +125,19 @@ class GoldenStore:
                         expected={k: group["expected"][k][()] for k in group["expected"]},
                     )
 
-    def staleness(self) -> str | None:
-        """Why the file does not match the declarations (None when it does)."""
+    def staleness(self, op: str | None = None) -> str | None:
+        """Why the file does not match the declarations, of every op or of one (None when it does)."""
         hint = "regenerate it with `python generate_goldens.py`"
         if not self.attrs:
             return f"{self.path} is missing or empty: {hint}"
         if self.attrs.get("schema_version") != SCHEMA_VERSION:
             return f"{self.path} has schema {self.attrs.get('schema_version')}, expected {SCHEMA_VERSION}: {hint}"
-        if self.attrs.get("cases_digest") != cases_digest():
+        if op is not None:
+            if self.op_digests.get(op) != cases_digest({op: CASE_MODULES[op]}):
+                return f"{self.path} is older than the case declarations of {op} (its cases_digest differs): {hint}"
+        elif self.attrs.get("cases_digest") != cases_digest():
             return f"{self.path} is older than the case declarations (cases_digest differs): {hint}"
-        missing = [c.key for c in all_cases() if c.key not in self.goldens]
+        missing = [c.key for c in all_cases() if c.key not in self.goldens and op in (None, c.op)]
         if missing:
             return f"{self.path} lacks {len(missing)} declared cases ({', '.join(missing[:5])}): {hint}"
         return None

@@ -10,18 +10,13 @@ from .conftest import DEVICE_PARAMS
 CASES = all_cases()
 
 
-@pytest.fixture(scope="module")
-def fresh_store(store):
-    stale = store.staleness()
-    if stale:
-        pytest.fail(stale)
-    return store
-
-
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
 @pytest.mark.parametrize("case", CASES, ids=[c.key for c in CASES])
-def test_case(case, device, fresh_store):
-    result = run_case(case, fresh_store.get(case), device)
+def test_case(case, device, store):
+    stale = store.staleness(case.op)  # the whole file's freshness is tests/test_goldens.py's
+    if stale:
+        pytest.fail(stale)
+    result = run_case(case, store.get(case), device)
     if result.status == "skipped":
         pytest.skip(result.message)
     assert result.status == "passed", result.message
