@@ -10,9 +10,11 @@
 // (N, F, 1), one thread per statistic reducing over N.
 //
 // A fused activation (activation.cuh; code KERNELS_ACTIVATION_NONE for none) is
-// applied by the forward apply, which also keeps the pre-activation (rounded to
-// T) for backward; backward kernels take g = f'(pre) * output_grad, in T, as
-// activation.gpu_backward would write it, wherever they read the gradient.
+// applied by the forward apply, which keeps the pre-activation (rounded to T)
+// for backward and evaluates f on it in double, rounding once; backward kernels
+// take g = f'(pre) * output_grad in double wherever they read the gradient. In
+// double, CUDA's exp/erf/tanh are within an ulp or two, so float32 results do
+// not depend on which device's math library evaluated them.
 #include "common.cuh"
 #include "activation.cuh"
 
@@ -157,7 +159,7 @@ __global__ void bn_forward_apply(const T* __restrict__ input, const double* __re
             } else {
                 const T pre_value = (T)value;
                 pre[offset + col] = pre_value;
-                output[offset + col] = kernels_activation::activation_forward<T>(activation, pre_value);
+                output[offset + col] = (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
             }
         }
     }
@@ -165,11 +167,12 @@ __global__ void bn_forward_apply(const T* __restrict__ input, const double* __re
 
 // ----------------------------------------------------------------------------- backward
 
-// The gradient at the normalization's output: output_grad through the activation (pre not null) or as is.
+// The gradient at the normalization's output: output_grad through the activation (pre not null,
+// f' in double at the kept pre-activation, not rounded to T) or as is.
 template <typename T, typename I>
 __device__ __forceinline__ double upstream_grad(const T* output_grad, const T* pre, int activation, I index) {
-    const T g = output_grad[index];
-    return (double)(pre ? kernels_activation::activation_backward<T>(activation, pre[index], g) : g);
+    const double g = (double)output_grad[index];
+    return pre ? kernels_activation::activation_backward<double>(activation, (double)pre[index], g) : g;
 }
 
 // Writes gamma_grad = dot * invstd and beta_grad = sum_g (each when not null), and

@@ -251,7 +251,10 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output,
     if pre is None:
         pre = state.saved["pre"] = np.empty(input.shape, input.dtype)
     _cpu_view(pre, layout)[...] = normalized
-    activations.cpu_forward(attrs.activation, pre, output)
+    # f in float64 at the kept (rounded) pre-activation, rounded once: as the GPU does.
+    wide = pre.astype(np.float64)
+    activations.cpu_forward(attrs.activation, wide, wide)
+    output[...] = wide
 
 
 def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
@@ -267,10 +270,9 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
                 grad[...] = 0
         return
     if attrs.activation is not None:
-        pre_grad = state.saved.get("pre_grad")
-        if pre_grad is None:
-            pre_grad = state.saved["pre_grad"] = np.empty(input.shape, input.dtype)
-        activations.cpu_backward(attrs.activation, state.saved["pre"], output_grad, pre_grad)
+        # f' in float64 at the kept pre-activation, not rounded to the dtype: as the GPU does.
+        pre_grad = state.saved["pre"].astype(np.float64)
+        activations.cpu_backward(attrs.activation, pre_grad, output_grad.astype(np.float64), pre_grad)
         output_grad = pre_grad
     mean, invstd, training = saved["mean"], saved["invstd"], saved["training"]
     g = _cpu_view(output_grad, layout).astype(np.float64, copy=False)
