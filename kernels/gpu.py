@@ -59,6 +59,7 @@ class GpuStream:
         self.device = int(device)
         with cupy.cuda.Device(self.device):
             self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
+        self._entered: list[Any] = []
 
     @property
     def ptr(self) -> int:
@@ -68,18 +69,23 @@ class GpuStream:
         self.cupy_stream.synchronize()
 
     def __enter__(self) -> "GpuStream":
-        """Make this stream (and its device) current for CuPy calls in the block."""
-        self._device_ctx = cupy.cuda.Device(self.device)
-        self._device_ctx.__enter__()
+        """Make this stream (and its device) current for CuPy calls in the block; blocks may nest."""
+        device = cupy.cuda.Device(self.device)
+        device.__enter__()
         self.cupy_stream.__enter__()
+        self._entered.append(device)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.cupy_stream.__exit__(*exc)
-        self._device_ctx.__exit__(*exc)
+        self._entered.pop().__exit__(*exc)
 
     def __repr__(self) -> str:
         return f"GpuStream(device={self.device}, ptr={self.ptr:#x})"
+
+
+# cublasMath_t's CUBLAS_PEDANTIC_MATH (cublas_api.h); CuPy 14 does not name it.
+CUBLAS_PEDANTIC_MATH = 2
 
 
 class GpuHandle:
@@ -115,7 +121,7 @@ class GpuHandle:
         if self._cublas is None:
             with cupy.cuda.Device(self.device):
                 handle = cublas.create()
-                cublas.setMathMode(handle, cublas.CUBLAS_PEDANTIC_MATH)
+                cublas.setMathMode(handle, CUBLAS_PEDANTIC_MATH)
                 self._cublas = handle
         cublas.setStream(self._cublas, stream.ptr)
         return self._cublas
@@ -218,19 +224,33 @@ class CudaModule:
 
     def compile_ptx(self, arch: str = "compute_90") -> str:
         """Compile every instantiation to PTX with NVRTC, without a device: a check for tests and editors."""
+        return self._compile_offline("ptx", arch).decode()
+
+    def compile_cubin(self, arch: str = "sm_90") -> bytes:
+        """Compile every instantiation to machine code with NVRTC, without a device: this runs ptxas too,
+        so it also catches what PTX does not (too much shared memory, too many registers)."""
+        return self._compile_offline("cubin", arch)
+
+    def _compile_offline(self, method: str, arch: str) -> bytes:
         from cupy.cuda import compiler
 
         with open(self.path) as source_file:
             program = compiler._NVRTCProgram(source_file.read(), self.path, (), (),
-                                             name_expressions=self.name_expressions, method="ptx")
-        ptx, _ = program.compile(self.options + (f"-arch={arch}",))
-        return ptx.decode() if isinstance(ptx, bytes) else ptx
+                                             name_expressions=self.name_expressions, method=method)
+        compiled, _ = program.compile(self.options + (f"-arch={arch}",))
+        return compiled if isinstance(compiled, bytes) else compiled.encode()
 
     def function(self, name_expression: str) -> Any:
         if name_expression not in self.name_expressions:
             raise KernelError(f"{os.path.basename(self.path)}: {name_expression} is not among its name_expressions")
         module = _compiled_module(self.path, self.name_expressions, self.options, cupy.cuda.Device().id)
         return module.get_function(name_expression)
+
+
+def cupy_backends_nvrtc_error() -> type:
+    from cupy_backends.cuda.libs import nvrtc
+
+    return nvrtc.NVRTCError
 
 
 @functools.lru_cache(maxsize=None)
@@ -240,7 +260,7 @@ def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tupl
     try:
         module = cupy.RawModule(code=source, options=options, name_expressions=name_expressions)
         module.compile()
-    except cupy.cuda.compiler.CompileException as error:
+    except (cupy.cuda.compiler.CompileException, cupy_backends_nvrtc_error()) as error:
         raise CudaError("NVRTC", "NVRTC_ERROR_COMPILATION", f"{os.path.basename(path)}: {error}") from error
     return module
 

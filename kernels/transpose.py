@@ -132,7 +132,8 @@ def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtyp
     args = (scalar(size_x), scalar(size_a), scalar(in_strides[a]), scalar(out_strides[b]), scalar(batch_count),
             np.int32(len(batch)), gpu.ints_arg([out_dims[d] for d in batch]),
             gpu.ints_arg([in_strides[perm[d]] for d in batch]), gpu.ints_arg([out_strides[d] for d in batch]))
-    tiles = -(-size_x // 64) * -(-size_a // 64)  # TILE in transpose.cu
+    tile = 32 if np.dtype(dtype).itemsize > 8 else 64  # TILE in transpose.cu
+    tiles = -(-size_x // tile) * -(-size_a // tile)
     return ("tiled", f"transpose_tiled{type_args}", (tiles, min(batch_count, 65535)), (32, 8), args)  # THREADS_X, THREADS_Y
 
 

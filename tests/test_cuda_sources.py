@@ -1,5 +1,5 @@
-"""Every CUDA source compiles with NVRTC for Hopper (compute_90), every template
-instantiation included. Needs CuPy and NVRTC, not a device; skipped without them."""
+"""Every CUDA source compiles with NVRTC for Hopper (compute_90 PTX and sm_90
+machine code), every template instantiation included. Needs CuPy and NVRTC, not a device; skipped without them."""
 
 import pytest
 
@@ -25,4 +25,6 @@ def test_compiles(module):
     if reason:
         pytest.skip(reason)
     ptx = module.compile_ptx("compute_90")
-    assert ".entry" in ptx
+    assert ptx.count(".entry") >= len(module.name_expressions)
+    cubin = module.compile_cubin("sm_90")  # ptxas: shared memory and register limits of the H200
+    assert cubin[:4] == b"\x7fELF"
