@@ -181,19 +181,25 @@ GPU_SHAPES = [
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("attrs, dims", GPU_SHAPES)
 def test_gpu_matches_cpu_and_is_deterministic(attrs, dims, dtype):
-    """Two GPU runs give the same bits; the GPU is within an ulp or two of the CPU (the same float64
-    operations; only the order of the sums differs, and where a channel's count is no power of two the
-    mean is inexact, so the sums of squares round differently)."""
+    """Two GPU runs give the same bits; the GPU is close to the CPU (the same float64 operations; only
+    the order of the sums differs, and where a channel's count is no power of two the mean is inexact,
+    so the sums of squares round differently).
+
+    float32 results are within 2 ulps. float64 results are compared normwise: sums of up to 8000
+    terms that mostly cancel (gamma_grad, beta_grad and the input_grad built from them) differ by
+    summation order alone by hundreds of ulps of a small result (measured on the H200: 684 ulps,
+    1.4e-13 absolute, under 2e-14 of the tensor's largest value), so the bound is 1e-13 of it."""
     require("gpu")
-    # With SiLU, CUDA's double exp and NumPy's differ by an ulp or two: hidden by float32's rounding,
-    # not in float64, where the 8000-value sums of gamma_grad and beta_grad add them up.
-    bound = 2 if attrs.activation is None else (2 if dtype == np.float32 else 64)
     cpu = _run_all("cpu", attrs, dims, dtype)
     first, second = _run_all("gpu", attrs, dims, dtype), _run_all("gpu", attrs, dims, dtype)
     for index, (a, b, c) in enumerate(zip(cpu, first, second)):
         assert np.array_equal(b.view(np.uint8), c.view(np.uint8)), f"tensor {index}: two GPU runs differ"
-        report = compare(b, a, ulp(bound))
-        assert report is None, f"tensor {index}: {report}"
+        if dtype == np.float32:
+            report = compare(b, a, ulp(2))
+            assert report is None, f"tensor {index}: {report}"
+        else:
+            error = float(np.max(np.abs(b - a))) / max(float(np.max(np.abs(a))), np.finfo(np.float64).tiny)
+            assert error <= 1e-13, f"tensor {index}: GPU differs from CPU by {error:.3g} of the largest value"
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
