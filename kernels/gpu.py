@@ -220,6 +220,7 @@ class CudaModule:
         self.path = os.path.join(_HERE, filename)
         self.name_expressions = tuple(name_expressions)
         self.options = ("--std=c++17", f"-I{_HERE}") + tuple(options)
+        self._functions: dict[tuple[str, int], Any] = {}
         MODULES.append(self)
 
     def compile_ptx(self, arch: str = "compute_90") -> str:
@@ -240,11 +241,21 @@ class CudaModule:
         compiled, _ = program.compile(self.options + (f"-arch={arch}",))
         return compiled if isinstance(compiled, bytes) else compiled.encode()
 
-    def function(self, name_expression: str) -> Any:
-        if name_expression not in self.name_expressions:
-            raise KernelError(f"{os.path.basename(self.path)}: {name_expression} is not among its name_expressions")
-        module = _compiled_module(self.path, self.name_expressions, self.options, cupy.cuda.Device().id)
-        return module.get_function(name_expression)
+    def function(self, name_expression: str, device: int | None = None) -> Any:
+        """The compiled kernel (a `cupy.cuda.function.Function`) of one instantiation on `device`
+        (the current device by default), looked up once and cached: calls are on the hot path."""
+        if device is None:
+            device = cupy.cuda.runtime.getDevice()
+        key = (name_expression, device)
+        function = self._functions.get(key)
+        if function is None:
+            if name_expression not in self.name_expressions:
+                raise KernelError(f"{os.path.basename(self.path)}: {name_expression} is not among its name_expressions")
+            with cupy.cuda.Device(device):
+                module = _compiled_module(self.path, self.name_expressions, self.options, device)
+                function = module.get_function(name_expression).kernel
+            self._functions[key] = function
+        return function
 
 
 def cupy_backends_nvrtc_error() -> type:
@@ -267,12 +278,11 @@ def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tupl
 
 def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any],
            shared_mem: int = 0) -> None:
-    """Enqueue `kernel` on `stream`; CuPy raises a CUDARuntimeError if the launch fails."""
+    """Enqueue `kernel` (from CudaModule.function) on `stream`; a failed launch raises CudaError."""
     grid = (grid,) if isinstance(grid, int) else tuple(grid)
     block = (block,) if isinstance(block, int) else tuple(block)
     try:
-        with stream:
-            kernel(grid, block, tuple(args), shared_mem=shared_mem)
+        kernel(grid, block, args, shared_mem, stream.cupy_stream)
     except cupy.cuda.driver.CUDADriverError as error:
         raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
 

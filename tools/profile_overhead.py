@@ -1,0 +1,118 @@
+"""Where the host time of one GPU call goes: cProfile over many forward calls of a few
+ops on YOLOv10 shapes, plus the cost of the CuPy primitives they use. Run on the GPU
+machine: python3 tools/profile_overhead.py"""
+
+import cProfile
+import pstats
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, ".")
+import cupy  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import TensorShape as S  # noqa: E402
+
+stream, handle = kernels.gpu_stream(), kernels.gpu_handle()
+f32 = np.float32
+
+
+def rnd(*dims):
+    return cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(f32))
+
+
+def setups():
+    k = kernels
+    x = rnd(1, 128, 20, 20)
+    a = k.Pool2DAttrs(kernel_h=5, kernel_w=5, stride_h=1, stride_w=1, padding_h=2, padding_w=2, pool_type="MAX")
+    o = cupy.empty_like(x)
+    st = k.pool_2d.init_kernel(handle, a, S.of(x), S.of(o))
+    yield "pool_2d sppf 1x128x20x20", lambda: k.pool_2d.forward_kernel(stream, handle, st, a, x, o)
+    xs = [rnd(1, 320, 20, 20) for _ in range(4)]
+    oc = cupy.empty((1, 1280, 20, 20), f32)
+    ac = k.ConcatAttrs(axis=1, num_inputs=4)
+    sc = k.concat.init_kernel(handle, ac, [S.of(t) for t in xs], S.of(oc))
+    yield "concat sppf 4x1x320x20x20", lambda: k.concat.forward_kernel(stream, handle, sc, ac, xs, oc)
+    xi, w, b = rnd(1, 64, 80, 80), rnd(64, 64, 1, 1), rnd(64)
+    oo = cupy.empty((1, 64, 80, 80), f32)
+    acv = k.Conv2DAttrs(out_channels=64, kernel_h=1, kernel_w=1, stride_h=1, stride_w=1, padding_h=0, padding_w=0,
+                        use_bias=True)
+    scv = k.conv_2d.init_kernel(handle, acv, S.of(xi), S.of(oo))
+    yield "conv_2d head 1x1 bias", lambda: k.conv_2d.forward_kernel(stream, handle, scv, acv, xi, w, b, oo)
+    l, r = rnd(1, 80, 160, 160), rnd(1, 80, 160, 160)
+    ob = cupy.empty_like(l)
+    ab = k.ElementBinaryAttrs(op_type="ADD")
+    sb = k.element_binary.init_kernel(handle, ab, S.of(l), S.of(r), S.of(ob))
+    yield "element_binary add", lambda: k.element_binary.forward_kernel(stream, handle, sb, ab, l, r, ob)
+    t = rnd(1, 5, 128, 400)
+    ot = cupy.empty((1, 5, 400, 128), f32)
+    at = k.TransposeAttrs((0, 1, 3, 2))
+    stt = k.transpose.init_kernel(handle, at, S.of(t), S.of(ot))
+    yield "transpose psa", lambda: k.transpose.forward_kernel(stream, handle, stt, at, t, ot)
+
+
+def per_call(function, count=300):
+    function()
+    stream.synchronize()
+    start = time.perf_counter()
+    for _ in range(count):
+        function()
+    host = (time.perf_counter() - start) / count
+    stream.synchronize()
+    total = (time.perf_counter() - start) / count
+    return host * 1e6, total * 1e6
+
+
+print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}")
+print(f"{'stream.synchronize()':<32}{per_call(stream.synchronize)[0]:>14.1f}")
+x = cupy.empty(1024, f32)
+print(f"{'x.device.id':<32}{per_call(lambda: x.device.id)[0]:>14.1f}")
+print(f"{'x.flags.c_contiguous':<32}{per_call(lambda: x.flags.c_contiguous)[0]:>14.1f}")
+print(f"{'with stream: pass':<32}{per_call(lambda: stream.__enter__() and stream.__exit__(None, None, None))[0]:>14.1f}")
+
+def cudnn_calls():
+    """Host time of the bare cuDNN calls of a 1x1 conv (legacy API) next to a cuBLAS GEMM of the same size."""
+    from kernels import cudnn
+
+    k = kernels
+    xi, w, b = rnd(1, 64, 80, 80), rnd(64, 64, 1, 1), rnd(64)
+    oo = cupy.empty((1, 64, 80, 80), f32)
+    a = k.Conv2DAttrs(out_channels=64, kernel_h=1, kernel_w=1, use_bias=True)
+    st = k.conv_2d.init_kernel(handle, a, S.of(xi), S.of(oo))
+    k.conv_2d.forward_kernel(stream, handle, st, a, xi, w, b, oo)
+    d, h = st.descriptors, handle.cudnn(stream)
+    ws, wsb = k.conv_2d._workspace(handle, st)
+    one, zero = cudnn.scalar(f32, 1), cudnn.scalar(f32, 0)
+    yield "cudnnConvolutionForward 1x1", lambda: cudnn.convolution_forward(
+        h, one, d["x"], xi.data.ptr, d["w"], w.data.ptr, d["conv"], st.algorithms["forward"], ws, wsb, zero, d["y"],
+        oo.data.ptr)
+    yield "cudnnAddTensor bias", lambda: cudnn.add_tensor(h, one, d["bias"], b.data.ptr, one, d["y"], oo.data.ptr)
+    yield "cudnnSetStream", lambda: handle.cudnn(stream)
+    from cupy.cuda import cublas
+
+    hb = handle.cublas(stream)
+    alpha, beta = np.array(1, f32), np.array(0, f32)
+    yield "cublasSgemm 64x6400x64", lambda: cublas.sgemm(hb, 0, 0, 6400, 64, 64, alpha.ctypes.data, xi.data.ptr, 6400,
+                                                          w.data.ptr, 64, beta.ctypes.data, oo.data.ptr, 6400)
+    print("algorithms:", {k_: (v.algo, v.math_type) for k_, v in st.algorithms.items()})
+
+
+for name, function in cudnn_calls():
+    host, total = per_call(function)
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
+profiles = []
+for name, function in setups():
+    host, total = per_call(function)
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(200):
+        function()
+    profile.disable()
+    stream.synchronize()
+    profiles.append((name, profile))
+for name, profile in profiles:
+    print(f"\n=== {name}")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
