@@ -20,7 +20,8 @@ __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ ou
     }
 }
 
-// 64x64 tiles (32x32 for 16-byte elements, to stay within 48 KB of static shared memory).
+// TILE x TILE tiles: 64 (16 elements a thread) or 32 (4 a thread, for more blocks when a
+// transpose has few tiles, and for 16-byte elements, to stay within 48 KB of static shared memory).
 #define THREADS_X 32
 #define THREADS_Y 8
 
@@ -30,7 +31,7 @@ __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ ou
 // that enough loads are in flight to approach the memory bandwidth. The other
 // dims are batch dims, enumerated by blockIdx.y: batch_sizes, and their strides
 // in input and output. Block: THREADS_X x THREADS_Y.
-template <typename T, typename I, int TILE = (sizeof(T) > 8 ? 32 : 64)>
+template <typename T, typename I, int TILE>
 __global__ void transpose_tiled(const T* __restrict__ input, T* __restrict__ output,
                                 I size_x, I size_a, I in_stride_a, I out_stride_x,
                                 I batch_count, int batch_rank, Ints batch_sizes,

@@ -132,14 +132,20 @@ def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtyp
     args = (scalar(size_x), scalar(size_a), scalar(in_strides[a]), scalar(out_strides[b]), scalar(batch_count),
             np.int32(len(batch)), gpu.ints_arg([out_dims[d] for d in batch]),
             gpu.ints_arg([in_strides[perm[d]] for d in batch]), gpu.ints_arg([out_strides[d] for d in batch]))
-    tile = 32 if np.dtype(dtype).itemsize > 8 else 64  # TILE in transpose.cu
+    tile = 64
+    if np.dtype(dtype).itemsize > 8 or -(-size_x // 64) * -(-size_a // 64) * batch_count < 4 * SM_COUNT:
+        tile = 32  # 16-byte elements (shared memory), or too few 64x64 tiles to fill the GPU (PSA: 70)
     tiles = -(-size_x // tile) * -(-size_a // tile)
-    return ("tiled", f"transpose_tiled{type_args}", (tiles, min(batch_count, 65535)), (32, 8), args)  # THREADS_X, THREADS_Y
+    name = f"transpose_tiled<{gpu.bits_type(dtype)}, {index}, {tile}>"
+    return ("tiled", name, (tiles, min(batch_count, 65535)), (32, 8), args)  # THREADS_X, THREADS_Y
 
 
+SM_COUNT = 132  # H200; only steers the choice of tile size
 _CUDA = gpu.CudaModule("transpose.cu", [
-    f"transpose_{kind}<{bits}, {index}>"
-    for kind in ("gather", "tiled") for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
+    f"transpose_gather<{bits}, {index}>" for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
+] + [
+    f"transpose_tiled<{bits}, {index}, {tile}>" for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
+    for tile in ((32,) if bits == "ulonglong2" else (32, 64))
 ])
 
 
