@@ -52,53 +52,103 @@ __device__ __forceinline__ double inverse_std(double var, double eps) {
 
 // ----------------------------------------------------------------------------- SPATIAL statistics
 
+// What a bn_spatial_partials launch writes.
+#define BN_PARTIALS_SUMS 0     // sums of x
+#define BN_PARTIALS_SQUARES 1  // sums of (x - mean)^2, the mean from the sums of a launch before
+#define BN_PARTIALS_BOTH 2     // both, in one launch: only where a channel is one part (parts == 1)
+
+// The sum of x (mean_or_none false) or of (x - mean)^2 over one block's part, reduced over the block.
+template <typename T, typename I>
+__device__ __forceinline__ double part_sum(const T* row, I begin, I end, bool squares, double mean, double* shared) {
+    double sum = 0.0;
+    for (I s = begin + threadIdx.x; s < end; s += BN_BLOCK) {
+        double value = (double)row[s];
+        if (squares) {
+            value = __dsub_rn(value, mean);
+            value = __dmul_rn(value, value);
+        }
+        sum = __dadd_rn(sum, value);
+    }
+    return block_sum(sum, shared);
+}
+
 // Block (p, c): part p of channel c is row n = p / parts_per_row of the channel
 // (input[n, c, :]), elements [piece * chunk, piece * chunk + chunk). Writes the
-// part's sum of x (mean_partials null) or of (x - mean)^2, where mean is the
-// channel's mean from mean_partials (the sums of the first launch).
+// part's sum of x to sums[c * parts + p] and/or its sum of (x - mean)^2 to
+// squares[c * parts + p] (see BN_PARTIALS_*). The mean is the channel's sum
+// of sums, in order, divided by count: the same wherever it is computed.
 template <typename T, typename I>
-__global__ void bn_spatial_partials(const T* __restrict__ input, const double* __restrict__ mean_partials,
-                                    double* __restrict__ partials, I channels, I inner, I chunk,
+__global__ void bn_spatial_partials(const T* __restrict__ input, double* __restrict__ sums,
+                                    double* __restrict__ squares, int what, I channels, I inner, I chunk,
                                     I parts_per_row, I parts, double count) {
     __shared__ double shared[BN_BLOCK];
     for (I c = blockIdx.y; c < channels; c += gridDim.y) {
-        const double mean = mean_partials ? __ddiv_rn(sum_in_order(mean_partials + c * parts, parts), count) : 0.0;
+        const double mean = what == BN_PARTIALS_SQUARES ? __ddiv_rn(sum_in_order(sums + c * parts, parts), count) : 0.0;
         for (I p = blockIdx.x; p < parts; p += gridDim.x) {
             const I n = p / parts_per_row;
             const I begin = (p - n * parts_per_row) * chunk;
             const I end = begin + chunk < inner ? begin + chunk : inner;
             const T* row = input + (n * channels + c) * inner;
-            double sum = 0.0;
-            for (I s = begin + threadIdx.x; s < end; s += BN_BLOCK) {
-                double value = (double)row[s];
-                if (mean_partials) {
-                    value = __dsub_rn(value, mean);
-                    value = __dmul_rn(value, value);
-                }
-                sum = __dadd_rn(sum, value);
+            if (what == BN_PARTIALS_SQUARES) {
+                const double sum = part_sum(row, begin, end, true, mean, shared);
+                if (threadIdx.x == 0) squares[c * parts + p] = sum;
+                continue;
             }
-            sum = block_sum(sum, shared);
-            if (threadIdx.x == 0) partials[c * parts + p] = sum;
+            const double sum = part_sum(row, begin, end, false, 0.0, shared);
+            if (threadIdx.x == 0) sums[c * parts + p] = sum;
+            if (what == BN_PARTIALS_BOTH) {
+                // parts == 1: this sum is the channel's, and sum_in_order of it is 0.0 + sum.
+                const double channel_mean = __ddiv_rn(__dadd_rn(0.0, sum), count);
+                const double square_sum = part_sum(row, begin, end, true, channel_mean, shared);
+                if (threadIdx.x == 0) squares[c * parts + p] = square_sum;
+            }
         }
     }
+}
+
+// The sums of a channel's `parts` partials (values and values + offset), each in order
+// (as sum_in_order), for every thread of the block: the block loads them into shared
+// memory together, thread 0 adds them up. Every thread of the block must call it.
+__device__ __forceinline__ void block_sums_in_order(const double* values, long long offset, long long parts,
+                                                    double* shared, double& first, double& second) {
+    double a = 0.0, b = 0.0;  // thread 0's
+    for (long long base = 0; base < parts; base += BN_BLOCK) {
+        const long long i = base + threadIdx.x;
+        if (i < parts) {
+            shared[threadIdx.x] = values[i];
+            shared[BN_BLOCK + threadIdx.x] = values[offset + i];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const long long n = parts - base < BN_BLOCK ? parts - base : BN_BLOCK;
+            for (long long k = 0; k < n; ++k) {
+                a = __dadd_rn(a, shared[k]);
+                b = __dadd_rn(b, shared[BN_BLOCK + k]);
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        shared[0] = a;
+        shared[1] = b;
+    }
+    __syncthreads();
+    first = shared[0];
+    second = shared[1];
+    __syncthreads();
 }
 
 // One thread per channel: mean and invstd (saved for backward), and the running
 // statistics (their variance unbiased: the sum divided by count - 1).
 template <typename T>
-__global__ void bn_spatial_finalize(const double* __restrict__ sums, const double* __restrict__ squares,
-                                    long long parts, long long channels, double count, double eps,
-                                    double momentum, T* __restrict__ running_mean, T* __restrict__ running_var,
-                                    double* __restrict__ saved_mean, double* __restrict__ saved_invstd) {
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < channels;
-         c += (long long)gridDim.x * blockDim.x) {
-        const double mean = __ddiv_rn(sum_in_order(sums + c * parts, parts), count);
-        const double var_sum = sum_in_order(squares + c * parts, parts);
-        saved_mean[c] = mean;
-        saved_invstd[c] = inverse_std(__ddiv_rn(var_sum, count), eps);
-        running_mean[c] = running_update(momentum, mean, running_mean[c]);
-        running_var[c] = running_update(momentum, __ddiv_rn(var_sum, __dsub_rn(count, 1.0)), running_var[c]);
-    }
+__device__ __forceinline__ void spatial_finalize_one(long long c, double sum, double var_sum, double count,
+                                                     double eps, double momentum, T* running_mean, T* running_var,
+                                                     double* saved_mean, double* saved_invstd) {
+    const double mean = __ddiv_rn(sum, count);
+    saved_mean[c] = mean;
+    saved_invstd[c] = inverse_std(__ddiv_rn(var_sum, count), eps);
+    running_mean[c] = running_update(momentum, mean, running_mean[c]);
+    running_var[c] = running_update(momentum, __ddiv_rn(var_sum, __dsub_rn(count, 1.0)), running_var[c]);
 }
 
 // ----------------------------------------------------------------------------- PER_ACTIVATION statistics
@@ -125,41 +175,92 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
     }
 }
 
-// Inference: the saved statistics are the running ones, as double.
-template <typename T>
-__global__ void bn_inference_stats(const T* __restrict__ running_mean, const T* __restrict__ running_var,
-                                   long long stats, double eps, double* __restrict__ saved_mean,
-                                   double* __restrict__ saved_invstd) {
-    for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < stats;
-         f += (long long)gridDim.x * blockDim.x) {
-        saved_mean[f] = (double)running_mean[f];
-        saved_invstd[f] = inverse_std((double)running_var[f], eps);
-    }
-}
-
 // ----------------------------------------------------------------------------- forward apply
+
+// Where bn_forward_apply takes the statistics from.
+#define BN_STATS_SAVED 0     // saved_mean / saved_invstd, written by a launch before (by feature, training)
+#define BN_STATS_RUNNING 1   // the running statistics (inference); written to saved_* for backward
+#define BN_STATS_PARTIALS 2  // the channel sums of bn_spatial_partials (SPATIAL training): saved_* and
+                             // the running statistics are written, once a channel, by block x 0
 
 // output[row, col] = (x - mean) * invstd * gamma + beta for a (rows, cols) view of
 // the input; the statistic is row % stats (SPATIAL: rows N*C, cols H*W) or col
-// (by feature: rows N, cols F). gamma and beta are null when not affine.
+// (by feature: rows N, cols F; not with BN_STATS_PARTIALS). gamma and beta are
+// null when not affine. The mean and invstd are the same float64 operations
+// wherever they are computed (sum_in_order of the partials; the finalize of
+// bn_feature_stats), so every block and the saved copy agree to the bit.
+// A block covers BN_APPLY_UNROLL * BN_BLOCK columns of a row per step.
+#define BN_APPLY_UNROLL 4
 template <typename T, typename I>
-__global__ void bn_forward_apply(const T* __restrict__ input, const double* __restrict__ mean,
-                                 const double* __restrict__ invstd, const T* __restrict__ gamma,
+__global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, const double* __restrict__ partials,
+                                 I parts, double count, double eps, double momentum, T* __restrict__ running_mean,
+                                 T* __restrict__ running_var, double* __restrict__ saved_mean,
+                                 double* __restrict__ saved_invstd, const T* __restrict__ gamma,
                                  const T* __restrict__ beta, T* __restrict__ pre, T* __restrict__ output, I rows,
                                  I cols, I stats, int stat_by_row, int activation) {
+    __shared__ double shared[2 * BN_BLOCK];
     for (I row = blockIdx.y; row < rows; row += gridDim.y) {
+        // The row's statistic (stat_by_row): the same for the whole block.
         const I row_stat = stat_by_row ? row % stats : 0;
+        double row_mean = 0.0, row_invstd = 0.0;
+        if (stat_by_row && stats_from == BN_STATS_PARTIALS) {
+            double sum, var_sum;
+            block_sums_in_order(partials + row_stat * parts, stats * parts, parts, shared, sum, var_sum);
+            row_mean = __ddiv_rn(sum, count);
+            row_invstd = inverse_std(__ddiv_rn(var_sum, count), eps);
+            if (blockIdx.x == 0 && threadIdx.x == 0 && row < stats) {
+                spatial_finalize_one((long long)row, sum, var_sum, count, eps, momentum, running_mean, running_var,
+                                     saved_mean, saved_invstd);
+            }
+        } else if (stat_by_row && stats_from == BN_STATS_RUNNING) {
+            row_mean = (double)running_mean[row_stat];
+            row_invstd = inverse_std((double)running_var[row_stat], eps);
+            if (blockIdx.x == 0 && threadIdx.x == 0 && row < stats) {
+                saved_mean[row] = row_mean;
+                saved_invstd[row] = row_invstd;
+            }
+        } else if (stat_by_row) {
+            row_mean = saved_mean[row_stat];
+            row_invstd = saved_invstd[row_stat];
+        }
         const I offset = row * cols;
-        for (I col = (I)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += (I)gridDim.x * blockDim.x) {
-            const I f = stat_by_row ? row_stat : col;
-            double value = __dmul_rn(__dsub_rn((double)input[offset + col], mean[f]), invstd[f]);
-            if (gamma) value = __dadd_rn(__dmul_rn(value, (double)gamma[f]), (double)beta[f]);
-            if (activation == KERNELS_ACTIVATION_NONE) {
-                output[offset + col] = (T)value;
-            } else {
-                const T pre_value = (T)value;
-                pre[offset + col] = pre_value;
-                output[offset + col] = (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
+        const I step = (I)gridDim.x * (BN_APPLY_UNROLL * BN_BLOCK);
+        for (I base = (I)blockIdx.x * (BN_APPLY_UNROLL * BN_BLOCK) + threadIdx.x; base < cols; base += step) {
+            T x[BN_APPLY_UNROLL];
+#pragma unroll
+            for (int k = 0; k < BN_APPLY_UNROLL; ++k) {
+                const I col = base + k * BN_BLOCK;
+                if (col < cols) x[k] = input[offset + col];
+            }
+#pragma unroll
+            for (int k = 0; k < BN_APPLY_UNROLL; ++k) {
+                const I col = base + k * BN_BLOCK;
+                if (col >= cols) break;
+                double mean = row_mean, invstd = row_invstd;
+                if (!stat_by_row) {
+                    if (stats_from == BN_STATS_RUNNING) {
+                        mean = (double)running_mean[col];
+                        invstd = inverse_std((double)running_var[col], eps);
+                        if (row == 0) {
+                            saved_mean[col] = mean;
+                            saved_invstd[col] = invstd;
+                        }
+                    } else {
+                        mean = saved_mean[col];
+                        invstd = saved_invstd[col];
+                    }
+                }
+                const I f = stat_by_row ? row_stat : col;
+                double value = __dmul_rn(__dsub_rn((double)x[k], mean), invstd);
+                if (gamma) value = __dadd_rn(__dmul_rn(value, (double)gamma[f]), (double)beta[f]);
+                if (activation == KERNELS_ACTIVATION_NONE) {
+                    output[offset + col] = (T)value;
+                } else {
+                    const T pre_value = (T)value;
+                    pre[offset + col] = pre_value;
+                    output[offset + col] =
+                        (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
+                }
             }
         }
     }

@@ -314,14 +314,27 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 #
 # SPATIAL training: a partial-sum kernel over (part, channel) blocks, then the
 # same kernel again for the sum of squared deviations (each block recomputes
-# the mean from the partials in the same order: two-pass, as the CPU), a
-# per-channel finalize (mean, invstd, running statistics), and an elementwise
-# apply. PER_ACTIVATION (and SPATIAL without spatial dims): one thread per
-# statistic reduces over N, then the same apply. Backward mirrors it.
+# the mean from the partials in the same order: two-pass, as the CPU), then the
+# elementwise apply, each of whose blocks recomputes its channel's mean and
+# invstd from the partials in that same order (block x 0 writes them for
+# backward and updates the running statistics): 3 launches, 2 where a channel
+# is one part (both partial sums in one launch). SPATIAL inference: the apply
+# alone, computing invstd from the running variance. PER_ACTIVATION (and
+# SPATIAL without spatial dims): one thread per statistic reduces over N, then
+# the same apply (inference: the apply alone). Backward mirrors it.
+#
+# Host time is most of a call on small layers: what a call launches (kernels,
+# grids, the fixed arguments) is worked out once per state (_GpuCalls), so that
+# a call is its checks and its launches.
 
 _BLOCK = 256
+_APPLY_UNROLL = 4  # BN_APPLY_UNROLL: columns a thread of the forward apply covers per step
 _NULL = np.uint64(0)  # a null pointer argument (absent gamma, beta or gradient)
 _CHUNK = 2048  # elements of one row that a partial-sum block reduces (8 per thread)
+# bn_spatial_partials' `what` and bn_forward_apply's `stats_from` (batch_norm.cu)
+_PARTIALS_SUMS, _PARTIALS_SQUARES, _PARTIALS_BOTH = np.int32(0), np.int32(1), np.int32(2)
+_STATS_SAVED, _STATS_RUNNING, _STATS_PARTIALS = np.int32(0), np.int32(1), np.int32(2)
+_FORWARD_TRAINING, _FORWARD_INFERENCE = {"training": True}, {"training": False}  # state.saved["forward"], read only
 
 _CUDA = gpu.CudaModule("batch_norm.cu", [
     f"{kernel}<{t}, {i}>"
@@ -329,7 +342,7 @@ _CUDA = gpu.CudaModule("batch_norm.cu", [
                    "bn_feature_grad", "bn_backward_apply")
     for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES
 ] + [
-    f"{kernel}<{t}>" for kernel in ("bn_spatial_finalize", "bn_inference_stats", "bn_spatial_grad_finalize")
+    f"{kernel}<{t}>" for kernel in ("bn_spatial_grad_finalize",)
     for t in gpu.FLOAT_TYPES
 ])
 
@@ -363,8 +376,8 @@ def _gpu_init(state: BatchNormState, layout: Layout, dtype: np.dtype) -> None:
     cupy = gpu.cupy
     plan = _gpu_plan(layout)
     with cupy.cuda.Device(state.device):
-        # init has no stream: the fills go on CuPy's current stream, and every call on this state
-        # waits for them through an event rather than synchronizing the device.
+        # init has no stream: the fills go on CuPy's current stream, and calls on this state wait
+        # for them through an event (until it is seen complete) rather than synchronizing the device.
         state.running_mean = cupy.zeros(layout.stat_dims, dtype)
         state.running_var = cupy.ones(layout.stat_dims, dtype)
         ready = cupy.cuda.Event(disable_timing=True)
@@ -382,64 +395,105 @@ def _grid2(cols_blocks: int, rows: int) -> tuple[int, int]:
     return (max(1, min(cols_blocks, 65535)), max(1, min(rows, 65535)))
 
 
-def _gpu_apply_grid(plan: _GpuPlan) -> tuple[int, int]:
-    return _grid2(-(-plan.cols // _BLOCK), plan.rows)
+def _gpu_apply_grid(plan: _GpuPlan, per_thread: int = 1) -> tuple[int, int]:
+    return _grid2(-(-plan.cols // (_BLOCK * per_thread)), plan.rows)
 
 
-def _gpu_stats(stream, state, attrs, layout: Layout, plan: _GpuPlan, input, training: bool) -> None:
-    """Fill state.saved mean and invstd (float64) and, training, update the running statistics."""
-    t = gpu.cuda_type(input.dtype)
-    mean, invstd = state.saved["mean"], state.saved["invstd"]
-    if not training:
-        gpu.launch(stream, _CUDA.function(f"bn_inference_stats<{t}>"), gpu.grid_for(layout.stats), _BLOCK,
-                   (state.running_mean, state.running_var, np.int64(layout.stats), np.float64(attrs.eps), mean, invstd))
-        return
-    momentum = np.float64(_momentum(state, attrs))
-    if plan.by_feature:
-        gpu.launch(stream, _CUDA.function(f"bn_feature_stats<{t}, {plan.index}>"), gpu.grid_for(layout.stats), _BLOCK,
-                   (input, plan.scalar(layout.outer), plan.scalar(layout.stats), np.float64(attrs.eps), momentum,
-                    state.running_mean, state.running_var, mean, invstd))
-        return
-    partials = state.saved["partials"]
-    size = layout.stats * plan.parts
-    sums, squares = partials[:size], partials[size:2 * size]
-    grid = (max(1, min(plan.parts, 65535)), max(1, min(layout.stats, 65535)))
-    function = _CUDA.function(f"bn_spatial_partials<{t}, {plan.index}>")
-    common = (plan.scalar(layout.stats), plan.scalar(layout.inner), plan.scalar(plan.chunk),
-              plan.scalar(plan.parts_per_row), plan.scalar(plan.parts), np.float64(layout.count))
-    gpu.launch(stream, function, grid, _BLOCK, (input, _NULL, sums) + common)
-    gpu.launch(stream, function, grid, _BLOCK, (input, sums, squares) + common)
-    gpu.launch(stream, _CUDA.function(f"bn_spatial_finalize<{t}>"), gpu.grid_for(layout.stats), _BLOCK,
-               (sums, squares, np.int64(plan.parts), np.int64(layout.stats), np.float64(layout.count),
-                np.float64(attrs.eps), momentum, state.running_mean, state.running_var, mean, invstd))
+class _GpuCalls:
+    """Everything about a state's launches that does not change from call to call: the kernels
+    (compiled on first use), grids, views of the workspace and the fixed arguments, in order.
+    Made by the first non-empty GPU call on a state (_gpu_calls), kept in state.saved["calls"]."""
+
+    def __init__(self, state: BatchNormState, attrs: BatchNormAttrs, dtype: np.dtype) -> None:
+        layout, plan, saved = state.saved["layout"], state.saved["plan"], state.saved
+        t, i, scalar = gpu.cuda_type(dtype), plan.index, plan.scalar
+        with gpu.cupy.cuda.Device(state.device):
+            def function(name: str) -> Any:
+                return _CUDA.function(name, state.device)
+
+            self.pre = gpu.cupy.empty(state.shapes["input_shape"].dims, dtype) if attrs.activation is not None else _NULL
+            mean, invstd, partials = saved["mean"], saved["invstd"], saved["partials"]
+            self.fixed_momentum = None if attrs.momentum is None else np.float64(attrs.momentum)
+            self.stat_grid = gpu.grid_for(layout.stats)
+            count, eps = np.float64(layout.count), np.float64(attrs.eps)
+            # forward: bn_forward_apply(input, stats_from, partials, parts, count, eps, momentum,
+            #   running_mean, running_var, saved_mean, saved_invstd, gamma, beta, pre, output, rows, cols, stats,
+            #   stat_by_row, activation)
+            self.apply = function(f"bn_forward_apply<{t}, {i}>")
+            self.apply_grid = _gpu_apply_grid(plan, _APPLY_UNROLL)
+            self.apply_tail = (self.pre,)  # + output + apply_end
+            self.apply_end = (scalar(plan.rows), scalar(plan.cols), scalar(layout.stats),
+                              np.int32(0 if plan.by_feature else 1), activations.code(attrs.activation))
+            self.apply_inference = (_STATS_RUNNING, _NULL, scalar(1), count, eps, np.float64(0.0))
+            self.saved_stats = (mean, invstd)
+            if plan.by_feature:
+                # bn_feature_stats(input, rows, features, eps, momentum, running_mean, running_var, mean, invstd)
+                self.feature_stats = function(f"bn_feature_stats<{t}, {i}>")
+                self.feature_head = (scalar(layout.outer), scalar(layout.stats), eps)
+                self.apply_training = (_STATS_SAVED, _NULL, scalar(1), count, eps)
+            else:
+                size = layout.stats * plan.parts
+                sums, squares = partials[:size], partials[size:2 * size]
+                self.partials = function(f"bn_spatial_partials<{t}, {i}>")
+                self.partials_grid = _grid2(plan.parts, layout.stats)
+                partials_tail = (scalar(layout.stats), scalar(layout.inner), scalar(plan.chunk),
+                                 scalar(plan.parts_per_row), scalar(plan.parts), count)
+                if plan.parts == 1:
+                    self.partials_args = [(sums, squares, _PARTIALS_BOTH) + partials_tail]
+                else:
+                    self.partials_args = [(sums, squares, _PARTIALS_SUMS) + partials_tail,
+                                          (sums, squares, _PARTIALS_SQUARES) + partials_tail]
+                self.apply_training = (_STATS_PARTIALS, partials, scalar(plan.parts), count, eps)
+
+
+def _gpu_calls(state: BatchNormState, attrs: BatchNormAttrs, dtype: np.dtype) -> _GpuCalls:
+    calls = state.saved.get("calls")
+    if calls is None:
+        calls = state.saved["calls"] = _GpuCalls(state, attrs, dtype)
+        if attrs.activation is not None:
+            state.saved["pre"] = calls.pre
+    return calls
 
 
 def _wait_ready(stream, state) -> None:
-    stream.cupy_stream.wait_event(state.saved["ready"])
+    """Order the stream after init's fills, until they are seen complete (a query, no synchronization)."""
+    ready = state.saved["ready"]
+    if ready is not None:
+        if ready.done:
+            state.saved["ready"] = None
+        else:
+            stream.cupy_stream.wait_event(ready)
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output, *, training: bool = True) -> None:
     """output = activation((input - mean) * invstd * gamma + beta), enqueued on the stream (see cpu_forward_kernel)."""
     _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training)
-    layout, plan = state.saved["layout"], state.saved["plan"]
     if input.size == 0:
         state.saved["forward"] = {"training": training, "empty": True}
         return
+    calls = _gpu_calls(state, attrs, input.dtype)
     _wait_ready(stream, state)
-    _gpu_stats(stream, state, attrs, layout, plan, input, training)
-    state.saved["forward"] = {"training": training}
-    pre = _NULL
-    if attrs.activation is not None:
-        pre = state.saved.get("pre")
-        if pre is None:
-            with gpu.cupy.cuda.Device(state.device):
-                pre = state.saved["pre"] = gpu.cupy.empty(input.shape, input.dtype)
-    t = gpu.cuda_type(input.dtype)
-    gpu.launch(stream, _CUDA.function(f"bn_forward_apply<{t}, {plan.index}>"), _gpu_apply_grid(plan), _BLOCK,
-               (input, state.saved["mean"], state.saved["invstd"], gamma if attrs.affine else _NULL,
-                beta if attrs.affine else _NULL, pre, output, plan.scalar(plan.rows), plan.scalar(plan.cols),
-                plan.scalar(layout.stats), np.int32(0 if plan.by_feature else 1),
-                activations.code(attrs.activation)))
+    params = (gamma, beta) if attrs.affine else (_NULL, _NULL)
+    running = (state.running_mean, state.running_var)
+    if training:
+        momentum = calls.fixed_momentum
+        if momentum is None:
+            momentum = np.float64(_momentum(state, attrs))
+        else:
+            state.num_batches_tracked += 1
+        if state.saved["plan"].by_feature:
+            gpu.launch(stream, calls.feature_stats, calls.stat_grid, _BLOCK,
+                       (input,) + calls.feature_head + (momentum,) + running + calls.saved_stats)
+        else:
+            for args in calls.partials_args:
+                gpu.launch(stream, calls.partials, calls.partials_grid, _BLOCK, (input,) + args)
+        head = calls.apply_training + (momentum,)
+        state.saved["forward"] = _FORWARD_TRAINING
+    else:
+        head = calls.apply_inference
+        state.saved["forward"] = _FORWARD_INFERENCE
+    gpu.launch(stream, calls.apply, calls.apply_grid, _BLOCK,
+               (input,) + head + running + calls.saved_stats + params + calls.apply_tail + (output,) + calls.apply_end)
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
