@@ -49,19 +49,22 @@ __global__ void transpose_tiled(const T* __restrict__ input, T* __restrict__ out
             in_base += coordinate * (I)batch_in_strides.v[d];
             out_base += coordinate * (I)batch_out_strides.v[d];
         }
+        // Constant trip counts, so that the loops unroll and every load is in flight at once.
 #pragma unroll
-        for (int row = threadIdx.y; row < TILE; row += THREADS_Y) {
+        for (int i = 0; i < TILE / THREADS_Y; ++i) {
 #pragma unroll
-            for (int column = threadIdx.x; column < TILE; column += THREADS_X) {
+            for (int j = 0; j < TILE / THREADS_X; ++j) {
+                const int row = threadIdx.y + i * THREADS_Y, column = threadIdx.x + j * THREADS_X;
                 I a = tile_a0 + row, x = tile_x0 + column;
                 if (a < size_a && x < size_x) tile[row][column] = input[in_base + a * in_stride_a + x];
             }
         }
         __syncthreads();
 #pragma unroll
-        for (int row = threadIdx.y; row < TILE; row += THREADS_Y) {
+        for (int i = 0; i < TILE / THREADS_Y; ++i) {
 #pragma unroll
-            for (int column = threadIdx.x; column < TILE; column += THREADS_X) {
+            for (int j = 0; j < TILE / THREADS_X; ++j) {
+                const int row = threadIdx.y + i * THREADS_Y, column = threadIdx.x + j * THREADS_X;
                 I x = tile_x0 + row, a = tile_a0 + column;
                 if (a < size_a && x < size_x) output[out_base + x * out_stride_x + a] = tile[column][row];
             }
