@@ -112,18 +112,25 @@ BLOCK_ELEMENTS = 1 << 16
 def blockwise(function: Any, *arrays: np.ndarray) -> None:
     """Call function(*blocks) on successive flat blocks of same-shaped C-contiguous arrays (any
     may alias another), or once on the whole arrays where one is not contiguous. A loop over
-    cache-sized blocks, never over elements."""
+    cache-sized blocks, never over elements; the blocks are shared out to core.cpu_parallel's
+    threads (NumPy's ufuncs release the GIL), each block's arithmetic being the same whichever
+    thread runs it."""
     count = arrays[0].size
-    # The IEEE results are the contract (exp overflowing to inf, 1/0 = inf, sqrt(-1) = NaN, as torch):
-    # NumPy's warnings about them are noise here.
-    with np.errstate(all="ignore"):
-        if count <= BLOCK_ELEMENTS or not all(a.flags.c_contiguous for a in arrays):
+    if count <= BLOCK_ELEMENTS or not all(a.flags.c_contiguous for a in arrays):
+        with np.errstate(all="ignore"):
             function(*arrays)
-            return
-        flat = [a.reshape(-1) for a in arrays]  # views of contiguous arrays
-        for start in range(0, count, BLOCK_ELEMENTS):
-            block = slice(start, start + BLOCK_ELEMENTS)
-            function(*(a[block] for a in flat))
+        return
+    flat = [a.reshape(-1) for a in arrays]  # views of contiguous arrays
+
+    def run(first: int, last: int) -> None:
+        # The IEEE results are the contract (exp overflowing to inf, 1/0 = inf, sqrt(-1) = NaN, as torch):
+        # NumPy's warnings about them are noise here.
+        with np.errstate(all="ignore"):
+            for start in range(first * BLOCK_ELEMENTS, min(last * BLOCK_ELEMENTS, count), BLOCK_ELEMENTS):
+                block = slice(start, start + BLOCK_ELEMENTS)
+                function(*(a[block] for a in flat))
+
+    core.cpu_parallel(run, -(-count // BLOCK_ELEMENTS))
 
 
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
@@ -219,16 +226,32 @@ _CUDA = gpu.CudaModule("activation.cu", [
 ])
 
 
-def _gpu_function(direction: str, activation: Activation, dtype: np.dtype) -> Any:
+def _gpu_function(direction: str, activation: Activation, dtype: np.dtype, device: int | None = None) -> Any:
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
-    return _CUDA.function(f"activation_{direction}_kernel<{gpu.cuda_type(dtype)}, {activation.value}>")
+    return _CUDA.function(f"activation_{direction}_kernel<{gpu.cuda_type(dtype)}, {activation.value}>", device)
 
 
-def _packing(*arrays: Any) -> tuple[np.int32, int]:
-    """Whether every array is 16-byte aligned (the kernels then move 16-byte packs), and elements a thread."""
-    aligned = all(a.data.ptr % 16 == 0 for a in arrays)
-    return np.int32(aligned), (16 // arrays[0].dtype.itemsize if aligned else 1)
+# Launch plans by (direction, activation, dtype, count, aligned, device): (kernel, grid, count
+# argument, aligned flag), made once, so that a call only looks one up. Bounded: cleared past _PLANS_LIMIT.
+_PLANS: dict[tuple, tuple] = {}
+_PLANS_LIMIT = 4096
+
+
+def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, count: int, aligned: bool) -> tuple:
+    if not isinstance(activation, Activation):
+        raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
+    key = (direction, activation, dtype, count, aligned, stream.device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        # 16-byte aligned arrays: the kernels move 16-byte packs, 16 // itemsize elements a thread.
+        function = _gpu_function(direction, activation, dtype, stream.device)
+        per_thread = 16 // dtype.itemsize if aligned else 1
+        plan = (function, gpu.grid_for(count, per_thread=per_thread), np.int64(count), np.int32(aligned))
+        if len(_PLANS) >= _PLANS_LIMIT:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> None:
@@ -236,18 +259,18 @@ def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> N
     output may be pre itself."""
     count = pre.size
     if count:
-        aligned, per_thread = _packing(pre, output)
-        gpu.launch(stream, _gpu_function("forward", activation, pre.dtype), gpu.grid_for(count, per_thread=per_thread),
-                   gpu.BLOCK, (pre, output, np.int64(count), aligned))
+        kernel, grid, count_arg, aligned = _plan(stream, "forward", activation, pre.dtype, count,
+                                                 (pre.data.ptr | output.data.ptr) & 15 == 0)
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output, count_arg, aligned))
 
 
 def gpu_backward(stream: Any, activation: Activation, pre: Any, output_grad: Any, pre_grad: Any) -> None:
     """pre_grad = output_grad * f'(pre), enqueued on the stream; output_grad is only read."""
     count = pre.size
     if count:
-        aligned, per_thread = _packing(pre, output_grad, pre_grad)
-        gpu.launch(stream, _gpu_function("backward", activation, pre.dtype), gpu.grid_for(count, per_thread=per_thread),
-                   gpu.BLOCK, (pre, output_grad, pre_grad, np.int64(count), aligned))
+        kernel, grid, count_arg, aligned = _plan(stream, "backward", activation, pre.dtype, count,
+                                                 (pre.data.ptr | output_grad.data.ptr | pre_grad.data.ptr) & 15 == 0)
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output_grad, pre_grad, count_arg, aligned))
 
 
 def forward(stream: Any, activation: Activation, pre: Any, output: Any) -> None:
