@@ -28,3 +28,78 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
         __syncthreads();  // partial is reused by the block's next channel
     }
 }
+
+// im2col for groups == 1: the column matrix of `images` consecutive images,
+// columns[n] (C * kh * kw rows, Ho * Wo columns), row (c * kh + i) * kw + j,
+// column oh * Wo + ow, holding input[n, c, oh * sh - ph + i * dh, ow * sw - pw + j * dw]
+// or 0 where that falls in the padding. One thread per column entry, grid-stride;
+// consecutive threads write consecutive columns (coalesced). geometry:
+// {C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw}.
+struct ConvGeometry {
+    long long v[13];
+};
+
+template <typename T, typename I>
+__global__ void conv_im2col(const T* __restrict__ input, T* __restrict__ columns, I images, ConvGeometry g) {
+    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
+    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
+    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    const I positions = out_h * out_w;
+    const I rows = channels * kernel_h * kernel_w;
+    const I total = images * rows * positions;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        const I ow = index % out_w;
+        I rest = index / out_w;
+        const I oh = rest % out_h;
+        rest /= out_h;
+        const I j = rest % kernel_w;
+        rest /= kernel_w;
+        const I i = rest % kernel_h;
+        rest /= kernel_h;
+        const I c = rest % channels;
+        const I n = rest / channels;
+        const I h = oh * stride_h - pad_h + i * dilation_h;
+        const I w = ow * stride_w - pad_w + j * dilation_w;
+        T value = (T)0;
+        if (h >= 0 && h < height && w >= 0 && w < width) value = input[((n * channels + c) * height + h) * width + w];
+        columns[index] = value;
+    }
+}
+
+// col2im for groups == 1 as a gather (no atomics): input_grad[n, c, h, w] is the sum,
+// taps (i, j) in row-major order, of columns[n][(c * kh + i) * kw + j][oh * Wo + ow]
+// over the output positions whose window tap (i, j) reads (h, w): oh = (h + ph - i * dh) / sh
+// where that is a whole number in [0, Ho), likewise ow. Same geometry as conv_im2col;
+// one thread per input_grad element, summing in T in a fixed order: the same bits every run.
+template <typename T, typename I>
+__global__ void conv_col2im(const T* __restrict__ columns, T* __restrict__ input_grad, I images, ConvGeometry g) {
+    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
+    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
+    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    const I positions = out_h * out_w;
+    const I total = images * channels * height * width;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        const I w = index % width;
+        I rest = index / width;
+        const I h = rest % height;
+        rest /= height;
+        const I c = rest % channels;
+        const I n = rest / channels;
+        const T* plane = columns + (n * channels + c) * kernel_h * kernel_w * positions;
+        T sum = (T)0;
+        for (I i = 0; i < kernel_h; ++i) {
+            const I y = h + pad_h - i * dilation_h;
+            if (y < 0 || y % stride_h) continue;
+            const I oh = y / stride_h;
+            if (oh >= out_h) continue;
+            for (I j = 0; j < kernel_w; ++j) {
+                const I x = w + pad_w - j * dilation_w;
+                if (x < 0 || x % stride_w) continue;
+                const I ow = x / stride_w;
+                if (ow >= out_w) continue;
+                sum += plane[(i * kernel_w + j) * positions + oh * out_w + ow];
+            }
+        }
+        input_grad[index] = sum;
+    }
+}

@@ -13,10 +13,25 @@ without one, backward needs no forward.
 
 CPU: NumPy im2col through a strided view, one batched matmul over the groups;
 the input gradient scatters back tap by tap (a loop over the kh * kw taps, each a
-strided slice add). GPU: cuDNN's legacy convolution API (kernels/cudnn.py) with
-algorithms picked at init from cuDNN's heuristics on the shapes alone, kept only
-when deterministic and plain sums of products (no FFT, no Winograd), in FMA math
-(no TF32); cudnnAddTensor for the bias; conv_2d.cu for the bias gradient.
+strided slice add). GPU, every path deterministic, a plain sum of products in FMA
+math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
+
+- groups == 1, a 1x1 kernel, stride 1, no padding ("pointwise"): cuBLAS GEMMs
+  (pedantic math) for the forward and both gradients, the filter gradient summed
+  over the batch one image at a time (beta 0, then 1) in a fixed order;
+- other groups == 1 convolutions ("columns"): the forward in cuDNN (IMPLICIT_GEMM
+  first), the filter gradient by im2col (conv_2d.cu) and one GEMM per image, the
+  input gradient by one batched GEMM into columns and a col2im gather (conv_2d.cu,
+  each input element sums its taps in a fixed order); the columns of one chunk of
+  images at a time live in the handle's workspace (at most COLUMN_LIMIT bytes), and
+  where one image's columns exceed that, the gradients fall back to cuDNN;
+- groups > 1 (depthwise and grouped): cuDNN's legacy convolution API
+  (kernels/cudnn.py): IMPLICIT_GEMM forward where supported, otherwise the
+  heuristics' deterministic choice; deterministic backward algorithms.
+
+cudnnAddTensor adds the bias; conv_2d.cu sums the bias gradient. The GEMM and
+fold steps of each path are planned as data (_plan_*), so their index math is
+checked on the CPU against NumPy (tests/test_conv_2d_gemm_plan.py).
 """
 
 from __future__ import annotations
@@ -33,6 +48,9 @@ OP = "conv_2d"
 
 # The largest cuDNN workspace an algorithm may ask for; faster algorithms needing more are passed over.
 WORKSPACE_LIMIT = 256 * 2**20
+# The most bytes of im2col columns held at once (a chunk of whole images); an image needing more
+# takes cuDNN's backward algorithms instead.
+COLUMN_LIMIT = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,9 @@ class Conv2DState(core.KernelState):
     algorithms: dict[str, Any] = field(default_factory=dict)
     buffers: dict[str, Any] = field(default_factory=dict)
     workspace_size: int = 0
+    # direction -> "gemm" (cuBLAS, no columns), "columns" (im2col/col2im and cuBLAS) or "cudnn"
+    paths: dict[str, str] = field(default_factory=dict)
+    chunk: int = 1  # images whose columns the workspace holds at once (the "columns" path)
 
     def release(self) -> None:
         errors = []
@@ -101,6 +122,7 @@ class Conv2DState(core.KernelState):
                 errors.append(error)
         self.descriptors.clear()
         self.algorithms.clear()
+        self.paths.clear()
         self.buffers.clear()
         super().release()
         if errors:
@@ -264,8 +286,129 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 
 # --------------------------------------------------------------------------- GPU
 
-_CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_TYPES])
+_CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_TYPES] + [
+    f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
+    for i in gpu.INDEX_TYPES])
 _BIAS_GRAD_BLOCK = 512  # CONV_BIAS_GRAD_BLOCK in conv_2d.cu
+_GEOMETRY = np.dtype([("v", np.int64, (13,))])  # struct ConvGeometry in conv_2d.cu
+
+
+# --------------------------------------------------------------------------- GEMM plans
+#
+# cuBLAS is column-major: a row-major (r, c) matrix is, to cuBLAS, its (c, r) transpose with
+# leading dimension c. With P = Ho * Wo and K = C * kh * kw (K = C for a 1x1 kernel), in
+# row-major terms per image n:
+#   forward       Y[n] (O x P) = W (O x K) @ cols[n] (K x P)      -> Y^T = cols^T @ W^T: gemm(N, N, P, O, K)
+#   input grad    dcols[n] (K x P) = W^T (K x O) @ dY[n] (O x P)  -> dcols^T = dY^T @ W: gemm(N, T, P, K, O)
+#   filter grad   dW (O x K) = sum_n dY[n] (O x P) @ cols[n]^T    -> dW^T = cols @ dY^T: gemm(T, N, K, O, P)
+# where cols[n] is the input image itself for a pointwise conv. A plan is a list of steps over named
+# buffers, offsets in elements; the GPU runs it (_run_plan) and the tests emulate it in NumPy.
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Column-major C = op(A) @ op(B) + beta * C, `batch` times, each matrix `stride_*` elements on."""
+
+    trans_a: bool
+    trans_b: bool
+    m: int
+    n: int
+    k: int
+    a: tuple[str, int]  # (buffer, element offset)
+    lda: int
+    stride_a: int
+    b: tuple[str, int]
+    ldb: int
+    stride_b: int
+    beta: float
+    c: tuple[str, int]
+    ldc: int
+    stride_c: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class Fold:
+    """im2col of images [first, stop) of "input" into "columns", or col2im of "columns" into those
+    images of "input_grad"."""
+
+    kind: str  # "im2col" or "col2im"
+    first: int
+    stop: int
+
+
+def _sizes(state: Conv2DState) -> tuple[int, int, int, int, int]:
+    """(N, C, O, P = Ho * Wo, K = C * kh * kw) of a groups == 1 convolution."""
+    n, c = state.shapes["input_shape"].dims[:2]
+    _, o, out_h, out_w = state.shapes["output_shape"].dims
+    return n, c, o, out_h * out_w, c * state.attrs.kernel_h * state.attrs.kernel_w
+
+
+def pointwise(attrs: Conv2DAttrs) -> bool:
+    """A plain channel-mixing matrix product: groups 1, a 1x1 kernel, stride 1, no padding."""
+    return (attrs.groups == 1 and attrs.kernel_h == attrs.kernel_w == 1 and attrs.stride_h == attrs.stride_w == 1
+            and attrs.padding_h == attrs.padding_w == 0)
+
+
+def plan_forward(state: Conv2DState) -> list[Gemm]:
+    """The pointwise forward: Y[n] = W @ X[n] for every image, one batched GEMM (W shared: stride 0)."""
+    n, c, o, p, _ = _sizes(state)
+    return [Gemm(False, False, p, o, c, ("input", 0), p, c * p, ("filter", 0), c, 0, 0.0, ("output", 0), p, o * p,
+                 n)]
+
+
+def _chunks(state: Conv2DState) -> list[tuple[int, int]]:
+    n = state.shapes["input_shape"].dims[0]
+    return [(first, min(first + state.chunk, n)) for first in range(0, n, state.chunk)]
+
+
+def plan_backward_data(state: Conv2DState) -> list[Gemm | Fold]:
+    """input_grad: dX[n] = W^T @ dY[n] (pointwise), or dcols[n] = W^T @ dY[n] then col2im, a chunk of
+    images at a time."""
+    n, c, o, p, k = _sizes(state)
+    if state.paths["backward_data"] == "gemm":
+        return [Gemm(False, True, p, c, o, ("grad", 0), p, o * p, ("filter", 0), c, 0, 0.0, ("input_grad", 0), p,
+                     c * p, n)]
+    steps: list[Gemm | Fold] = []
+    for first, stop in _chunks(state):
+        steps.append(Gemm(False, True, p, k, o, ("grad", first * o * p), p, o * p, ("filter", 0), k, 0, 0.0,
+                          ("columns", 0), p, k * p, stop - first))
+        steps.append(Fold("col2im", first, stop))
+    return steps
+
+
+def plan_backward_filter(state: Conv2DState) -> list[Gemm | Fold]:
+    """filter_grad: dW = sum over n of dY[n] @ cols[n]^T, one GEMM per image in order (beta 0 for the
+    first, 1 after): a fixed summation order, no atomics. cols[n] is X[n] (pointwise) or im2col's."""
+    n, c, o, p, k = _sizes(state)
+    if state.paths["backward_filter"] == "gemm":
+        return [Gemm(True, False, c, o, p, ("input", i * c * p), p, 0, ("grad", i * o * p), p, 0,
+                     0.0 if i == 0 else 1.0, ("filter_grad", 0), c, 0, 1) for i in range(n)]
+    steps: list[Gemm | Fold] = []
+    for first, stop in _chunks(state):
+        steps.append(Fold("im2col", first, stop))
+        steps.extend(Gemm(True, False, k, o, p, ("columns", (i - first) * k * p), p, 0, ("grad", i * o * p), p, 0,
+                          0.0 if i == 0 else 1.0, ("filter_grad", 0), k, 0, 1) for i in range(first, stop))
+    return steps
+
+
+def choose_paths(state: Conv2DState) -> None:
+    """Set state.paths and state.chunk from the attrs and shapes (no device needed)."""
+    attrs = state.attrs
+    state.paths = {"forward": "cudnn", "backward_data": "cudnn", "backward_filter": "cudnn"}
+    if attrs.groups != 1:
+        return
+    if pointwise(attrs):
+        state.paths = dict.fromkeys(state.paths, "gemm")
+        return
+    n, _, _, p, k = _sizes(state)
+    per_image = k * p * state.shapes["input_shape"].dtype.itemsize
+    if 0 < per_image <= COLUMN_LIMIT:
+        state.paths["backward_data"] = state.paths["backward_filter"] = "columns"
+        state.chunk = max(1, min(n, COLUMN_LIMIT // per_image))
+
+
+# --------------------------------------------------------------------------- GPU
 
 
 class _QueryStream:
@@ -307,11 +450,17 @@ def _gpu_init(handle: Any, state: Conv2DState) -> None:
                     raise core.CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH",
                                          f"{OP}: cuDNN computes output dims {found}, the formula {output.dims}")
                 cudnn_handle = handle.cudnn(_QueryStream)
-                for direction, descriptors in (("forward", (x, w, y)), ("backward_data", (w, y, x)),
-                                               ("backward_filter", (x, y, w))):
+                for direction, descriptors, preferred in (
+                        ("forward", (x, w, y), cudnn.FWD_ALGO_IMPLICIT_GEMM), ("backward_data", (w, y, x), None),
+                        ("backward_filter", (x, y, w), None)):
                     state.algorithms[direction] = cudnn.find_algorithm(direction, cudnn_handle, descriptors, conv,
-                                                                       dtype, WORKSPACE_LIMIT)
-                state.workspace_size = max(a.workspace for a in state.algorithms.values())
+                                                                       dtype, WORKSPACE_LIMIT, preferred)
+                choose_paths(state)
+                n, _, _, p, k = _sizes(state) if attrs.groups == 1 else (0, 0, 0, 0, 0)
+                sizes = [state.algorithms[d].workspace for d, path in state.paths.items() if path == "cudnn"]
+                if "columns" in state.paths.values():
+                    sizes.append(state.chunk * k * p * dtype.itemsize)
+                state.workspace_size = max(sizes, default=0)
     except BaseException:
         state.release()
         raise
@@ -340,6 +489,72 @@ def _workspace(handle: Any, state: Conv2DState) -> tuple[int, int]:
     return workspace.data.ptr, workspace.nbytes
 
 
+# Host alpha and beta for cuBLAS (pointer mode host): float for S, double for D. cuBLAS reads them
+# during the call, so module-level arrays are safe.
+_BLAS_SCALARS = {(np.dtype(t), v): np.array(v, dtype=t) for t in (np.float32, np.float64) for v in (0.0, 1.0)}
+
+
+def _run_gemm(blas_handle: int, dtype: np.dtype, step: Gemm, pointers: dict[str, int]) -> None:
+    from cupy.cuda import cublas
+
+    itemsize = dtype.itemsize
+    name = "sgemmStridedBatched" if dtype == np.float32 else "dgemmStridedBatched"
+    operations = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+    a, b, c = (pointers[buffer] + offset * itemsize for buffer, offset in (step.a, step.b, step.c))
+    try:
+        getattr(cublas, name)(blas_handle, operations[step.trans_a], operations[step.trans_b], step.m, step.n, step.k,
+                              _BLAS_SCALARS[(dtype, 1.0)].ctypes.data, a, step.lda, step.stride_a, b, step.ldb,
+                              step.stride_b, _BLAS_SCALARS[(dtype, step.beta)].ctypes.data, c, step.ldc,
+                              step.stride_c, step.batch)
+    except cublas.CUBLASError as error:
+        raise core.CudaError("cuBLAS", str(error), f"{OP}: {name} (m={step.m}, n={step.n}, k={step.k}, "
+                             f"batch={step.batch})") from error
+
+
+def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], workspace: Any) -> None:
+    attrs = state.attrs
+    n, c, h, w = state.shapes["input_shape"].dims
+    _, o, out_h, out_w = state.shapes["output_shape"].dims
+    images = step.stop - step.first
+    dtype = state.shapes["input_shape"].dtype
+    count = images * c * attrs.kernel_h * attrs.kernel_w * out_h * out_w
+    # Room for the grid-stride step past the last index too (grid_for caps the grid at 65536 blocks).
+    index = gpu.index_type(count + 65536 * gpu.BLOCK, images * c * h * w + 65536 * gpu.BLOCK)
+    geometry = np.zeros((), dtype=_GEOMETRY)
+    geometry["v"] = (c, h, w, out_h, out_w, attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w,
+                     attrs.padding_h, attrs.padding_w, attrs.dilation_h, attrs.dilation_w)
+    index_scalar = np.int32 if index == "int" else np.int64
+    columns = workspace[:count * dtype.itemsize].view(dtype)  # the chunk's columns, at the workspace's start
+    if step.kind == "im2col":
+        images_array = arrays["input"][step.first:step.stop]
+        total = count
+    else:
+        images_array = arrays["input_grad"][step.first:step.stop]
+        total = images * c * h * w
+    kernel = _CUDA.function(f"conv_{step.kind}<{gpu.cuda_type(dtype)}, {index}>")
+    first, second = (images_array, columns) if step.kind == "im2col" else (columns, images_array)
+    gpu.launch(stream, kernel, gpu.grid_for(total), gpu.BLOCK, (first, second, index_scalar(images), geometry[()]))
+
+
+def _run_plan(stream, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
+              workspace: Any = None) -> None:
+    """Enqueue a plan's GEMMs (cuBLAS bound to the stream, pointer mode host) and folds on the stream."""
+    from cupy.cuda import cublas
+
+    dtype = state.shapes["input_shape"].dtype
+    pointers = {name: array.data.ptr for name, array in arrays.items() if array is not None}
+    if workspace is not None:
+        pointers["columns"] = workspace.data.ptr
+    with stream:
+        blas_handle = handle.cublas(stream)
+        cublas.setPointerMode(blas_handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        for step in steps:
+            if isinstance(step, Gemm):
+                _run_gemm(blas_handle, dtype, step, pointers)
+            else:
+                _run_fold(stream, state, step, arrays, workspace)
+
+
 def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output) -> None:
     """output = activation(conv(input, filter) + bias), enqueued on the stream."""
     from . import cudnn
@@ -350,19 +565,21 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
         target = _buffer(stream, state, "pre", output)
     if output.size:
         dtype = output.dtype
+        if _convolvable(state) and state.paths["forward"] == "gemm":
+            _run_plan(stream, handle, state, plan_forward(state), {"input": input, "filter": filter, "output": target})
         # Not nested around gpu.launch (which enters the stream itself): activation runs after the block.
         with stream:
-            cudnn_handle = handle.cudnn(stream)
-            if _convolvable(state):
+            if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
+                _zero(stream, target)
+            elif state.paths["forward"] == "cudnn":
+                cudnn_handle = handle.cudnn(stream)
                 workspace, workspace_bytes = _workspace(handle, state)
                 d = state.descriptors
                 cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d["x"], input.data.ptr,
                                           d["w"], filter.data.ptr, d["conv"], state.algorithms["forward"],
                                           workspace, workspace_bytes, cudnn.scalar(dtype, 0), d["y"], target.data.ptr)
-            else:  # an empty sum: zero input channels, or an input of zero size inside the padding
-                _zero(stream, target)
             if bias is not None:
-                cudnn.add_tensor(cudnn_handle, cudnn.scalar(dtype, 1), state.descriptors["bias"], bias.data.ptr,
+                cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors["bias"], bias.data.ptr,
                                  cudnn.scalar(dtype, 1), state.descriptors["y"], target.data.ptr)
         if attrs.activation is not None:
             activation.gpu_forward(stream, attrs.activation, target, output)
@@ -390,21 +607,31 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     wants_filter = filter_grad is not None and filter_grad.size > 0
     if not (wants_input or wants_filter):
         return
+    if not _convolvable(state):  # nothing flows through an empty convolution
+        for array in (input_grad, filter_grad):
+            if array is not None:
+                _zero(stream, array)
+        return
+    with stream:  # one buffer for every step below: they run one after another on the stream
+        workspace_array = handle.workspace(state.workspace_size)
+    workspace, workspace_bytes = workspace_array.data.ptr, workspace_array.nbytes
+    arrays = {"input": input, "filter": filter, "grad": grad, "input_grad": input_grad, "filter_grad": filter_grad}
+    if wants_input and state.paths["backward_data"] != "cudnn":
+        _run_plan(stream, handle, state, plan_backward_data(state), arrays, workspace_array)
+    if wants_filter and state.paths["backward_filter"] != "cudnn":
+        _run_plan(stream, handle, state, plan_backward_filter(state), arrays, workspace_array)
+    if not ((wants_input and state.paths["backward_data"] == "cudnn")
+            or (wants_filter and state.paths["backward_filter"] == "cudnn")):
+        return
     with stream:
-        if not _convolvable(state):  # nothing flows through an empty convolution
-            for array in (input_grad, filter_grad):
-                if array is not None:
-                    _zero(stream, array)
-            return
         cudnn_handle = handle.cudnn(stream)
-        workspace, workspace_bytes = _workspace(handle, state)
         d = state.descriptors
         one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
-        if wants_input:
+        if wants_input and state.paths["backward_data"] == "cudnn":
             cudnn.convolution_backward_data(cudnn_handle, one, d["w"], filter.data.ptr, d["y"], grad.data.ptr,
                                             d["conv"], state.algorithms["backward_data"], workspace, workspace_bytes,
                                             zero, d["x"], input_grad.data.ptr)
-        if wants_filter:
+        if wants_filter and state.paths["backward_filter"] == "cudnn":
             cudnn.convolution_backward_filter(cudnn_handle, one, d["x"], input.data.ptr, d["y"], grad.data.ptr,
                                               d["conv"], state.algorithms["backward_filter"], workspace,
                                               workspace_bytes, zero, d["w"], filter_grad.data.ptr)

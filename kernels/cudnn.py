@@ -540,8 +540,13 @@ def _workspace_size(function: str, handle: int, descriptors: Sequence[int], algo
 
 
 def find_algorithm(direction: str, handle: int, descriptors: Sequence[_Descriptor], conv: ConvolutionDescriptor,
-                   dtype: Any, workspace_limit: int) -> Algorithm:
-    """The fastest deterministic, sum-of-products algorithm for a direction by cuDNN's heuristics.
+                   dtype: Any, workspace_limit: int, preferred: int | None = None) -> Algorithm:
+    """The fastest deterministic, sum-of-products algorithm for a direction by cuDNN's heuristics,
+    or `preferred` (in FMA math) where given, supported and its workspace fits.
+
+    `preferred` exists because the v7 heuristics rank by device time alone: on the H200 they put
+    IMPLICIT_PRECOMP_GEMM first, whose per-call host cost (about 100 us on a 1x1 conv of 64 x 80 x 80)
+    is three times IMPLICIT_GEMM's, which PyTorch's whole forward matches.
 
     Heuristics work from the descriptors alone (cudnnGetConvolution*Algorithm_v7), so no user
     buffer is touched (never the *Find*Ex functions). `descriptors` are the two tensor/filter
@@ -552,6 +557,13 @@ def find_algorithm(direction: str, handle: int, descriptors: Sequence[_Descripto
     lib = library()
     a, b, c = (d.ptr for d in descriptors)
     ordered = (a, b, conv.ptr, c)
+    if preferred is not None:
+        if preferred not in allowed:
+            raise ValueError(f"cuDNN: {direction} algorithm {preferred} is not among the exact ones {allowed}")
+        conv.set_math_type(FMA_MATH)
+        size = _workspace_size(size_function, handle, ordered, preferred)
+        if size is not None and size <= workspace_limit:
+            return Algorithm(int(preferred), FMA_MATH, size)
     count = ctypes.c_int()
     check(getattr(lib, max_count_function)(handle, ctypes.byref(count)), max_count_function)
     results = (AlgoPerf * max(count.value, 1))()

@@ -1,0 +1,218 @@
+"""conv_2d's GPU GEMM paths checked without a GPU: each plan (the cuBLAS calls with their
+sizes, leading dimensions, strides, offsets and betas, and the im2col/col2im folds) is run
+by a NumPy emulator of column-major strided batched GEMM over flat buffers and of the
+folds' CUDA index math, and must give what the CPU kernels give. On the GPU the same plans
+run through cuBLAS (the GPU rows compare those paths with the CPU and check determinism)."""
+
+import numpy as np
+import pytest
+
+from kernels import Conv2DAttrs, TensorShape, conv_2d
+
+from .conftest import Dev, require
+
+_ITEM = 1  # the emulator's offsets are in elements
+
+
+def _matrix(flat, offset, rows, cols, ld):
+    """The column-major (rows x cols) matrix with leading dimension ld at flat[offset:], as a view."""
+    assert ld >= max(1, rows), (ld, rows)
+    assert offset + (cols - 1) * ld + rows <= flat.size, "reads or writes past the buffer's end"
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape=(rows, cols),
+                                           strides=(flat.itemsize, ld * flat.itemsize))
+
+
+def _gemm(step, buffers):
+    """cublas<t>gemmStridedBatched's semantics: C_i = op(A_i) @ op(B_i) + beta * C_i for i < batch."""
+    a_rows, a_cols = (step.k, step.m) if step.trans_a else (step.m, step.k)
+    b_rows, b_cols = (step.n, step.k) if step.trans_b else (step.k, step.n)
+    for i in range(step.batch):
+        a = _matrix(buffers[step.a[0]], step.a[1] + i * step.stride_a, a_rows, a_cols, step.lda)
+        b = _matrix(buffers[step.b[0]], step.b[1] + i * step.stride_b, b_rows, b_cols, step.ldb)
+        c = _matrix(buffers[step.c[0]], step.c[1] + i * step.stride_c, step.m, step.n, step.ldc)
+        product = (a.T if step.trans_a else a) @ (b.T if step.trans_b else b)
+        c[...] = product + (step.beta * c if step.beta else 0)
+
+
+def _fold(step, buffers, state):
+    """conv_im2col / conv_col2im of conv_2d.cu: the same per-thread index math, vectorized over threads."""
+    a = state.attrs
+    _, c, h, w = state.shapes["input_shape"].dims
+    _, _, out_h, out_w = state.shapes["output_shape"].dims
+    images = step.stop - step.first
+    kh, kw = a.kernel_h, a.kernel_w
+    columns = buffers["columns"]
+    if step.kind == "im2col":
+        image = buffers["input"][step.first * c * h * w:step.stop * c * h * w]
+        index = np.arange(images * c * kh * kw * out_h * out_w)
+        ow = index % out_w
+        rest = index // out_w
+        oh = rest % out_h
+        rest //= out_h
+        j = rest % kw
+        rest //= kw
+        i = rest % kh
+        rest //= kh
+        ch = rest % c
+        n = rest // c
+        y = oh * a.stride_h - a.padding_h + i * a.dilation_h
+        x = ow * a.stride_w - a.padding_w + j * a.dilation_w
+        inside = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+        source = ((n * c + ch) * h + np.clip(y, 0, h - 1)) * w + np.clip(x, 0, w - 1)
+        columns[:index.size] = np.where(inside, image[source], 0)
+    else:
+        target = buffers["input_grad"][step.first * c * h * w:step.stop * c * h * w]
+        index = np.arange(images * c * h * w)
+        x0 = index % w
+        rest = index // w
+        y0 = rest % h
+        rest //= h
+        ch = rest % c
+        n = rest // c
+        plane = (n * c + ch) * kh * kw * out_h * out_w
+        total = np.zeros(index.size, dtype=target.dtype)
+        for i in range(kh):  # the kernel's tap order
+            y = y0 + a.padding_h - i * a.dilation_h
+            oh = np.where(y >= 0, y, 0) // a.stride_h
+            row_ok = (y >= 0) & (y % a.stride_h == 0) & (oh < out_h)
+            for j in range(kw):
+                x = x0 + a.padding_w - j * a.dilation_w
+                ow = np.where(x >= 0, x, 0) // a.stride_w
+                ok = row_ok & (x >= 0) & (x % a.stride_w == 0) & (ow < out_w)
+                where = plane + (i * kw + j) * out_h * out_w + np.where(ok, oh * out_w + ow, 0)
+                total += np.where(ok, columns[np.where(ok, where, 0)], 0)
+        target[:] = total
+
+
+def _emulate(state, steps, buffers):
+    for step in steps:
+        if isinstance(step, conv_2d.Gemm):
+            _gemm(step, buffers)
+        else:
+            _fold(step, buffers, state)
+
+
+_CONFIGS = [
+    ((3, 5, 6, 7), Conv2DAttrs(4, 1, 1)),  # pointwise, batch 3
+    ((1, 64, 4, 5), Conv2DAttrs(8, 1, 1)),  # pointwise, the head's 64 channels
+    ((2, 3, 9, 10), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1)),  # the stem: 3x3 s2 p1
+    ((3, 4, 7, 6), Conv2DAttrs(5, 3, 3, 1, 1, 1, 1)),  # C2f 3x3
+    ((2, 3, 9, 8), Conv2DAttrs(2, 3, 3, 1, 1, 2, 2, 2, 2)),  # dilation 2
+    ((2, 3, 7, 5), Conv2DAttrs(4, 3, 2, 2, 1, 1, 0)),  # asymmetric kernel and stride
+    ((1, 2, 4, 11), Conv2DAttrs(3, 1, 5, 1, 3, 0, 2)),  # 1x5, stride 3 across
+    ((2, 2, 5, 4), Conv2DAttrs(3, 3, 3, 1, 2, 2, 3)),  # padding wider than half the kernel
+    ((2, 3, 5, 6), Conv2DAttrs(2, 1, 1, 2, 2)),  # 1x1 stride 2: not pointwise, columns
+    ((2, 3, 5, 6), Conv2DAttrs(2, 1, 1, padding_h=1)),  # 1x1 padded: columns
+    ((2, 2, 3, 4), Conv2DAttrs(3, 3, 4)),  # kernel covers the input
+    ((4, 2, 6, 5), Conv2DAttrs(3, 3, 3, 2, 1, 1, 2, 1, 2)),  # chunked below
+]
+
+
+def _state(dims, attrs, dtype=np.float64, chunk=None):
+    state = conv_2d.init_kernel(Dev("cpu").handle, attrs, TensorShape(dims, dtype),
+                                TensorShape(conv_2d.output_dims(attrs, dims), dtype))
+    conv_2d.choose_paths(state)
+    if chunk is not None:
+        state.chunk = chunk
+    return state
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3])
+@pytest.mark.parametrize("index", range(len(_CONFIGS)))
+def test_plans_match_the_cpu(index, chunk):
+    dims, attrs = _CONFIGS[index]
+    state = _state(dims, attrs, chunk=chunk)
+    expected_path = "gemm" if conv_2d.pointwise(attrs) else "columns"
+    assert state.paths["backward_data"] == state.paths["backward_filter"] == expected_path
+    assert state.paths["forward"] == ("gemm" if expected_path == "gemm" else "cudnn")
+    rng = np.random.default_rng(index)
+    input = rng.integers(-8, 9, dims).astype(np.float64)
+    filter = rng.integers(-8, 9, conv_2d.filter_dims(attrs, dims[1])).astype(np.float64)
+    output_dims = conv_2d.output_dims(attrs, dims)
+    grad = rng.integers(-8, 9, output_dims).astype(np.float64)
+    expected = {"output": np.empty(output_dims), "input_grad": np.empty(dims), "filter_grad": np.empty(filter.shape)}
+    cpu = Dev("cpu")
+    conv_2d.cpu_forward_kernel(cpu.stream, cpu.handle, state, attrs, input, filter, None, expected["output"])
+    conv_2d.cpu_backward_kernel(cpu.stream, cpu.handle, state, attrs, None, grad, input, expected["input_grad"],
+                                filter, expected["filter_grad"], None)
+    n, c, o, p, k = conv_2d._sizes(state)
+    # Garbage everywhere the plans write: every element must be overwritten (beta 0 first).
+    buffers = {"input": input.ravel().copy(), "filter": filter.ravel().copy(), "grad": grad.ravel().copy(),
+               "output": np.full(grad.size, np.nan), "input_grad": np.full(input.size, np.nan),
+               "filter_grad": np.full(filter.size, np.nan), "columns": np.full(state.chunk * k * p, np.nan)}
+    plans = {"input_grad": conv_2d.plan_backward_data(state), "filter_grad": conv_2d.plan_backward_filter(state)}
+    if state.paths["forward"] == "gemm":
+        plans["output"] = conv_2d.plan_forward(state)
+    for name, steps in plans.items():
+        _emulate(state, steps, buffers)
+        np.testing.assert_array_equal(buffers[name].reshape(expected[name].shape), expected[name], err_msg=name)
+    if state.paths["backward_filter"] == "columns":  # one fold and GEMMs per chunk, first GEMM beta 0
+        folds = [s for s in plans["filter_grad"] if isinstance(s, conv_2d.Fold)]
+        assert [(f.first, f.stop) for f in folds] == conv_2d._chunks(state)
+        assert [s.beta for s in plans["filter_grad"] if isinstance(s, conv_2d.Gemm)] == [0.0] + [1.0] * (n - 1)
+
+
+def test_groups_and_depthwise_stay_on_cudnn():
+    for attrs in (Conv2DAttrs(4, 3, 3, groups=4), Conv2DAttrs(4, 1, 1, groups=2)):
+        state = _state((1, 4, 5, 5), attrs)
+        assert set(state.paths.values()) == {"cudnn"}
+
+
+def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
+    dims, attrs = (3, 4, 8, 8), Conv2DAttrs(2, 3, 3, padding_h=1, padding_w=1)
+    per_image = 4 * 9 * 64 * 4  # float32 columns of one image
+    monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", per_image - 1)
+    assert _state(dims, attrs, np.float32).paths["backward_data"] == "cudnn"
+    monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", 2 * per_image + 7)
+    state = _state(dims, attrs, np.float32)
+    assert state.paths["backward_filter"] == "columns" and state.chunk == 2
+    assert conv_2d._chunks(state) == [(0, 2), (2, 3)]
+
+
+# ------------------------------------------------------------------ GPU: the paths against the CPU
+
+
+def _random_run(dev, dims, attrs, dtype, seed):
+    rng = np.random.default_rng(seed)
+    input = rng.standard_normal(dims).astype(dtype)
+    filter = rng.standard_normal(conv_2d.filter_dims(attrs, dims[1])).astype(dtype)
+    bias = rng.standard_normal(attrs.out_channels).astype(dtype) if attrs.use_bias else None
+    grad = rng.standard_normal(conv_2d.output_dims(attrs, dims)).astype(dtype)
+    from .test_conv_2d import _run
+
+    return _run(dev, attrs, input, filter, bias, grad)
+
+
+_GPU_CONFIGS = [
+    ((3, 64, 20, 20), Conv2DAttrs(64, 1, 1, use_bias=True)),  # pointwise, batch 3
+    ((2, 32, 40, 40), Conv2DAttrs(32, 3, 3, 1, 1, 1, 1)),  # C2f 3x3
+    ((2, 3, 64, 64), Conv2DAttrs(16, 3, 3, 2, 2, 1, 1)),  # stem 3x3 s2
+    ((2, 8, 17, 15), Conv2DAttrs(6, 3, 3, 1, 1, 2, 2, 2, 2)),  # dilation 2
+    ((2, 5, 13, 11), Conv2DAttrs(7, 3, 2, 2, 1, 1, 0)),  # asymmetric
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index", range(len(_GPU_CONFIGS)))
+def test_gpu_paths_match_cpu_and_repeat_bitwise(index, dtype):
+    """Each GEMM path on random data: within a normwise bound of the CPU result (float32 1e-5,
+    float64 1e-12, relative to the norm of the result), and the same bits on a second run."""
+    require("gpu")
+    dims, attrs = _GPU_CONFIGS[index]
+    dev = Dev("gpu")
+    try:
+        state = _state(dims, attrs, dtype)
+        assert state.paths["backward_filter"] in ("gemm", "columns")
+        first = _random_run(dev, dims, attrs, dtype, seed=index)
+        second = _random_run(dev, dims, attrs, dtype, seed=index)
+        expected = _random_run(Dev("cpu"), dims, attrs, dtype, seed=index)
+        bound = 1e-5 if dtype == np.float32 else 1e-12
+        for name, a, b, e in zip(("output", "input_grad", "filter_grad", "bias_grad"), first, second, expected):
+            if e is None:
+                continue
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=f"{name}: not deterministic")
+            error = np.linalg.norm((a.astype(np.float64) - e).ravel()) / max(np.linalg.norm(e.ravel()), 1e-300)
+            assert error < bound, (name, error)
+    finally:
+        dev.handle.close()
