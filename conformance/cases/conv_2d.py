@@ -83,6 +83,20 @@ _add("kernel_covers_input", (2, 2, 3, 4), _conv(3, (3, 4)), description="one out
 _add("f64_groups_2_dilation_2_stride_2_bias", (2, 4, 9, 10),
      _conv(4, (3, 3), (2, 2), (2, 1), (2, 2), groups=2, use_bias=True), dtype=np.float64)
 _add("f64_depthwise_k3_s2_p1", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4), dtype=np.float64)
+# The GPU's cuBLAS paths for groups == 1 (kernels/conv_2d.py): pointwise GEMMs, and im2col / col2im.
+_add("gemm_pointwise_batch_3_c64", (3, 64, 3, 5), _conv(9, (1, 1), use_bias=True),
+     description="pointwise GEMM path: batch 3 (a strided batched GEMM, the filter gradient summed per image), "
+                 "64 input channels")
+_add("columns_k3_s2_p1_batch_3_c8", (3, 8, 9, 8), _conv(5, (3, 3), (2, 2), (1, 1)),
+     description="im2col / col2im path: stride 2 with padding, batch 3")
+_add("columns_dilation_2_batch_2", (2, 3, 9, 8), _conv(4, (3, 3), (1, 1), (1, 2), (2, 2)),
+     description="im2col / col2im path with dilation 2 and unequal padding")
+_add("columns_kernel_2x3_stride_1x2_batch_2", (2, 3, 6, 9), _conv(4, (2, 3), (1, 2), (0, 1)),
+     description="im2col / col2im path: asymmetric kernel and stride")
+_add("columns_k1_s2", (2, 3, 5, 6), _conv(4, (1, 1), (2, 2)),
+     description="a strided 1x1: not pointwise, so im2col / col2im (most input pixels get no gradient)")
+_add("columns_k1_pad_1", (2, 3, 4, 3), _conv(2, (1, 1), padding=(1, 1), use_bias=True),
+     description="a padded 1x1: the output's border is the bias alone")
 _add("zero_batch", (0, 3, 5, 4), _conv(2, (3, 3), (1, 1), (1, 1), use_bias=True),
      description="N = 0: nothing to compute; filter and bias gradients are zero")
 
