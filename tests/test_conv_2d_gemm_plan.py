@@ -216,3 +216,28 @@ def test_gpu_paths_match_cpu_and_repeat_bitwise(index, dtype):
             assert error < bound, (name, error)
     finally:
         dev.handle.close()
+
+
+@pytest.mark.gpu
+def test_gpu_init_picks_the_paths_and_implicit_gemm():
+    """On the GPU: groups-1 convolutions take the GEMM paths; the forward algorithm of the others is
+    IMPLICIT_GEMM (cheapest per call on the H200); the workspace holds a chunk's columns."""
+    require("gpu")
+    from kernels import cudnn
+
+    dev = Dev("gpu")
+    try:
+        for dims, attrs in _GPU_CONFIGS + [((1, 64, 20, 20), Conv2DAttrs(64, 3, 3, 2, 2, 1, 1, groups=64))]:
+            for dtype in (np.float32, np.float64):
+                state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype),
+                                            TensorShape(conv_2d.output_dims(attrs, dims), dtype))
+                expected = _state(dims, attrs, dtype)
+                assert state.paths == expected.paths and state.chunk == expected.chunk
+                if state.paths["forward"] == "cudnn":
+                    assert state.algorithms["forward"].algo == cudnn.FWD_ALGO_IMPLICIT_GEMM
+                if state.paths["backward_data"] == "columns":
+                    _, _, _, p, k = conv_2d._sizes(state)
+                    assert state.workspace_size >= state.chunk * k * p * np.dtype(dtype).itemsize
+                conv_2d.cleanup_kernel(dev.handle, state)
+    finally:
+        dev.handle.close()
