@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
 from fractions import Fraction
 from typing import Any
 
@@ -133,6 +134,24 @@ def blockwise(function: Any, *arrays: np.ndarray) -> None:
     core.cpu_parallel(run, -(-count // BLOCK_ELEMENTS))
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(like: np.ndarray, slot: int) -> np.ndarray:
+    """A buffer shaped like `like` (a block: at most BLOCK_ELEMENTS unless blockwise ran on a whole
+    non-contiguous array), kept per thread and slot so that blocks allocate nothing."""
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = {}
+    key = (slot, like.dtype)
+    buffer = buffers.get(key)
+    if buffer is None or buffer.size < like.size:
+        if like.size > BLOCK_ELEMENTS:
+            return np.empty_like(like)
+        buffer = buffers[key] = np.empty(BLOCK_ELEMENTS, like.dtype)
+    return buffer[:like.size].reshape(like.shape)
+
+
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
     """output = f(pre) on NumPy arrays of one float dtype and shape; output may be pre itself."""
     if not isinstance(activation, Activation):
@@ -144,7 +163,8 @@ def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) 
     if activation is Activation.RELU:
         np.maximum(pre, pre.dtype.type(0), out=output)  # NaN propagates, as torch.relu
     elif activation is Activation.SIGMOID:
-        scratch = np.negative(pre)
+        scratch = output if not np.may_share_memory(pre, output) or pre is output else _scratch(pre, 0)
+        np.negative(pre, out=scratch)
         np.exp(scratch, out=scratch)
         scratch += 1
         np.reciprocal(scratch, out=output)
@@ -157,7 +177,9 @@ def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) 
         cdf += 1.0
         np.copyto(output, wide * 0.5 * cdf)
     elif activation is Activation.SILU:
-        scratch = np.negative(pre)
+        # output is the scratch unless it overlaps pre (then it is written last, from a thread's own buffer)
+        scratch = output if not np.may_share_memory(pre, output) else _scratch(pre, 0)
+        np.negative(pre, out=scratch)
         np.exp(scratch, out=scratch)
         scratch += 1
         np.divide(pre, scratch, out=output)
@@ -202,10 +224,10 @@ def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.nda
         np.copyto(pre_grad, np.where(pre <= 0, pre.dtype.type(0), output_grad))
         return
     if activation is Activation.SILU:
-        # torch: grad * sigmoid * (1 + x * (1 - sigmoid)), in that order.
-        sigmoid = np.empty_like(pre)
+        # torch: grad * sigmoid * (1 + x * (1 - sigmoid)), in that order; in this thread's own buffers.
+        sigmoid = _scratch(pre, 0)
         _forward_block(Activation.SIGMOID, pre, sigmoid)
-        factor = 1 - sigmoid
+        factor = np.subtract(pre.dtype.type(1), sigmoid, out=_scratch(pre, 1))
         factor *= pre
         factor += 1
         sigmoid *= output_grad
