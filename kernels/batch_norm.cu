@@ -189,7 +189,8 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
 // null when not affine. The mean and invstd are the same float64 operations
 // wherever they are computed (sum_in_order of the partials; the finalize of
 // bn_feature_stats), so every block and the saved copy agree to the bit.
-// A block covers BN_APPLY_UNROLL * BN_BLOCK columns of a row per step.
+// A block covers BN_APPLY_UNROLL * BN_BLOCK columns of a row per step (the host picks
+// 64-bit I where base + step could pass 2^31).
 #define BN_APPLY_UNROLL 4
 template <typename T, typename I>
 __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, const double* __restrict__ partials,
@@ -229,13 +230,12 @@ __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, co
             T x[BN_APPLY_UNROLL];
 #pragma unroll
             for (int k = 0; k < BN_APPLY_UNROLL; ++k) {
-                const I col = base + k * BN_BLOCK;
-                if (col < cols) x[k] = input[offset + col];
+                if (cols - base > k * BN_BLOCK) x[k] = input[offset + base + k * BN_BLOCK];
             }
 #pragma unroll
             for (int k = 0; k < BN_APPLY_UNROLL; ++k) {
+                if (cols - base <= k * BN_BLOCK) break;
                 const I col = base + k * BN_BLOCK;
-                if (col >= cols) break;
                 double mean = row_mean, invstd = row_invstd;
                 if (!stat_by_row) {
                     if (stats_from == BN_STATS_RUNNING) {
@@ -353,30 +353,71 @@ __global__ void bn_feature_grad(const T* __restrict__ output_grad, const T* __re
     }
 }
 
+// Where bn_backward_apply takes the coefficients of the input gradient from.
+#define BN_COEF_SAVED 0     // coef, written by a launch before (or none: after an inference forward)
+#define BN_COEF_PARTIALS 1  // the channel sums of bn_spatial_grad_partials (SPATIAL): grad_finalize's
+                            // operations, and its gamma_grad / beta_grad written once a channel by block x 0
+
 // input_grad = ((g - grad_mean) - (x - mean) * k) * invstd * gamma after a training
-// forward, g * invstd * gamma after an inference one (gamma null when not affine).
+// forward, g * invstd * gamma after an inference one (gamma null when not affine),
+// for a (rows, cols) view as bn_forward_apply's.
 template <typename T, typename I>
 __global__ void bn_backward_apply(const T* __restrict__ output_grad, const T* __restrict__ pre, int activation,
-                                  const T* __restrict__ input,
-                                  const double* __restrict__ mean, const double* __restrict__ invstd,
-                                  const double* __restrict__ coef, const T* __restrict__ gamma,
-                                  T* __restrict__ input_grad, I rows, I cols, I stats, int stat_by_row,
-                                  int training) {
+                                  const T* __restrict__ input, int coef_from, const double* __restrict__ partials,
+                                  I parts, double count, const double* __restrict__ mean,
+                                  const double* __restrict__ invstd, const double* __restrict__ coef,
+                                  const T* __restrict__ gamma, T* __restrict__ gamma_grad,
+                                  T* __restrict__ beta_grad, T* __restrict__ input_grad, I rows, I cols, I stats,
+                                  int stat_by_row, int training) {
+    __shared__ double shared[2 * BN_BLOCK];
     for (I row = blockIdx.y; row < rows; row += gridDim.y) {
         const I row_stat = stat_by_row ? row % stats : 0;
-        const I offset = row * cols;
-        for (I col = (I)blockIdx.x * blockDim.x + threadIdx.x; col < cols; col += (I)gridDim.x * blockDim.x) {
-            const I f = stat_by_row ? row_stat : col;
-            const double g = upstream_grad(output_grad, pre, activation, offset + col);
-            double value;
+        double row_grad_mean = 0.0, row_k = 0.0;
+        if (stat_by_row && coef_from == BN_COEF_PARTIALS) {
+            double sum_g, dot;
+            block_sums_in_order(partials + row_stat * parts, stats * parts, parts, shared, sum_g, dot);
+            const double channel_invstd = invstd[row_stat];
             if (training) {
-                const double projection = __dmul_rn(__dsub_rn((double)input[offset + col], mean[f]), coef[stats + f]);
-                value = __dmul_rn(__dsub_rn(__dsub_rn(g, coef[f]), projection), invstd[f]);
-            } else {
-                value = __dmul_rn(g, invstd[f]);
+                row_grad_mean = __ddiv_rn(sum_g, count);
+                row_k = __ddiv_rn(__dmul_rn(__dmul_rn(dot, channel_invstd), channel_invstd), count);
             }
-            if (gamma) value = __dmul_rn(value, (double)gamma[f]);
-            input_grad[offset + col] = (T)value;
+            if (blockIdx.x == 0 && threadIdx.x == 0 && row < stats) {
+                if (gamma_grad) gamma_grad[row] = (T)__dmul_rn(dot, channel_invstd);
+                if (beta_grad) beta_grad[row] = (T)sum_g;
+            }
+        } else if (stat_by_row && training) {
+            row_grad_mean = coef[row_stat];
+            row_k = coef[stats + row_stat];
+        }
+        const I offset = row * cols;
+        const I step = (I)gridDim.x * (BN_APPLY_UNROLL * BN_BLOCK);
+        for (I base = (I)blockIdx.x * (BN_APPLY_UNROLL * BN_BLOCK) + threadIdx.x; base < cols; base += step) {
+            double g[BN_APPLY_UNROLL];
+            T x[BN_APPLY_UNROLL];
+#pragma unroll
+            for (int k = 0; k < BN_APPLY_UNROLL; ++k) {
+                if (cols - base > k * BN_BLOCK) {
+                    g[k] = upstream_grad(output_grad, pre, activation, offset + base + k * BN_BLOCK);
+                    if (training) x[k] = input[offset + base + k * BN_BLOCK];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < BN_APPLY_UNROLL; ++k) {
+                if (cols - base <= k * BN_BLOCK) break;
+                const I col = base + k * BN_BLOCK;
+                const I f = stat_by_row ? row_stat : col;
+                double value;
+                if (training) {
+                    const double grad_mean = stat_by_row ? row_grad_mean : coef[f];
+                    const double k_f = stat_by_row ? row_k : coef[stats + f];
+                    const double projection = __dmul_rn(__dsub_rn((double)x[k], mean[f]), k_f);
+                    value = __dmul_rn(__dsub_rn(__dsub_rn(g[k], grad_mean), projection), invstd[f]);
+                } else {
+                    value = __dmul_rn(g[k], invstd[f]);
+                }
+                if (gamma) value = __dmul_rn(value, (double)gamma[f]);
+                input_grad[offset + col] = (T)value;
+            }
         }
     }
 }

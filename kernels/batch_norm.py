@@ -334,6 +334,8 @@ _CHUNK = 2048  # elements of one row that a partial-sum block reduces (8 per thr
 # bn_spatial_partials' `what` and bn_forward_apply's `stats_from` (batch_norm.cu)
 _PARTIALS_SUMS, _PARTIALS_SQUARES, _PARTIALS_BOTH = np.int32(0), np.int32(1), np.int32(2)
 _STATS_SAVED, _STATS_RUNNING, _STATS_PARTIALS = np.int32(0), np.int32(1), np.int32(2)
+_COEF_SAVED, _COEF_PARTIALS = np.int32(0), np.int32(1)  # bn_backward_apply's `coef_from`
+_FALSE, _TRUE = np.int32(0), np.int32(1)
 _FORWARD_TRAINING, _FORWARD_INFERENCE = {"training": True}, {"training": False}  # state.saved["forward"], read only
 
 _CUDA = gpu.CudaModule("batch_norm.cu", [
@@ -361,7 +363,8 @@ class _GpuPlan:
 
 def _gpu_plan(layout: Layout) -> _GpuPlan:
     total = layout.outer * layout.stats * layout.inner
-    index = gpu.index_type(total, layout.count)
+    # 32-bit indices only where the apply's grid-stride step cannot carry a column past 2^31.
+    index = gpu.index_type(total + 65535 * _BLOCK * _APPLY_UNROLL, layout.count)
     scalar = np.int32 if index == "int" else np.int64
     by_feature = layout.inner == 1
     chunk = min(max(layout.inner, 1), _CHUNK)
@@ -426,7 +429,19 @@ class _GpuCalls:
                               np.int32(0 if plan.by_feature else 1), activations.code(attrs.activation))
             self.apply_inference = (_STATS_RUNNING, _NULL, scalar(1), count, eps, np.float64(0.0))
             self.saved_stats = (mean, invstd)
+            # backward: output_grad + upstream + input come first in every backward kernel
+            self.by_feature = plan.by_feature
+            self.upstream = (self.pre, activations.code(attrs.activation))
+            self.coef = (saved["coef"],)
+            self.backward_apply = function(f"bn_backward_apply<{t}, {i}>")
+            # bn_backward_apply(..., coef_from, partials, parts, count, mean, invstd, coef, gamma, gamma_grad,
+            #   beta_grad, input_grad, rows, cols, stats, stat_by_row, training)
+            self.backward_apply_stats = (partials, scalar(plan.parts), count, mean, invstd, saved["coef"])
+            self.backward_apply_end = self.apply_end[:4]
             if plan.by_feature:
+                # bn_feature_grad(..., mean, invstd, rows, features, count, training, gamma_grad, beta_grad, coef)
+                self.feature_grad = function(f"bn_feature_grad<{t}, {i}>")
+                self.feature_grad_args = (mean, invstd, scalar(layout.outer), scalar(layout.stats), count)
                 # bn_feature_stats(input, rows, features, eps, momentum, running_mean, running_var, mean, invstd)
                 self.feature_stats = function(f"bn_feature_stats<{t}, {i}>")
                 self.feature_head = (scalar(layout.outer), scalar(layout.stats), eps)
@@ -444,6 +459,13 @@ class _GpuCalls:
                     self.partials_args = [(sums, squares, _PARTIALS_SUMS) + partials_tail,
                                           (sums, squares, _PARTIALS_SQUARES) + partials_tail]
                 self.apply_training = (_STATS_PARTIALS, partials, scalar(plan.parts), count, eps)
+                # bn_spatial_grad_partials(..., mean, partials, channels, inner, chunk, parts_per_row, parts)
+                self.grad_partials = function(f"bn_spatial_grad_partials<{t}, {i}>")
+                self.grad_partials_args = (mean, partials) + partials_tail[:-1]
+                # bn_spatial_grad_finalize(partials, parts, channels, invstd, count, training, gamma_grad,
+                #   beta_grad, coef)
+                self.grad_finalize = function(f"bn_spatial_grad_finalize<{t}>")
+                self.grad_finalize_args = (partials, np.int64(plan.parts), np.int64(layout.stats), invstd, count)
 
 
 def _gpu_calls(state: BatchNormState, attrs: BatchNormAttrs, dtype: np.dtype) -> _GpuCalls:
@@ -501,40 +523,36 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     """Gradients of the forward before, enqueued on the stream (see cpu_backward_kernel)."""
     saved = _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
                             gamma_grad, beta_grad)
-    layout, plan = state.saved["layout"], state.saved["plan"]
     if saved.get("empty"):
         with stream:
             for grad in (gamma_grad, beta_grad):
                 if grad is not None:
                     grad.fill(0)
         return
+    calls = _gpu_calls(state, attrs, input.dtype)
     _wait_ready(stream, state)
     # The activation's gradient is taken inside the kernels, from the pre-activation the forward kept.
-    upstream = (output_grad, state.saved["pre"] if attrs.activation is not None else _NULL,
-                activations.code(attrs.activation))
-    t = gpu.cuda_type(input.dtype)
+    upstream = (output_grad,) + calls.upstream + (input,)
     training = saved["training"]
-    mean, invstd, coef = state.saved["mean"], state.saved["invstd"], state.saved["coef"]
+    flag = _TRUE if training else _FALSE
+    grads = (_NULL if gamma_grad is None else gamma_grad, _NULL if beta_grad is None else beta_grad)
     need_sums = gamma_grad is not None or beta_grad is not None or (training and input_grad is not None)
+    coef_from = _COEF_SAVED
     if need_sums:
-        sums_args = (np.float64(layout.count), np.int32(training), gamma_grad if gamma_grad is not None else _NULL,
-                     beta_grad if beta_grad is not None else _NULL, coef)
-        if plan.by_feature:
-            gpu.launch(stream, _CUDA.function(f"bn_feature_grad<{t}, {plan.index}>"), gpu.grid_for(layout.stats), _BLOCK,
-                       upstream + (input, mean, invstd, plan.scalar(layout.outer), plan.scalar(layout.stats)) + sums_args)
+        if calls.by_feature:
+            gpu.launch(stream, calls.feature_grad, calls.stat_grid, _BLOCK,
+                       upstream + calls.feature_grad_args + (flag,) + grads + calls.coef)
         else:
-            partials = state.saved["partials"][:2 * layout.stats * plan.parts]
-            grid = (max(1, min(plan.parts, 65535)), max(1, min(layout.stats, 65535)))
-            gpu.launch(stream, _CUDA.function(f"bn_spatial_grad_partials<{t}, {plan.index}>"), grid, _BLOCK,
-                       upstream + (input, mean, partials, plan.scalar(layout.stats), plan.scalar(layout.inner),
-                        plan.scalar(plan.chunk), plan.scalar(plan.parts_per_row), plan.scalar(plan.parts)))
-            gpu.launch(stream, _CUDA.function(f"bn_spatial_grad_finalize<{t}>"), gpu.grid_for(layout.stats), _BLOCK,
-                       (partials, np.int64(plan.parts), np.int64(layout.stats), invstd) + sums_args)
+            gpu.launch(stream, calls.grad_partials, calls.partials_grid, _BLOCK, upstream + calls.grad_partials_args)
+            if input_grad is None:
+                gpu.launch(stream, calls.grad_finalize, calls.stat_grid, _BLOCK,
+                           calls.grad_finalize_args + (flag,) + grads + calls.coef)
+                return
+            coef_from = _COEF_PARTIALS  # the apply finalizes: gamma_grad and beta_grad too
     if input_grad is not None:
-        gpu.launch(stream, _CUDA.function(f"bn_backward_apply<{t}, {plan.index}>"), _gpu_apply_grid(plan), _BLOCK,
-                   upstream + (input, mean, invstd, coef, gamma if attrs.affine else _NULL, input_grad,
-                    plan.scalar(plan.rows), plan.scalar(plan.cols), plan.scalar(layout.stats),
-                    np.int32(0 if plan.by_feature else 1), np.int32(training)))
+        gpu.launch(stream, calls.backward_apply, calls.apply_grid, _BLOCK,
+                   upstream + (coef_from,) + calls.backward_apply_stats + (gamma if attrs.affine else _NULL,) + grads
+                   + (input_grad,) + calls.backward_apply_end + (flag,))
 
 
 # --------------------------------------------------------------------------- dispatch
