@@ -1,5 +1,6 @@
-// conv_2d's own kernel: the bias gradient. The convolutions themselves run in
-// cuDNN (kernels/cudnn.py); the fused activation in activation.cu.
+// conv_2d's own kernels: the bias gradient; im2col and the col2im gather around
+// cuBLAS GEMMs for groups == 1; both gradients of depthwise convolutions. The
+// rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu.
 
 #define CONV_BIAS_GRAD_BLOCK 512
 
@@ -101,5 +102,96 @@ __global__ void conv_col2im(const T* __restrict__ columns, T* __restrict__ input
             }
         }
         input_grad[index] = sum;
+    }
+}
+
+// Depthwise convolutions (groups == C, O = C * multiplier, filter (O, 1, kh, kw)): both
+// gradients without GEMMs or cuDNN. Same geometry as conv_im2col; grad is (N, O, Ho, Wo).
+
+// input_grad[n, c, h, w] = sum over q < multiplier, then taps (i, j) in row-major order, of
+// grad[n, c * multiplier + q, oh, ow] * filter[c * multiplier + q, 0, i, j] over the output
+// positions whose window tap (i, j) reads (h, w) (the gather of conv_col2im). One thread per
+// input_grad element, a fixed order: the same bits every run.
+template <typename T, typename I>
+__global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* __restrict__ filter,
+                                          T* __restrict__ input_grad, I images, I multiplier, ConvGeometry g) {
+    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
+    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
+    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    const I positions = out_h * out_w;
+    const I out_channels = channels * multiplier;
+    const I total = images * channels * height * width;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        const I w = index % width;
+        I rest = index / width;
+        const I h = rest % height;
+        rest /= height;
+        const I c = rest % channels;
+        const I n = rest / channels;
+        T sum = (T)0;
+        for (I q = 0; q < multiplier; ++q) {
+            const I o = c * multiplier + q;
+            const T* plane = grad + (n * out_channels + o) * positions;
+            const T* taps = filter + o * kernel_h * kernel_w;
+            for (I i = 0; i < kernel_h; ++i) {
+                const I y = h + pad_h - i * dilation_h;
+                if (y < 0 || y % stride_h) continue;
+                const I oh = y / stride_h;
+                if (oh >= out_h) continue;
+                for (I j = 0; j < kernel_w; ++j) {
+                    const I x = w + pad_w - j * dilation_w;
+                    if (x < 0 || x % stride_w) continue;
+                    const I ow = x / stride_w;
+                    if (ow >= out_w) continue;
+                    sum += plane[oh * out_w + ow] * taps[i * kernel_w + j];
+                }
+            }
+        }
+        input_grad[index] = sum;
+    }
+}
+
+#define CONV_DEPTHWISE_FILTER_BLOCK 256
+
+// filter_grad[o, 0, i, j] = sum over n, oh, ow of grad[n, o, oh, ow] * input[n, o / multiplier,
+// oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 in the padding). One block per filter element
+// (grid-stride over them): each thread sums a fixed strided subset of the output positions in
+// double (a float product is exact in double), then a fixed shared-memory tree adds the threads'
+// sums, rounded once to T. No atomics: the same bits every run.
+template <typename T, typename I>
+__global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* __restrict__ input,
+                                           T* __restrict__ filter_grad, I images, I multiplier, ConvGeometry g) {
+    __shared__ double partial[CONV_DEPTHWISE_FILTER_BLOCK];
+    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
+    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
+    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    const I positions = out_h * out_w;
+    const I out_channels = channels * multiplier;
+    const I taps = kernel_h * kernel_w;
+    for (I item = blockIdx.x; item < out_channels * taps; item += gridDim.x) {
+        const I o = item / taps;
+        const I tap = item % taps;
+        const I i = tap / kernel_w;
+        const I j = tap % kernel_w;
+        const I c = o / multiplier;
+        double sum = 0.0;
+        for (I n = 0; n < images; ++n) {
+            const T* plane = grad + (n * out_channels + o) * positions;
+            const T* image = input + (n * channels + c) * height * width;
+            for (I p = threadIdx.x; p < positions; p += blockDim.x) {
+                const I h = (p / out_w) * stride_h - pad_h + i * dilation_h;
+                const I w = (p % out_w) * stride_w - pad_w + j * dilation_w;
+                if (h >= 0 && h < height && w >= 0 && w < width)
+                    sum += (double)plane[p] * (double)image[h * width + w];
+            }
+        }
+        partial[threadIdx.x] = sum;
+        __syncthreads();
+        for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+            if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) filter_grad[item] = (T)partial[0];
+        __syncthreads();  // partial is reused by the block's next filter element
     }
 }

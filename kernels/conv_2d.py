@@ -25,12 +25,17 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
   each input element sums its taps in a fixed order); the columns of one chunk of
   images at a time live in the handle's workspace (at most COLUMN_LIMIT bytes), and
   where one image's columns exceed that, the gradients fall back to cuDNN;
-- groups > 1 (depthwise and grouped): cuDNN's legacy convolution API
-  (kernels/cudnn.py): IMPLICIT_GEMM forward where supported, otherwise the
-  heuristics' deterministic choice; deterministic backward algorithms.
+- depthwise (groups == C > 1, any filters per channel): the forward in cuDNN, both
+  gradients by conv_2d.cu's own kernels (a per-element gather for the input
+  gradient; one block per filter element, a fixed tree in double, for the filter's);
+- other groups > 1: cuDNN's legacy convolution API (kernels/cudnn.py) throughout.
+
+The cuDNN forward is IMPLICIT_GEMM where supported (the cheapest per call on the
+H200), otherwise the heuristics' deterministic choice; cuDNN's backward algorithms
+are the heuristics' deterministic ones.
 
 cudnnAddTensor adds the bias; conv_2d.cu sums the bias gradient. The GEMM and
-fold steps of each path are planned as data (_plan_*), so their index math is
+fold steps of each path are planned as data (plan_*), so their index math is
 checked on the CPU against NumPy (tests/test_conv_2d_gemm_plan.py).
 """
 
@@ -288,8 +293,12 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
+    for i in gpu.INDEX_TYPES] + [
+    f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES])
 _BIAS_GRAD_BLOCK = 512  # CONV_BIAS_GRAD_BLOCK in conv_2d.cu
+_DEPTHWISE_FILTER_BLOCK = 256  # CONV_DEPTHWISE_FILTER_BLOCK in conv_2d.cu
+_GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
 _GEOMETRY = np.dtype([("v", np.int64, (13,))])  # struct ConvGeometry in conv_2d.cu
 
 
@@ -392,10 +401,18 @@ def plan_backward_filter(state: Conv2DState) -> list[Gemm | Fold]:
     return steps
 
 
+def depthwise(attrs: Conv2DAttrs, channels: int) -> bool:
+    """One input channel per group (groups == C > 1), any number of filters per channel."""
+    return 1 < attrs.groups == channels
+
+
 def choose_paths(state: Conv2DState) -> None:
     """Set state.paths and state.chunk from the attrs and shapes (no device needed)."""
     attrs = state.attrs
     state.paths = {"forward": "cudnn", "backward_data": "cudnn", "backward_filter": "cudnn"}
+    if depthwise(attrs, state.shapes["input_shape"].dims[1]):
+        state.paths["backward_data"] = state.paths["backward_filter"] = "depthwise"
+        return
     if attrs.groups != 1:
         return
     if pointwise(attrs):
@@ -511,6 +528,17 @@ def _run_gemm(blas_handle: int, dtype: np.dtype, step: Gemm, pointers: dict[str,
                              f"batch={step.batch})") from error
 
 
+def _geometry(state: Conv2DState) -> Any:
+    """struct ConvGeometry of conv_2d.cu, by value: C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw."""
+    attrs = state.attrs
+    _, c, h, w = state.shapes["input_shape"].dims
+    _, _, out_h, out_w = state.shapes["output_shape"].dims
+    geometry = np.zeros((), dtype=_GEOMETRY)
+    geometry["v"] = (c, h, w, out_h, out_w, attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w,
+                     attrs.padding_h, attrs.padding_w, attrs.dilation_h, attrs.dilation_w)
+    return geometry[()]
+
+
 def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], workspace: Any) -> None:
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
@@ -518,11 +546,8 @@ def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], wo
     images = step.stop - step.first
     dtype = state.shapes["input_shape"].dtype
     count = images * c * attrs.kernel_h * attrs.kernel_w * out_h * out_w
-    # Room for the grid-stride step past the last index too (grid_for caps the grid at 65536 blocks).
-    index = gpu.index_type(count + 65536 * gpu.BLOCK, images * c * h * w + 65536 * gpu.BLOCK)
-    geometry = np.zeros((), dtype=_GEOMETRY)
-    geometry["v"] = (c, h, w, out_h, out_w, attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w,
-                     attrs.padding_h, attrs.padding_w, attrs.dilation_h, attrs.dilation_w)
+    # Room for the grid-stride step past the last index too.
+    index = gpu.index_type(count + _GRID_SLACK, images * c * h * w + _GRID_SLACK)
     index_scalar = np.int32 if index == "int" else np.int64
     columns = workspace[:count * dtype.itemsize].view(dtype)  # the chunk's columns, at the workspace's start
     if step.kind == "im2col":
@@ -533,7 +558,26 @@ def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], wo
         total = images * c * h * w
     kernel = _CUDA.function(f"conv_{step.kind}<{gpu.cuda_type(dtype)}, {index}>")
     first, second = (images_array, columns) if step.kind == "im2col" else (columns, images_array)
-    gpu.launch(stream, kernel, gpu.grid_for(total), gpu.BLOCK, (first, second, index_scalar(images), geometry[()]))
+    gpu.launch(stream, kernel, gpu.grid_for(total), gpu.BLOCK, (first, second, index_scalar(images), _geometry(state)))
+
+
+def _run_depthwise(stream, state: Conv2DState, which: str, grad: Any, input: Any, filter: Any,
+                   target: Any) -> None:
+    """conv_depthwise_{input,filter}_grad of conv_2d.cu into target, enqueued on the stream."""
+    attrs = state.attrs
+    n, c, h, w = state.shapes["input_shape"].dims
+    o = attrs.out_channels
+    dtype = state.shapes["input_shape"].dtype
+    index = gpu.index_type(n * c * h * w + _GRID_SLACK, grad.size + _GRID_SLACK,
+                           o * attrs.kernel_h * attrs.kernel_w + 65536)
+    index_scalar = np.int32 if index == "int" else np.int64
+    kernel = _CUDA.function(f"conv_depthwise_{which}_grad<{gpu.cuda_type(dtype)}, {index}>")
+    sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
+    if which == "input":
+        gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
+    else:
+        gpu.launch(stream, kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), _DEPTHWISE_FILTER_BLOCK,
+                   (grad, input, target) + sizes)
 
 
 def _run_plan(stream, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
@@ -611,6 +655,12 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
         for array in (input_grad, filter_grad):
             if array is not None:
                 _zero(stream, array)
+        return
+    if state.paths["backward_data"] == "depthwise":  # both gradients by conv_2d.cu's depthwise kernels
+        if wants_input:
+            _run_depthwise(stream, state, "input", grad, input, filter, input_grad)
+        if wants_filter:
+            _run_depthwise(stream, state, "filter", grad, input, filter, filter_grad)
         return
     with stream:  # one buffer for every step below: they run one after another on the stream
         workspace_array = handle.workspace(state.workspace_size)

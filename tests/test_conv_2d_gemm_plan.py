@@ -152,10 +152,78 @@ def test_plans_match_the_cpu(index, chunk):
         assert [s.beta for s in plans["filter_grad"] if isinstance(s, conv_2d.Gemm)] == [0.0] + [1.0] * (n - 1)
 
 
-def test_groups_and_depthwise_stay_on_cudnn():
-    for attrs in (Conv2DAttrs(4, 3, 3, groups=4), Conv2DAttrs(4, 1, 1, groups=2)):
+def test_grouped_stays_on_cudnn_and_depthwise_takes_its_kernels():
+    for attrs in (Conv2DAttrs(4, 1, 1, groups=2), Conv2DAttrs(6, 3, 3, groups=2)):
+        assert set(_state((1, 4, 5, 5), attrs).paths.values()) == {"cudnn"}
+    for attrs in (Conv2DAttrs(4, 3, 3, groups=4), Conv2DAttrs(8, 1, 1, groups=4)):
         state = _state((1, 4, 5, 5), attrs)
-        assert set(state.paths.values()) == {"cudnn"}
+        assert state.paths == {"forward": "cudnn", "backward_data": "depthwise", "backward_filter": "depthwise"}
+
+
+def _depthwise_emulated(state, input, filter, grad):
+    """conv_depthwise_input_grad and conv_depthwise_filter_grad of conv_2d.cu: the same per-thread
+    index math, vectorized over threads (and over a block's positions)."""
+    a = state.attrs
+    n_images, c, h, w = input.shape
+    _, o, out_h, out_w = grad.shape
+    m, kh, kw = o // c, a.kernel_h, a.kernel_w
+    grad_flat, filter_flat, input_flat = grad.ravel(), filter.ravel(), input.ravel()
+    index = np.arange(input.size)
+    x0 = index % w
+    rest = index // w
+    y0 = rest % h
+    rest //= h
+    ch = rest % c
+    n = rest // c
+    input_grad = np.zeros(input.size)
+    for q in range(m):
+        oc = ch * m + q
+        for i in range(kh):
+            y = y0 + a.padding_h - i * a.dilation_h
+            oh = np.where(y >= 0, y, 0) // a.stride_h
+            row_ok = (y >= 0) & (y % a.stride_h == 0) & (oh < out_h)
+            for j in range(kw):
+                x = x0 + a.padding_w - j * a.dilation_w
+                ow = np.where(x >= 0, x, 0) // a.stride_w
+                ok = row_ok & (x >= 0) & (x % a.stride_w == 0) & (ow < out_w)
+                at = np.where(ok, (n * o + oc) * out_h * out_w + oh * out_w + ow, 0)
+                input_grad += np.where(ok, grad_flat[at] * filter_flat[oc * kh * kw + i * kw + j], 0)
+    item = np.arange(o * kh * kw)
+    oc, tap = item // (kh * kw), item % (kh * kw)
+    i, j, ch = tap // kw, tap % kw, oc // m
+    p = np.arange(out_h * out_w)
+    filter_grad = np.zeros(item.size)
+    for n in range(n_images):
+        y = (p[None] // out_w) * a.stride_h - a.padding_h + i[:, None] * a.dilation_h
+        x = (p[None] % out_w) * a.stride_w - a.padding_w + j[:, None] * a.dilation_w
+        ok = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+        plane = grad_flat[(n * o + oc[:, None]) * out_h * out_w + p[None]]
+        pixel = input_flat[np.where(ok, (n * c + ch[:, None]) * h * w + y * w + x, 0)]
+        filter_grad += np.where(ok, plane * pixel, 0).sum(axis=1)
+    return input_grad.reshape(input.shape), filter_grad.reshape(filter.shape)
+
+
+@pytest.mark.parametrize("dims, attrs", [
+    ((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4)),  # SCDown: depthwise 3x3 s2
+    ((1, 3, 9, 10), Conv2DAttrs(3, 7, 7, 1, 1, 3, 3, groups=3)),  # 7x7
+    ((2, 3, 6, 5), Conv2DAttrs(6, 3, 3, 1, 1, 1, 1, groups=3)),  # 2 filters per channel
+    ((2, 2, 9, 7), Conv2DAttrs(6, 3, 2, 2, 1, 2, 0, 2, 1, groups=2)),  # asymmetric, dilated, 3 per channel
+    ((1, 2, 5, 4), Conv2DAttrs(2, 3, 3, 1, 2, 2, 3, groups=2)),  # padding wider than half the kernel
+])
+def test_depthwise_kernels_match_the_cpu(dims, attrs):
+    state = _state(dims, attrs)
+    assert state.paths["backward_data"] == "depthwise"
+    rng = np.random.default_rng(7)
+    input = rng.integers(-8, 9, dims).astype(np.float64)
+    filter = rng.integers(-8, 9, conv_2d.filter_dims(attrs, dims[1])).astype(np.float64)
+    grad = rng.integers(-8, 9, conv_2d.output_dims(attrs, dims)).astype(np.float64)
+    input_grad, filter_grad = np.empty(dims), np.empty(filter.shape)
+    cpu = Dev("cpu")
+    conv_2d.cpu_backward_kernel(cpu.stream, cpu.handle, state, attrs, None, grad, input, input_grad, filter,
+                                filter_grad, None)
+    emulated = _depthwise_emulated(state, input, filter, grad)
+    np.testing.assert_array_equal(emulated[0], input_grad)
+    np.testing.assert_array_equal(emulated[1], filter_grad)
 
 
 def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
@@ -189,6 +257,8 @@ _GPU_CONFIGS = [
     ((2, 3, 64, 64), Conv2DAttrs(16, 3, 3, 2, 2, 1, 1)),  # stem 3x3 s2
     ((2, 8, 17, 15), Conv2DAttrs(6, 3, 3, 1, 1, 2, 2, 2, 2)),  # dilation 2
     ((2, 5, 13, 11), Conv2DAttrs(7, 3, 2, 2, 1, 1, 0)),  # asymmetric
+    ((2, 64, 40, 40), Conv2DAttrs(64, 3, 3, 2, 2, 1, 1, groups=64, use_bias=True)),  # SCDown depthwise
+    ((2, 16, 21, 19), Conv2DAttrs(32, 7, 7, 1, 1, 3, 3, groups=16)),  # depthwise 7x7, 2 filters per channel
 ]
 
 
@@ -203,7 +273,7 @@ def test_gpu_paths_match_cpu_and_repeat_bitwise(index, dtype):
     dev = Dev("gpu")
     try:
         state = _state(dims, attrs, dtype)
-        assert state.paths["backward_filter"] in ("gemm", "columns")
+        assert state.paths["backward_filter"] in ("gemm", "columns", "depthwise")
         first = _random_run(dev, dims, attrs, dtype, seed=index)
         second = _random_run(dev, dims, attrs, dtype, seed=index)
         expected = _random_run(Dev("cpu"), dims, attrs, dtype, seed=index)
@@ -220,14 +290,15 @@ def test_gpu_paths_match_cpu_and_repeat_bitwise(index, dtype):
 
 @pytest.mark.gpu
 def test_gpu_init_picks_the_paths_and_implicit_gemm():
-    """On the GPU: groups-1 convolutions take the GEMM paths; the forward algorithm of the others is
+    """On the GPU: groups-1 convolutions take the GEMM paths, depthwise ones their kernels (grouped: cuDNN);
+    the forward algorithm of the others is
     IMPLICIT_GEMM (cheapest per call on the H200); the workspace holds a chunk's columns."""
     require("gpu")
     from kernels import cudnn
 
     dev = Dev("gpu")
     try:
-        for dims, attrs in _GPU_CONFIGS + [((1, 64, 20, 20), Conv2DAttrs(64, 3, 3, 2, 2, 1, 1, groups=64))]:
+        for dims, attrs in _GPU_CONFIGS + [((1, 8, 20, 20), Conv2DAttrs(12, 3, 3, 2, 2, 1, 1, groups=4))]:
             for dtype in (np.float32, np.float64):
                 state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype),
                                             TensorShape(conv_2d.output_dims(attrs, dims), dtype))
