@@ -59,15 +59,62 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
+# Each block is about this many elements: its several passes stay in cache.
+CPU_BLOCK_ELEMENTS = 1 << 17
+
+
+def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> None:
+    """Call function(*views) on cache-sized blocks of whole softmax rows, shared out to the cores
+    (core.cpu_parallel). The tensor is seen as (outer, size) when dim is the last one, else as
+    (outer, size, inner); dim is axis 1 of every block, and each block reduces over it exactly
+    as a call on the whole tensor does (a row's arithmetic does not depend on its neighbours)."""
+    dims = state.shapes["input_shape"].dims
+    axis = _axis(state)
+    outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
+    if inner == 1:
+        views = [a.reshape(outer, size) for a in arrays]
+        rows = max(1, CPU_BLOCK_ELEMENTS // size)
+        blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
+    else:
+        views = [a.reshape(outer, size, inner) for a in arrays]
+        if size * inner <= CPU_BLOCK_ELEMENTS:
+            rows = CPU_BLOCK_ELEMENTS // (size * inner)
+            blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
+        else:
+            # Parts of inner at least 2 wide (else width 1 would make the reduction NumPy's inner loop,
+            # which sums in another order): the whole of inner when dim is too long for that.
+            width = CPU_BLOCK_ELEMENTS // size
+            parts = -(-inner // width) if width >= 4 else 1
+            bounds = [inner * i // parts for i in range(parts + 1)]
+            blocks = [(slice(row, row + 1), slice(None), slice(bounds[i], bounds[i + 1]))
+                      for row in range(outer) for i in range(parts)]
+
+    def run(first: int, last: int) -> None:
+        for block in blocks[first:last]:
+            function(*(view[block] for view in views))
+
+    core.cpu_parallel(run, len(blocks))
+
+
+def _cpu_forward_block(x: np.ndarray, y: np.ndarray) -> None:
+    np.subtract(x, np.max(x, axis=1, keepdims=True), out=y)
+    np.exp(y, out=y)
+    np.divide(y, np.sum(y, axis=1, keepdims=True), out=y)
+
+
+def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray) -> None:
+    # einsum forms the dot along dim without a temporary of the block's size
+    dot = np.expand_dims(np.einsum("ab...,ab...->a...", g, y), 1)
+    np.subtract(g, dot, out=dx)
+    np.multiply(y, dx, out=dx)
+
+
 def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = exp(input - max) / sum(exp(input - max)) along dim."""
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size == 0:
         return
-    axis = _axis(state)
-    np.subtract(input, np.max(input, axis=axis, keepdims=True), out=output)
-    np.exp(output, out=output)
-    np.divide(output, np.sum(output, axis=axis, keepdims=True), out=output)
+    _cpu_blocks(state, _cpu_forward_block, input, output)
 
 
 def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
@@ -75,12 +122,7 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
         return
-    axis = _axis(state)
-    letters = "abcdefghijklmnopqrstuvwxyz"[:output.ndim]
-    # einsum forms the dot along dim without a temporary of the tensor's size
-    dot = np.expand_dims(np.einsum(f"{letters},{letters}->{letters.replace(letters[axis], '')}", output_grad, output), axis)
-    np.subtract(output_grad, dot, out=input_grad)
-    np.multiply(output, input_grad, out=input_grad)
+    _cpu_blocks(state, _cpu_backward_block, output, output_grad, input_grad)
 
 
 # --------------------------------------------------------------------------- GPU
