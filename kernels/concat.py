@@ -8,7 +8,7 @@ implementation of both directions lives here (`PieceLayout`, `cpu_join`/`cpu_cut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -50,6 +50,9 @@ class PieceLayout:
     offset_bytes: tuple[int, ...]
     row_bytes: int
     unit: int
+    # GPU launch plans, made on first use for each (direction, method, pieces present, address
+    # alignment): what the hot path would otherwise recompute every call.
+    plans: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLayout:
@@ -78,8 +81,15 @@ def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
 
 
 # "kernel": one launch per call for up to 12 pieces (concat.cu). "memcpy2d": one
-# cudaMemcpy2DAsync per piece. Kept switchable so that the benchmarks can compare them.
-GPU_METHOD = "kernel"
+# cudaMemcpy2DAsync per piece. "auto": per shape class, chosen once per plan from the H200
+# timings (median per call incl. sync, at the per-call host cost before launch plans were cached):
+# joins of at most MEMCPY2D_MAX_PIECES pieces into a whole of one row (outer == 1, every piece one
+# contiguous block) take memcpy2d -- SPPF's four 1x320x20x20: memcpy2d 35.9 us, kernel 46.5 us,
+# and memcpy2d also won on four 1x256x160x160 -- everything else the kernel, which won SPPF's
+# backward (a cut) and needs one launch where memcpy2d needs one call per piece. Kept switchable
+# so that the benchmarks compare the methods.
+GPU_METHOD = "auto"
+MEMCPY2D_MAX_PIECES = 4
 MAX_PIECES = gpu.MAX_RANK  # pieces per launch: as many as one `struct Ints` holds
 UNROLL = 4  # CONCAT_UNROLL in concat.cu: units a thread moves per round
 # Blocks that keep every SM of the device busy (H200: 132 SMs, 8 resident blocks of 256 each):
@@ -109,34 +119,61 @@ def _blocks(units: int) -> int:
 
 
 def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method: str) -> None:
-    widths, offsets = layout.piece_bytes, layout.offset_bytes
-    active = [i for i, piece in enumerate(pieces) if piece is not None and widths[i] and layout.outer]
-    if not active:
-        return
+    """The hot path: look the plan up by what can change between calls (which pieces are None,
+    the addresses' alignment), then only build the pointer tables and launch."""
+    whole_ptr = whole.data.ptr
+    bits, present, widths = whole_ptr, 0, layout.piece_bytes
+    for i, piece in enumerate(pieces):
+        if piece is not None:
+            present |= 1 << i
+            if widths[i]:  # an empty piece's address does not matter
+                bits |= piece.data.ptr
+    key = (to_whole, method, present, bits & 15)
+    plan = layout.plans.get(key)
+    if plan is None:
+        plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, method, present, bits & 15)
+    method, steps = plan
     if method == "memcpy2d":
         runtime = gpu.cupy.cuda.runtime
-        for i in active:
-            piece_ptr, whole_ptr = pieces[i].data.ptr, whole.data.ptr + offsets[i]
-            destination, source = (whole_ptr, piece_ptr) if to_whole else (piece_ptr, whole_ptr)
-            pitches = (layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)
+        for i, offset, destination_pitch, source_pitch, width, height in steps:
+            piece_ptr, at_whole = pieces[i].data.ptr, whole_ptr + offset
+            destination, source = (at_whole, piece_ptr) if to_whole else (piece_ptr, at_whole)
             try:
-                runtime.memcpy2DAsync(destination, pitches[0], source, pitches[1], widths[i], layout.outer,
+                runtime.memcpy2DAsync(destination, destination_pitch, source, source_pitch, width, height,
                                       runtime.memcpyDeviceToDevice, stream.ptr)
             except runtime.CUDARuntimeError as error:
                 raise core.CudaError("CUDA", str(error).split(":")[0], str(error)) from error
         return
-    unit = gpu.widest_unit(layout.unit, whole.data.ptr, *(pieces[i].data.ptr for i in active))
-    index = gpu.index_type(whole.nbytes + _GRID_SPAN)
+    for kernel, grid, batch, tail in steps:
+        gpu.launch(stream, kernel, grid, gpu.BLOCK,
+                   (whole, *tail[:2], gpu.ints_arg([pieces[i].data.ptr for i in batch]), *tail[2:]))
+
+
+def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int) -> tuple:
+    """(method, steps): the launches (or 2D copies) of one direction, for the pieces in the `present`
+    bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once."""
+    widths, offsets = layout.piece_bytes, layout.offset_bytes
+    active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
+    if method == "auto":
+        memcpy = to_whole and layout.outer == 1 and len(active) <= MEMCPY2D_MAX_PIECES
+        method = "memcpy2d" if memcpy else "kernel"
+    if method == "memcpy2d":
+        return method, [(i, offsets[i], *((layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)),
+                         widths[i], layout.outer) for i in active]
+    # A unit divides every address iff it divides their OR (units are powers of two up to 16).
+    unit = gpu.widest_unit(layout.unit, misalignment)
+    index = gpu.index_type(layout.outer * layout.row_bytes + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
     kernel = _CUDA.function(f"concat_copy<{gpu.unit_type(unit)}, {index}, {'true' if to_whole else 'false'}>")
+    plan = []
     for start in range(0, len(active), MAX_PIECES):
-        batch = active[start:start + MAX_PIECES]
+        batch = tuple(active[start:start + MAX_PIECES])
         units = [widths[i] // unit for i in batch]
         grid = (_blocks(layout.outer * max(units)), len(batch))
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (
-            whole, scalar(layout.row_bytes // unit), scalar(layout.outer),
-            gpu.ints_arg([pieces[i].data.ptr for i in batch]), gpu.ints_arg(units),
-            gpu.ints_arg([offsets[i] // unit for i in batch])))
+        tail = (scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.ints_arg(units),
+                gpu.ints_arg([offsets[i] // unit for i in batch]))
+        plan.append((kernel, grid, batch, tail))
+    return method, plan
 
 
 # --------------------------------------------------------------------------- init and checks

@@ -334,28 +334,45 @@ def _gpu_plan(state: core.KernelState) -> GpuPlan:
     return state.saved["plan"]
 
 
+_FLAGS = (np.int32(0), np.int32(1))
+
+
 def _vector_ok(*arrays: Any) -> np.int32:
     """Whether every array starts on a 16-byte boundary, so 16-byte loads and stores are legal."""
-    return np.int32(all(a.data.ptr % 16 == 0 for a in arrays))
+    bits = 0
+    for a in arrays:
+        bits |= a.data.ptr
+    return _FLAGS[bits & 15 == 0]
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
     """output = lhs (op) rhs, one kernel enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
+    launch = state.saved.get("gpu_forward")
+    if launch is None:
+        launch = state.saved["gpu_forward"] = _forward_launch(state, attrs, output.dtype)
+    if launch is None:
+        return
+    kernel, grid, tail, same = launch
+    if same:
+        tail = tail + (_vector_ok(lhs, rhs, output),)
+    gpu.launch(stream, kernel, grid, gpu.BLOCK, (lhs, rhs, output) + tail)
+
+
+def _forward_launch(state, attrs, dtype: np.dtype) -> tuple | None:
+    """(kernel, grid, scalar arguments, same) of the forward, made once; None for an empty output.
+    `same`: the plain elementwise kernel, whose last argument (the alignment flag) each call adds."""
     plan = _gpu_plan(state)
     if plan.count == 0:
-        return
+        return None
     scalar = np.int32 if plan.index == "int" else np.int64
     op = np.int32(attrs.op_type.value)
     if plan.same:
-        per = 16 // output.dtype.itemsize
-        kernel = _function("binary_same", output.dtype, plan.index)
-        gpu.launch(stream, kernel, gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK,
-                   (lhs, rhs, output, scalar(plan.count), op, _vector_ok(lhs, rhs, output)))
-        return
-    kernel = _function("binary_broadcast", output.dtype, plan.index)
-    gpu.launch(stream, kernel, gpu.grid_for(plan.count), gpu.BLOCK,
-               (lhs, rhs, output, scalar(plan.count), op) + plan.space.args)
+        per = 16 // dtype.itemsize
+        return (_function("binary_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
+                (scalar(plan.count), op), True)
+    return (_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count),
+            (scalar(plan.count), op) + plan.space.args, False)
 
 
 def _partials(stream, state, plan: GpuPlan, dtype: np.dtype) -> Any:
@@ -367,57 +384,85 @@ def _partials(stream, state, plan: GpuPlan, dtype: np.dtype) -> Any:
     return state.saved["partials"]
 
 
+# Slots of the arrays a backward launch takes, indexes into the call's
+# (lhs, rhs, output_grad, lhs_grad, rhs_grad, partials).
+_LHS, _RHS, _GRAD, _LHS_GRAD, _RHS_GRAD, _PARTIALS = range(6)
+
+
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
     """Write lhs_grad and rhs_grad (those not None), reduced over broadcast dims without atomics."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+    want = (lhs_grad is not None and lhs_grad.size != 0, rhs_grad is not None and rhs_grad.size != 0)
+    if not (want[0] or want[1]):
+        return
+    key = ("gpu_backward", want)
+    steps = state.saved.get(key)
+    if steps is None:
+        steps = state.saved[key] = _backward_steps(stream, state, attrs, output_grad.dtype, want)
+    if steps is None:  # an empty sum: the gradient of a broadcast operand is zero
+        for grad in (lhs_grad, rhs_grad):
+            if grad is not None and grad.size:
+                gpu.cupy.cuda.runtime.memsetAsync(grad.data.ptr, 0, grad.nbytes, stream.ptr)
+        return
+    arrays = (lhs, rhs, output_grad, lhs_grad, rhs_grad, state.saved.get("partials"))
+    for kernel, grid, slots, tail, aligned in steps:
+        launched = tuple([arrays[i] for i in slots])
+        flag = (_vector_ok(*launched),) if aligned else ()
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, launched + tail + flag)
+
+
+def _backward_steps(stream, state, attrs, dtype: np.dtype, want: tuple[bool, bool]) -> list | None:
+    """The backward's launches for the gradients wanted, made once: (kernel, grid, array slots, scalar
+    arguments, whether the alignment flag of the arrays is added last). None where the output is empty."""
     plan = _gpu_plan(state)
-    wanted = [(side, grad) for side, grad in ((0, lhs_grad), (1, rhs_grad)) if grad is not None and grad.size]
-    if not wanted:
-        return
-    if plan.count == 0:  # an empty sum: the gradient of a broadcast operand is zero
-        for _, grad in wanted:
-            gpu.cupy.cuda.runtime.memsetAsync(grad.data.ptr, 0, grad.nbytes, stream.ptr)
-        return
+    if plan.count == 0:
+        return None
     op = attrs.op_type
     scalar = np.int32 if plan.index == "int" else np.int64
-    want = (lhs_grad is not None, rhs_grad is not None)
     # Which operand values the formulas read (ADD and SUB read none, MUL's lhs_grad only rhs, ...).
     need_lhs = op in (BinaryOpType.MAX, BinaryOpType.MIN) or (op in (BinaryOpType.MUL, BinaryOpType.DIV) and want[1])
     need_rhs = op in (BinaryOpType.MAX, BinaryOpType.MIN, BinaryOpType.DIV) or (op is BinaryOpType.MUL and want[0])
-    lhs_arg = lhs if need_lhs else output_grad  # never read: any device array will do
-    rhs_arg = rhs if need_rhs else output_grad
-    dtype = output_grad.dtype
+    lhs_slot = _LHS if need_lhs else _GRAD  # never read: any device array will do
+    rhs_slot = _RHS if need_rhs else _GRAD
     if plan.same:
         per = 16 // dtype.itemsize
-        lhs_out = lhs_grad if want[0] else output_grad  # never written when not wanted
-        rhs_out = rhs_grad if want[1] else output_grad
-        gpu.launch(stream, _function("binary_backward_same", dtype, plan.index),
-                   gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK,
-                   (lhs_arg, rhs_arg, output_grad, lhs_out, rhs_out, scalar(plan.count), np.int32(op.value),
-                    np.int32(want[0]), np.int32(want[1]), np.int32(need_lhs), np.int32(need_rhs),
-                    _vector_ok(lhs_arg, rhs_arg, output_grad, lhs_out, rhs_out)))
-        return
-    for side, grad in wanted:
+        lhs_out = _LHS_GRAD if want[0] else _GRAD  # never written when not wanted
+        rhs_out = _RHS_GRAD if want[1] else _GRAD
+        return [(_function("binary_backward_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
+                 (lhs_slot, rhs_slot, _GRAD, lhs_out, rhs_out),
+                 (scalar(plan.count), np.int32(op.value), np.int32(want[0]), np.int32(want[1]),
+                  np.int32(need_lhs), np.int32(need_rhs)), True)]
+    steps = []
+    for side in (0, 1):
+        if not want[side]:
+            continue
+        grad = _LHS_GRAD if side == 0 else _RHS_GRAD
         grad_plan_ = plan.grads[side]
-        destination = grad if grad_plan_.chunks == 1 else _partials(stream, state, plan, dtype)
+        destination = grad
+        if grad_plan_.chunks > 1:
+            _partials(stream, state, plan, dtype)
+            destination = _PARTIALS
         kept_count = grad_plan_.kept.count
-        args = (lhs_arg, rhs_arg, output_grad, destination, np.int32(op.value), np.int32(side),
-                np.int32(need_lhs), np.int32(need_rhs), scalar(kept_count), scalar(grad_plan_.reduced.count),
-                scalar(grad_plan_.chunks), scalar(grad_plan_.chunk)) + grad_plan_.kept.args + grad_plan_.reduced.args
+        tail = (np.int32(op.value), np.int32(side), np.int32(need_lhs), np.int32(need_rhs), scalar(kept_count),
+                scalar(grad_plan_.reduced.count), scalar(grad_plan_.chunks),
+                scalar(grad_plan_.chunk)) + grad_plan_.kept.args + grad_plan_.reduced.args
+        slots = (lhs_slot, rhs_slot, _GRAD, destination)
         if grad_plan_.kind == "warps":
             warps = kept_count * grad_plan_.chunks
             grid = max(1, min(-(-warps // (gpu.BLOCK // 32)), 65535))
-            gpu.launch(stream, _function("binary_grad_warps", dtype, plan.index), grid, gpu.BLOCK, args)
+            steps.append((_function("binary_grad_warps", dtype, plan.index), grid, slots, tail, False))
         else:
             grid = (gpu.grid_for(kept_count), grad_plan_.chunks)
-            gpu.launch(stream, _function("binary_grad_rows", dtype, plan.index), grid, gpu.BLOCK, args)
+            steps.append((_function("binary_grad_rows", dtype, plan.index), grid, slots, tail, False))
+        sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
         if grad_plan_.chunks > WARP_SUM_CHUNKS:
             grid = max(1, min(-(-kept_count // (gpu.BLOCK // 32)), 65535))
-            gpu.launch(stream, _function("binary_sum_partials_warps", dtype, plan.index), grid, gpu.BLOCK,
-                       (destination, grad, scalar(kept_count), scalar(grad_plan_.chunks)))
+            steps.append((_function("binary_sum_partials_warps", dtype, plan.index), grid, (destination, grad),
+                          sum_tail, False))
         elif grad_plan_.chunks > 1:
-            gpu.launch(stream, _function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count), gpu.BLOCK,
-                       (destination, grad, scalar(kept_count), scalar(grad_plan_.chunks)))
+            steps.append((_function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count),
+                          (destination, grad), sum_tail, False))
+    return steps
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -259,42 +259,54 @@ _CUDA = gpu.CudaModule("element_unary.cu", [
 _PACK_BYTES = 16  # each thread moves 16-byte packs where every pointer allows it
 
 
-def _aligned(*arrays: Any) -> np.int32:
-    return np.int32(all(a.data.ptr % _PACK_BYTES == 0 for a in arrays))
-
-
-def _gpu_launch(stream, direction: str, attrs: ElementUnaryAttrs, arrays: tuple, count: int) -> None:
-    dtype = arrays[-1].dtype
-    kernel = _CUDA.function(f"element_unary_{direction}<{gpu.cuda_type(dtype)}, {attrs.op_type.value}>")
-    scalar = dtype.type(0.0 if attrs.scalar is None else attrs.scalar)
-    aligned = _aligned(*arrays)
-    per_thread = _PACK_BYTES // dtype.itemsize if aligned else 1
-    gpu.launch(stream, kernel, gpu.grid_for(count, per_thread=per_thread), gpu.BLOCK,
-               arrays + (np.int64(count), scalar, aligned))
+def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, count: int, aligned: bool) -> tuple:
+    """(kernel, grid, count argument, scalar argument, aligned flag) of one direction and alignment,
+    made on first use and kept in the state."""
+    key = ("gpu", direction, aligned)
+    plan = state.saved.get(key)
+    if plan is None:
+        kernel = _CUDA.function(f"element_unary_{direction}<{gpu.cuda_type(dtype)}, {attrs.op_type.value}>")
+        scalar = dtype.type(0.0 if attrs.scalar is None else attrs.scalar)
+        per_thread = _PACK_BYTES // dtype.itemsize if aligned else 1
+        plan = state.saved[key] = (kernel, gpu.grid_for(count, per_thread=per_thread), np.int64(count), scalar,
+                                   np.int32(aligned))
+    return plan
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = f(input), enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
-    if not input.size:
+    count = input.size
+    if not count:
         return
     if attrs.op_type is UnaryOpType.IDENTITY:
         gpu.copy_async(stream, output, input)
         return
-    _gpu_launch(stream, "forward", attrs, (input, output), input.size)
+    kernel, grid, count_arg, scalar, aligned = _gpu_plan(state, "forward", attrs, output.dtype, count,
+                                                         (input.data.ptr | output.data.ptr) % _PACK_BYTES == 0)
+    gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output, count_arg, scalar, aligned))
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = output_grad * f'(input), enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
-    if input_grad is None or not input_grad.size:
+    if input_grad is None:
         return
-    if attrs.op_type in (UnaryOpType.IDENTITY, UnaryOpType.SCALAR_ADD, UnaryOpType.SCALAR_SUB):
+    count = input_grad.size
+    if not count:
+        return
+    if attrs.op_type in _COPY_BACKWARD:
         gpu.copy_async(stream, input_grad, output_grad)
         return
     # Constant derivatives never read input; output_grad stands in for it when it is None.
     source = output_grad if input is None else input
-    _gpu_launch(stream, "backward", attrs, (source, output_grad, input_grad), input_grad.size)
+    kernel, grid, count_arg, scalar, aligned = _gpu_plan(
+        state, "backward", attrs, input_grad.dtype, count,
+        (source.data.ptr | output_grad.data.ptr | input_grad.data.ptr) % _PACK_BYTES == 0)
+    gpu.launch(stream, kernel, grid, gpu.BLOCK, (source, output_grad, input_grad, count_arg, scalar, aligned))
+
+
+_COPY_BACKWARD = frozenset({UnaryOpType.IDENTITY, UnaryOpType.SCALAR_ADD, UnaryOpType.SCALAR_SUB})
 
 
 # --------------------------------------------------------------------------- dispatch

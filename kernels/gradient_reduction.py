@@ -41,6 +41,7 @@ def init_kernel(handle: Any, attrs: GradientReductionAttrs, input_shapes: list[T
         core.check_same_dtype(OP, f"input_shapes[{i}]", shape, first, "input_shapes[0]")
     core.check_dims(OP, "output_shape", output_shape, first.dims)
     core.check_same_dtype(OP, "output_shape", output_shape, first, "input_shapes[0]")
+    state.saved["gpu_plans"] = {}  # GPU launch plans, made on first use (gpu_sum, gpu_fanout)
     return state
 
 
@@ -112,52 +113,95 @@ _CUDA = gpu.CudaModule("gradient_reduction.cu", [
 ])
 
 
-def gpu_sum(stream, inputs: list[Any], output: Any) -> None:
-    """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs (checked arrays of one shape)."""
-    count = output.size
-    if not count:
+def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -> None:
+    """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs (checked arrays of one shape).
+
+    `plans` (a state's) keeps the launch plan, by the addresses' alignment, across calls."""
+    bits = output.data.ptr
+    for x in inputs:
+        bits |= x.data.ptr
+    key = ("sum", len(inputs), bits & 15 == 0)
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        plan = _sum_plan(output, len(inputs), key[2])
+        if plans is not None:
+            plans[key] = plan
+    if plan is None:  # nothing to sum
         return
-    dtype = output.dtype
-    aligned = gpu.widest_unit(output.data.ptr, *(x.data.ptr for x in inputs)) == 16
-    pack = 16 // dtype.itemsize if aligned else 1
-    index = gpu.index_type(count + _GRID_SPAN)
-    scalar = np.int32 if index == "int" else np.int64
-    kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
-    grid = gpu.grid_for(count // pack)
+    kernel, grid, count = plan
     pointers = [x.data.ptr for x in inputs]
     while pointers:
         # After the first launch the output holds the sum so far: it is the next launch's first term.
         batch, pointers = pointers[:MAX_POINTERS], pointers[MAX_POINTERS:]
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (output, scalar(count), np.int32(len(batch)), gpu.ints_arg(batch)))
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (output, count, _INT32[len(batch)], gpu.ints_arg(batch)))
         if pointers:
             pointers = [output.data.ptr] + pointers
 
 
-def gpu_fanout(stream, source: Any, targets: list[Any]) -> None:
-    """Each target = source: one read, up to 12 writes a launch, in the widest unit sizes and addresses allow."""
-    if not targets or not source.size:
+def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
+    """(kernel, grid, count argument) of the sum, or None for an empty tensor."""
+    count = output.size
+    if not count:
+        return None
+    dtype = output.dtype
+    pack = 16 // dtype.itemsize if aligned else 1
+    index = gpu.index_type(count + _GRID_SPAN)
+    scalar = np.int32 if index == "int" else np.int64
+    kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
+    return kernel, gpu.grid_for(count // pack), scalar(count)
+
+
+# np.int32(k) for the pointer counts of a launch (1 to MAX_POINTERS), made once.
+_INT32 = tuple(np.int32(k) for k in range(MAX_POINTERS + 1))
+
+
+def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = None) -> None:
+    """Each target = source: one read, up to 12 writes a launch, in the widest unit sizes and addresses allow.
+
+    `plans` (a state's) keeps the launch plan, by target count and address alignment, across calls."""
+    if not targets:
         return
-    unit = gpu.widest_unit(source.nbytes, source.data.ptr, *(t.data.ptr for t in targets))
+    bits = source.data.ptr
+    for t in targets:
+        bits |= t.data.ptr
+    key = ("fanout", len(targets), bits & 15)
+    plan = None if plans is None else plans.get(key)
+    if plan is None:
+        plan = _fanout_plan(source, key[2])
+        if plans is not None:
+            plans[key] = plan
+    if plan is None:  # an empty tensor
+        return
+    kernel, grid, count = plan
+    for start in range(0, len(targets), MAX_POINTERS):
+        batch = targets[start:start + MAX_POINTERS]
+        gpu.launch(stream, kernel, grid, gpu.BLOCK,
+                   (source, count, _INT32[len(batch)], gpu.ints_arg([t.data.ptr for t in batch])))
+
+
+def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
+    """(kernel, grid, count argument) of the fanout, or None for an empty tensor. A unit divides
+    every address iff it divides their OR (units are powers of two up to 16)."""
+    if not source.size:
+        return None
+    unit = gpu.widest_unit(source.nbytes, misalignment)
     count = source.nbytes // unit
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
     kernel = _CUDA.function(f"gradient_reduction_fanout<{gpu.unit_type(unit)}, {index}>")
-    for start in range(0, len(targets), MAX_POINTERS):
-        batch = targets[start:start + MAX_POINTERS]
-        gpu.launch(stream, kernel, gpu.grid_for(count), gpu.BLOCK,
-                   (source, scalar(count), np.int32(len(batch)), gpu.ints_arg([t.data.ptr for t in batch])))
+    return kernel, gpu.grid_for(count), scalar(count)
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs, enqueued on the stream."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
-    gpu_sum(stream, inputs, output)
+    gpu_sum(stream, inputs, output, state.saved["gpu_plans"])
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
     """input_grads[i] = output_grad for each one that is not None: one read, up to 12 writes a launch."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
-    gpu_fanout(stream, output_grad, [g for g in input_grads if g is not None])
+    gpu_fanout(stream, output_grad, [g for g in input_grads if g is not None], state.saved["gpu_plans"])
 
 
 # --------------------------------------------------------------------------- dispatch

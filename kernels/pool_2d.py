@@ -301,10 +301,11 @@ def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) 
     return tile_h, tile_w, tiles_h, tiles_w, shared
 
 
-def _gpu_launch(stream, attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[int, ...],
-                output_dims: tuple[int, ...], arrays: tuple[Any, ...]) -> None:
-    """One pool kernel. Forward: a block per tile of outputs (MAX, where the tile fits shared memory)
-    or a thread per output; backward: a thread per input element."""
+def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[int, ...],
+              output_dims: tuple[int, ...]) -> tuple:
+    """(kernel, grid, block, scalar arguments, shared bytes) of one pool kernel, made once per state and
+    direction. Forward: a block per tile of outputs (MAX, where the tile fits shared memory) or a
+    thread per output; backward: a thread per input element."""
     n, c, height, width = input_dims
     out_h, out_w = output_dims[2:]
     count = core.numel(output_dims if direction == "forward" else input_dims)
@@ -318,30 +319,57 @@ def _gpu_launch(stream, attrs: Pool2DAttrs, direction: str, dtype: Any, input_di
         tile = max_forward_tile(attrs, out_h, out_w, np.dtype(dtype).itemsize) if direction == "forward" else None
         if tile is not None:
             tile_h, tile_w, tiles_h, tiles_w, shared = tile
-            args = arrays + (scalar(n * c),) + geometry + (np.int32(tile_h), np.int32(tile_w), np.int32(tiles_w))
-            gpu.launch(stream, _CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, min(n * c, 65535)),
-                       gpu.BLOCK, args, shared_mem=shared)
-            return
+            scalars = (scalar(n * c),) + geometry + (np.int32(tile_h), np.int32(tile_w), np.int32(tiles_w))
+            return (_CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, min(n * c, 65535)),
+                    gpu.BLOCK, scalars, shared)
         name = f"max_pool_{direction}{types}"
-        args = arrays + (scalar(count),) + geometry
+        scalars = (scalar(count),) + geometry
     else:
         name = f"avg_pool_{direction}<{value}, {index}>"
-        args = arrays + (scalar(count),) + geometry + (np.int32(attrs.count_include_pad),)
-    gpu.launch(stream, _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, args)
+        scalars = (scalar(count),) + geometry + (np.int32(attrs.count_include_pad),)
+    return _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, scalars, 0
+
+
+def _gpu_forward_setup(stream, state, attrs, output) -> tuple:
+    """The forward's buffers (argmax taps, pre-activation; made on the stream's device, once)
+    and launch plan, kept in the state: (kernel, grid, block, scalars, shared, taps, pooled), or
+    None for an empty output."""
+    with stream:  # the state's buffers live on the stream's device
+        taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
+        pre = None if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
+    if not output.size:
+        return None
+    shapes = state.shapes
+    return _gpu_plan(attrs, "forward", output.dtype, shapes["input_shape"].dims, shapes["output_shape"].dims) + (taps, pre)
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = activation(pool(input)), enqueued on the stream; MAX saves the argmax taps."""
     _check_forward(stream, handle, state, attrs, input, output)
-    with stream:  # the state's buffers live on the stream's device
-        taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
-        pooled = output if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
-    if not output.size:
+    saved = state.saved
+    if "gpu_forward" not in saved:
+        saved["gpu_forward"] = _gpu_forward_setup(stream, state, attrs, output)
+    plan = saved["gpu_forward"]
+    if plan is None:
         return
-    arrays = (input, pooled, taps) if taps is not None else (input, pooled)
-    _gpu_launch(stream, attrs, "forward", input.dtype, input.shape, output.shape, arrays)
+    kernel, grid, block, scalars, shared, taps, pre = plan
+    pooled = output if pre is None else pre
+    arrays = (input, pooled) if taps is None else (input, pooled, taps)
+    gpu.launch(stream, kernel, grid, block, arrays + scalars, shared_mem=shared)
+    if pre is not None:
+        activation.gpu_forward(stream, attrs.activation, pre, output)
+
+
+def _gpu_backward_setup(stream, state, attrs, output_grad) -> tuple:
+    """The backward's buffer (the pre-activation gradient, made once) and launch plan, kept in the
+    state: (kernel, grid, block, scalars, shared, pre_grad)."""
+    pre_grad = None
     if attrs.activation is not None:
-        activation.gpu_forward(stream, attrs.activation, pooled, output)
+        with stream:
+            pre_grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
+    shapes = state.shapes
+    return _gpu_plan(attrs, "backward", output_grad.dtype, shapes["input_shape"].dims,
+                     shapes["output_shape"].dims) + (pre_grad,)
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
@@ -349,13 +377,16 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or not input_grad.size:
         return
+    saved = state.saved
+    if "gpu_backward" not in saved:
+        saved["gpu_backward"] = _gpu_backward_setup(stream, state, attrs, output_grad)
+    kernel, grid, block, scalars, shared, pre_grad = saved["gpu_backward"]
     grad = output_grad
-    if attrs.activation is not None:
-        with stream:
-            grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
-        activation.gpu_backward(stream, attrs.activation, state.saved["pre"], output_grad, grad)
-    arrays = (grad, state.saved["taps"], input_grad) if attrs.pool_type is PoolOp.MAX else (grad, input_grad)
-    _gpu_launch(stream, attrs, "backward", input_grad.dtype, input_grad.shape, output_grad.shape, arrays)
+    if pre_grad is not None:
+        activation.gpu_backward(stream, attrs.activation, saved["pre"], output_grad, pre_grad)
+        grad = pre_grad
+    arrays = (grad, input_grad) if attrs.pool_type is not PoolOp.MAX else (grad, saved["taps"], input_grad)
+    gpu.launch(stream, kernel, grid, block, arrays + scalars, shared_mem=shared)
 
 
 # --------------------------------------------------------------------------- dispatch

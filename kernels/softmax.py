@@ -184,13 +184,23 @@ def _gpu_plan(state: core.KernelState) -> tuple:
     return state.saved["plan"]
 
 
+def _gpu_launch(state: core.KernelState, direction: str) -> tuple:
+    """(kernel, grid, block, size arguments) of one direction, made on first use and kept in the state."""
+    key = "gpu_" + direction
+    launch = state.saved.get(key)
+    if launch is None:
+        kind, grid, block, sizes = _gpu_plan(state)
+        launch = state.saved[key] = (_CUDA.function(f"softmax_{direction}_{kind}"), grid, block, sizes)
+    return launch
+
+
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = softmax(input) along dim, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size == 0:
         return
-    kind, grid, block, sizes = _gpu_plan(state)
-    gpu.launch(stream, _CUDA.function(f"softmax_forward_{kind}"), grid, block, (input, output) + sizes)
+    kernel, grid, block, sizes = _gpu_launch(state, "forward")
+    gpu.launch(stream, kernel, grid, block, (input, output) + sizes)
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
@@ -198,8 +208,8 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
         return
-    kind, grid, block, sizes = _gpu_plan(state)
-    gpu.launch(stream, _CUDA.function(f"softmax_backward_{kind}"), grid, block, (output, output_grad, input_grad) + sizes)
+    kernel, grid, block, sizes = _gpu_launch(state, "backward")
+    gpu.launch(stream, kernel, grid, block, (output, output_grad, input_grad) + sizes)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -215,15 +215,38 @@ def _aligned_pair(array: Any) -> bool:
     return array.dtype.itemsize <= 8 and array.data.ptr % (2 * array.dtype.itemsize) == 0
 
 
-def _gpu_launch(stream, kind: str, type_name: str, source, destination, count: int, total: int, args: tuple,
-                scale: int, vector: bool) -> None:
+def _gpu_plan(kind: str, type_name: str, count: int, total: int, args: tuple, scale: int, vector: bool) -> tuple:
+    """(kernel, grid, scalar arguments) of one launch."""
     index = gpu.index_type(total)
     scalar = np.int32 if index == "int" else np.int64
     suffix = "_x2" if vector else ""
     name = f"upsample_{kind}{suffix}<{type_name}, {index}>"
     scale_args = () if vector else (np.int32(scale),)
-    gpu.launch(stream, _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK,
-               (source, destination, scalar(count)) + tuple(scalar(a) for a in args) + scale_args)
+    return _CUDA.function(name), gpu.grid_for(count), (scalar(count),) + tuple(scalar(a) for a in args) + scale_args
+
+
+def _forward_plan(attrs, input, output, vector: bool) -> tuple:
+    _, _, h, w = input.shape
+    if attrs.mode is UpsampleMode.NEAREST:
+        return _gpu_plan("nearest_forward", gpu.bits_type(input.dtype), input.size, output.size, (w,),
+                         attrs.scale_factor, vector)
+    return _gpu_plan("bilinear_forward", gpu.cuda_type(input.dtype), output.size, output.size, (h, w),
+                     attrs.scale_factor, False)
+
+
+def _backward_plan(attrs, output_grad, input_grad, vector: bool) -> tuple:
+    _, _, h, w = input_grad.shape
+    type_name = gpu.cuda_type(input_grad.dtype)
+    if attrs.mode is UpsampleMode.NEAREST:
+        return _gpu_plan("nearest_backward", type_name, input_grad.size, output_grad.size, (w,),
+                         attrs.scale_factor, vector)
+    return _gpu_plan("bilinear_backward", type_name, input_grad.size, output_grad.size, (h, w),
+                     attrs.scale_factor, False)
+
+
+def _pairs(attrs: UpsampleAttrs, array: Any) -> bool:
+    """Whether the nearest x2 kernels' vector path applies: scale 2 and `array` pair-aligned."""
+    return attrs.mode is UpsampleMode.NEAREST and attrs.scale_factor == 2 and _aligned_pair(array)
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
@@ -231,15 +254,13 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     _check_forward(stream, handle, state, attrs, input, output)
     if output.size == 0:
         return
-    _, _, h, w = input.shape
-    scale = attrs.scale_factor
-    if attrs.mode is UpsampleMode.NEAREST:
-        vector = scale == 2 and _aligned_pair(output)
-        _gpu_launch(stream, "nearest_forward", gpu.bits_type(input.dtype), input, output, input.size, output.size,
-                    (w,), scale, vector)
-    else:
-        _gpu_launch(stream, "bilinear_forward", gpu.cuda_type(input.dtype), input, output, output.size, output.size,
-                    (h, w), scale, False)
+    vector = _pairs(attrs, output)
+    key = ("gpu_forward", vector)
+    plan = state.saved.get(key)
+    if plan is None:
+        plan = state.saved[key] = _forward_plan(attrs, input, output, vector)
+    kernel, grid, scalars = plan
+    gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output) + scalars)
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
@@ -247,16 +268,13 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
         return
-    _, _, h, w = input_grad.shape
-    scale = attrs.scale_factor
-    type_name = gpu.cuda_type(input_grad.dtype)
-    if attrs.mode is UpsampleMode.NEAREST:
-        vector = scale == 2 and _aligned_pair(output_grad)
-        _gpu_launch(stream, "nearest_backward", type_name, output_grad, input_grad, input_grad.size, output_grad.size,
-                    (w,), scale, vector)
-    else:
-        _gpu_launch(stream, "bilinear_backward", type_name, output_grad, input_grad, input_grad.size, output_grad.size,
-                    (h, w), scale, False)
+    vector = _pairs(attrs, output_grad)
+    key = ("gpu_backward", vector)
+    plan = state.saved.get(key)
+    if plan is None:
+        plan = state.saved[key] = _backward_plan(attrs, output_grad, input_grad, vector)
+    kernel, grid, scalars = plan
+    gpu.launch(stream, kernel, grid, gpu.BLOCK, (output_grad, input_grad) + scalars)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -5,7 +5,7 @@ pointers, index type, chained sums, the memcpy2d method) runs against an
 emulated device, a NumPy byte buffer on which each launch is carried out from
 its kernel name and arguments, and must reproduce every case's golden, also with
 tensors whose addresses allow only narrower units. With a device: the same
-misaligned tensors and the memcpy2d method on the GPU itself.
+misaligned tensors and each method on the GPU itself.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _check(device, golden, produced):
         assert np.array_equal(got.view(np.uint8), expected.view(np.uint8)), f"{name}: {got} != {expected}"
 
 
-@pytest.mark.parametrize("method", ["kernel", "memcpy2d"])
+@pytest.mark.parametrize("method", ["kernel", "memcpy2d", "auto"])
 @pytest.mark.parametrize("misalign", [0, 1, 2, 4, 8])
 @pytest.mark.parametrize("case", _cases("concat", "split"))
 def test_concat_split_host_side(case, misalign, method, emulate, store):
@@ -199,10 +199,12 @@ def test_units_follow_sizes_and_addresses(emulate):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["kernel", "memcpy2d"])
 @pytest.mark.parametrize("case", _cases("concat", "split"))
-def test_memcpy2d_method_on_gpu(case, store, monkeypatch):
+def test_each_method_on_gpu(case, method, store, monkeypatch):
+    """The conformance runs take the default ("auto"); each method by itself too."""
     require("gpu")
-    monkeypatch.setattr(concat, "GPU_METHOD", "memcpy2d")
+    monkeypatch.setattr(concat, "GPU_METHOD", method)
     result = run_case(case, store.get(case), "gpu")
     assert result.status == "passed", result.message
 

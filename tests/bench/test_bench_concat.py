@@ -1,8 +1,9 @@
 """concat on YOLOv10x shapes: SPPF's four 1x320x20x20 maps on channels, the
 detection head's (1, 144, HW) of three scales on the last axis, and four
 1x256x160x160 maps for bandwidth; forward (pieces -> whole) and backward
-(whole -> pieces, the same code as split forward). `test_concat_memcpy2d` times
-the other GPU method (one cudaMemcpy2DAsync per piece) in the same groups."""
+(whole -> pieces, the same code as split forward). `test_concat` runs the default
+GPU method ("auto": chosen per shape class); `test_concat_method` times each GPU
+method (one launch, or one cudaMemcpy2DAsync per piece) in the same groups."""
 
 import numpy as np
 import pytest
@@ -59,10 +60,11 @@ def test_concat(benchmark, bench, input_dims, axis, direction):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["kernel", "memcpy2d"])
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("input_dims, axis", SHAPES)
-def test_concat_memcpy2d(benchmark, bench, input_dims, axis, direction, monkeypatch):
+def test_concat_method(benchmark, bench, input_dims, axis, direction, method, monkeypatch):
     if (bench.impl, bench.device) != ("ours", "gpu"):
-        pytest.skip("the memcpy2d method is ours, on the GPU only")
-    monkeypatch.setattr(concat, "GPU_METHOD", "memcpy2d")
+        pytest.skip("the GPU methods are ours, on the GPU only")
+    monkeypatch.setattr(concat, "GPU_METHOD", method)
     _run(benchmark, bench, input_dims, axis, direction)
