@@ -57,19 +57,62 @@ __device__ __forceinline__ double inverse_std(double var, double eps) {
 #define BN_PARTIALS_SQUARES 1  // sums of (x - mean)^2, the mean from the sums of a launch before
 #define BN_PARTIALS_BOTH 2     // both, in one launch: only where a channel is one part (parts == 1)
 
-// The sum of x (mean_or_none false) or of (x - mean)^2 over one block's part, reduced over the block.
+// The value a partial sum adds: x, or (x - mean)^2.
+template <typename T>
+__device__ __forceinline__ double part_term(T x, bool squares, double mean) {
+    double value = (double)x;
+    if (squares) {
+        value = __dsub_rn(value, mean);
+        value = __dmul_rn(value, value);
+    }
+    return value;
+}
+
+// The sum of x (squares false) or of (x - mean)^2 over one block's part, reduced over the block.
+// A thread adds its elements s = begin + threadIdx.x, + BN_BLOCK, ... in that order, loading
+// four at a time.
 template <typename T, typename I>
 __device__ __forceinline__ double part_sum(const T* row, I begin, I end, bool squares, double mean, double* shared) {
     double sum = 0.0;
-    for (I s = begin + threadIdx.x; s < end; s += BN_BLOCK) {
-        double value = (double)row[s];
-        if (squares) {
-            value = __dsub_rn(value, mean);
-            value = __dmul_rn(value, value);
-        }
-        sum = __dadd_rn(sum, value);
+    I s = begin + threadIdx.x;
+    for (; end - s > 3 * BN_BLOCK; s += 4 * BN_BLOCK) {
+        const T x0 = row[s], x1 = row[s + BN_BLOCK], x2 = row[s + 2 * BN_BLOCK], x3 = row[s + 3 * BN_BLOCK];
+        sum = __dadd_rn(sum, part_term(x0, squares, mean));
+        sum = __dadd_rn(sum, part_term(x1, squares, mean));
+        sum = __dadd_rn(sum, part_term(x2, squares, mean));
+        sum = __dadd_rn(sum, part_term(x3, squares, mean));
     }
+    for (; s < end; s += BN_BLOCK) sum = __dadd_rn(sum, part_term(row[s], squares, mean));
     return block_sum(sum, shared);
+}
+
+// The sums of a channel's `parts` partials (values[0, parts) and values[offset, offset + parts)),
+// each in order (as sum_in_order), for every thread of the block: the block loads them into shared
+// memory together, thread 0 adds up the first and thread 32 (another warp) the second.
+// Every thread of the block must call it; shared holds 2 * BN_BLOCK doubles.
+__device__ __forceinline__ void block_sums_in_order(const double* values, long long offset, long long parts,
+                                                    double* shared, double& first, double& second) {
+    double total = 0.0;  // thread 0's first, thread 32's second
+    for (long long base = 0; base < parts; base += BN_BLOCK) {
+        const long long i = base + threadIdx.x;
+        if (i < parts) {
+            shared[threadIdx.x] = values[i];
+            shared[BN_BLOCK + threadIdx.x] = values[offset + i];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0 || threadIdx.x == 32) {
+            const double* tile = shared + (threadIdx.x == 0 ? 0 : BN_BLOCK);
+            const long long n = parts - base < BN_BLOCK ? parts - base : BN_BLOCK;
+            for (long long k = 0; k < n; ++k) total = __dadd_rn(total, tile[k]);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) shared[0] = total;
+    if (threadIdx.x == 32) shared[1] = total;
+    __syncthreads();
+    first = shared[0];
+    second = shared[1];
+    __syncthreads();
 }
 
 // Block (p, c): part p of channel c is row n = p / parts_per_row of the channel
@@ -81,9 +124,14 @@ template <typename T, typename I>
 __global__ void bn_spatial_partials(const T* __restrict__ input, double* __restrict__ sums,
                                     double* __restrict__ squares, int what, I channels, I inner, I chunk,
                                     I parts_per_row, I parts, double count) {
-    __shared__ double shared[BN_BLOCK];
+    __shared__ double shared[2 * BN_BLOCK];
     for (I c = blockIdx.y; c < channels; c += gridDim.y) {
-        const double mean = what == BN_PARTIALS_SQUARES ? __ddiv_rn(sum_in_order(sums + c * parts, parts), count) : 0.0;
+        double mean = 0.0;
+        if (what == BN_PARTIALS_SQUARES) {
+            double sum, unused;
+            block_sums_in_order(sums + c * parts, 0, parts, shared, sum, unused);
+            mean = __ddiv_rn(sum, count);
+        }
         for (I p = blockIdx.x; p < parts; p += gridDim.x) {
             const I n = p / parts_per_row;
             const I begin = (p - n * parts_per_row) * chunk;
@@ -104,38 +152,6 @@ __global__ void bn_spatial_partials(const T* __restrict__ input, double* __restr
             }
         }
     }
-}
-
-// The sums of a channel's `parts` partials (values and values + offset), each in order
-// (as sum_in_order), for every thread of the block: the block loads them into shared
-// memory together, thread 0 adds them up. Every thread of the block must call it.
-__device__ __forceinline__ void block_sums_in_order(const double* values, long long offset, long long parts,
-                                                    double* shared, double& first, double& second) {
-    double a = 0.0, b = 0.0;  // thread 0's
-    for (long long base = 0; base < parts; base += BN_BLOCK) {
-        const long long i = base + threadIdx.x;
-        if (i < parts) {
-            shared[threadIdx.x] = values[i];
-            shared[BN_BLOCK + threadIdx.x] = values[offset + i];
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const long long n = parts - base < BN_BLOCK ? parts - base : BN_BLOCK;
-            for (long long k = 0; k < n; ++k) {
-                a = __dadd_rn(a, shared[k]);
-                b = __dadd_rn(b, shared[BN_BLOCK + k]);
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        shared[0] = a;
-        shared[1] = b;
-    }
-    __syncthreads();
-    first = shared[0];
-    second = shared[1];
-    __syncthreads();
 }
 
 // One thread per channel: mean and invstd (saved for backward), and the running
