@@ -195,3 +195,18 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
         __syncthreads();  // partial is reused by the block's next filter element
     }
 }
+
+// The filter gradient of a chunk of images from their per-image gradients (cuBLAS's batched
+// GEMM output, `size` elements each, one after another): out[i] = (accumulate ? out[i] : 0)
+// + partials[0][i] + partials[1][i] + ..., added in image order in double and rounded once.
+// One thread per element, grid-stride: a fixed order, the same bits every run.
+template <typename T>
+__global__ void conv_sum_images(const T* __restrict__ partials, T* __restrict__ out, long long images,
+                                long long size, int accumulate) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < size;
+         i += (long long)gridDim.x * blockDim.x) {
+        double sum = accumulate ? (double)out[i] : 0.0;
+        for (long long n = 0; n < images; ++n) sum += (double)partials[n * size + i];
+        out[i] = (T)sum;
+    }
+}

@@ -116,7 +116,8 @@ class Conv2DState(core.KernelState):
     workspace_size: int = 0
     # direction -> "gemm" (cuBLAS, no columns), "columns" (im2col/col2im and cuBLAS) or "cudnn"
     paths: dict[str, str] = field(default_factory=dict)
-    chunk: int = 1  # images whose columns the workspace holds at once (the "columns" path)
+    chunk: int = 1  # images whose columns and per-image filter gradients the workspace holds at once
+    partials_at: int = 0  # where in the workspace (elements) the per-image filter gradients start
 
     def release(self) -> None:
         errors = []
@@ -295,7 +296,7 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
-    for i in gpu.INDEX_TYPES])
+    for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES])
 _BIAS_GRAD_BLOCK = 512  # CONV_BIAS_GRAD_BLOCK in conv_2d.cu
 _DEPTHWISE_FILTER_BLOCK = 256  # CONV_DEPTHWISE_FILTER_BLOCK in conv_2d.cu
 _GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
@@ -338,10 +339,11 @@ class Gemm:
 
 @dataclass(frozen=True)
 class Fold:
-    """im2col of images [first, stop) of "input" into "columns", or col2im of "columns" into those
-    images of "input_grad"."""
+    """im2col of images [first, stop) of "input" into the workspace's start; col2im of the workspace's
+    start into those images of "input_grad"; or "sum": filter_grad = (filter_grad if first > 0, else 0)
+    + the per-image filter gradients of those images (at state.partials_at), added in image order."""
 
-    kind: str  # "im2col" or "col2im"
+    kind: str  # "im2col", "col2im" or "sum"
     first: int
     stop: int
 
@@ -381,23 +383,30 @@ def plan_backward_data(state: Conv2DState) -> list[Gemm | Fold]:
     steps: list[Gemm | Fold] = []
     for first, stop in _chunks(state):
         steps.append(Gemm(False, True, p, k, o, ("grad", first * o * p), p, o * p, ("filter", 0), k, 0, 0.0,
-                          ("columns", 0), p, k * p, stop - first))
+                          ("workspace", 0), p, k * p, stop - first))
         steps.append(Fold("col2im", first, stop))
     return steps
 
 
 def plan_backward_filter(state: Conv2DState) -> list[Gemm | Fold]:
-    """filter_grad: dW = sum over n of dY[n] @ cols[n]^T, one GEMM per image in order (beta 0 for the
-    first, 1 after): a fixed summation order, no atomics. cols[n] is X[n] (pointwise) or im2col's."""
+    """filter_grad: dW = sum over n of dY[n] @ cols[n]^T in a fixed order, no atomics; cols[n] is X[n]
+    (pointwise) or im2col's. One image at a time (chunk 1): one GEMM per image, beta 0 for the first and
+    1 after. Otherwise per chunk: one batched GEMM of the per-image gradients into the workspace, then
+    a kernel adding them in image order (onto the earlier chunks' sum)."""
     n, c, o, p, k = _sizes(state)
-    if state.paths["backward_filter"] == "gemm":
-        return [Gemm(True, False, c, o, p, ("input", i * c * p), p, 0, ("grad", i * o * p), p, 0,
-                     0.0 if i == 0 else 1.0, ("filter_grad", 0), c, 0, 1) for i in range(n)]
+    columns = state.paths["backward_filter"] == "columns"
     steps: list[Gemm | Fold] = []
     for first, stop in _chunks(state):
-        steps.append(Fold("im2col", first, stop))
-        steps.extend(Gemm(True, False, k, o, p, ("columns", (i - first) * k * p), p, 0, ("grad", i * o * p), p, 0,
-                          0.0 if i == 0 else 1.0, ("filter_grad", 0), k, 0, 1) for i in range(first, stop))
+        if columns:
+            steps.append(Fold("im2col", first, stop))
+        image = ("workspace", 0) if columns else ("input", first * c * p)  # the chunk's first image
+        if state.chunk == 1:
+            steps.append(Gemm(True, False, k, o, p, image, p, 0, ("grad", first * o * p), p, 0,
+                              0.0 if first == 0 else 1.0, ("filter_grad", 0), k, 0, 1))
+        else:
+            steps.append(Gemm(True, False, k, o, p, image, p, k * p, ("grad", first * o * p), p, o * p, 0.0,
+                              ("workspace", state.partials_at), k, k * o, stop - first))
+            steps.append(Fold("sum", first, stop))
     return steps
 
 
@@ -415,14 +424,29 @@ def choose_paths(state: Conv2DState) -> None:
         return
     if attrs.groups != 1:
         return
+    n, _, o, p, k = _sizes(state)
+    itemsize = state.shapes["input_shape"].dtype.itemsize
     if pointwise(attrs):
         state.paths = dict.fromkeys(state.paths, "gemm")
+        state.chunk = max(1, min(n, COLUMN_LIMIT // max(o * k * itemsize, 1)))
+        state.partials_at = 0
         return
-    n, _, _, p, k = _sizes(state)
-    per_image = k * p * state.shapes["input_shape"].dtype.itemsize
-    if 0 < per_image <= COLUMN_LIMIT:
+    if 0 < k * p * itemsize <= COLUMN_LIMIT:
         state.paths["backward_data"] = state.paths["backward_filter"] = "columns"
-        state.chunk = max(1, min(n, COLUMN_LIMIT // per_image))
+        # Each image of a chunk: its columns, and (chunk > 1) its filter gradient after all the columns.
+        state.chunk = max(1, min(n, COLUMN_LIMIT // ((k * p + o * k) * itemsize)))
+        state.partials_at = -(-state.chunk * k * p // 64) * 64  # 64 elements: aligned for cuBLAS
+
+
+def workspace_elements(state: Conv2DState) -> int:
+    """Elements of the workspace the GEMM paths use: a chunk's columns, then its per-image filter
+    gradients where a chunk holds more than one image."""
+    if "gemm" not in state.paths.values() and "columns" not in state.paths.values():
+        return 0
+    _, _, o, p, k = _sizes(state)
+    columns = state.chunk * k * p if state.paths["backward_data"] == "columns" else 0
+    partials = state.chunk * o * k if state.chunk > 1 else 0
+    return max(columns, state.partials_at + partials)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -473,11 +497,9 @@ def _gpu_init(handle: Any, state: Conv2DState) -> None:
                     state.algorithms[direction] = cudnn.find_algorithm(direction, cudnn_handle, descriptors, conv,
                                                                        dtype, WORKSPACE_LIMIT, preferred)
                 choose_paths(state)
-                n, _, _, p, k = _sizes(state) if attrs.groups == 1 else (0, 0, 0, 0, 0)
                 sizes = [state.algorithms[d].workspace for d, path in state.paths.items() if path == "cudnn"]
-                if "columns" in state.paths.values():
-                    sizes.append(state.chunk * k * p * dtype.itemsize)
-                state.workspace_size = max(sizes, default=0)
+                sizes.append(workspace_elements(state) * dtype.itemsize)
+                state.workspace_size = max(sizes)
     except BaseException:
         state.release()
         raise
@@ -545,6 +567,13 @@ def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], wo
     _, o, out_h, out_w = state.shapes["output_shape"].dims
     images = step.stop - step.first
     dtype = state.shapes["input_shape"].dtype
+    if step.kind == "sum":
+        size = arrays["filter_grad"].size
+        partials = workspace[state.partials_at * dtype.itemsize:(state.partials_at + images * size) * dtype.itemsize]
+        gpu.launch(stream, _CUDA.function(f"conv_sum_images<{gpu.cuda_type(dtype)}>"), gpu.grid_for(size), gpu.BLOCK,
+                   (partials.view(dtype), arrays["filter_grad"], np.int64(images), np.int64(size),
+                    np.int32(step.first > 0)))
+        return
     count = images * c * attrs.kernel_h * attrs.kernel_w * out_h * out_w
     # Room for the grid-stride step past the last index too.
     index = gpu.index_type(count + _GRID_SLACK, images * c * h * w + _GRID_SLACK)
@@ -588,7 +617,7 @@ def _run_plan(stream, handle: Any, state: Conv2DState, steps: list[Gemm | Fold],
     dtype = state.shapes["input_shape"].dtype
     pointers = {name: array.data.ptr for name, array in arrays.items() if array is not None}
     if workspace is not None:
-        pointers["columns"] = workspace.data.ptr
+        pointers["workspace"] = workspace.data.ptr
     with stream:
         blas_handle = handle.cublas(stream)
         cublas.setPointerMode(blas_handle, cublas.CUBLAS_POINTER_MODE_HOST)

@@ -41,8 +41,15 @@ def _fold(step, buffers, state):
     _, _, out_h, out_w = state.shapes["output_shape"].dims
     images = step.stop - step.first
     kh, kw = a.kernel_h, a.kernel_w
-    columns = buffers["columns"]
-    if step.kind == "im2col":
+    columns = buffers["workspace"]
+    if step.kind == "sum":
+        size = buffers["filter_grad"].size
+        partials = columns[state.partials_at:state.partials_at + images * size].reshape(images, size)
+        total = buffers["filter_grad"].copy() if step.first > 0 else np.zeros(size)
+        for image in partials:  # image order
+            total = total + image
+        buffers["filter_grad"][:] = total
+    elif step.kind == "im2col":
         image = buffers["input"][step.first * c * h * w:step.stop * c * h * w]
         index = np.arange(images * c * kh * kw * out_h * out_w)
         ow = index % out_w
@@ -114,10 +121,13 @@ def _state(dims, attrs, dtype=np.float64, chunk=None):
     conv_2d.choose_paths(state)
     if chunk is not None:
         state.chunk = chunk
+        if state.paths["backward_filter"] == "columns":
+            _, _, _, p, k = conv_2d._sizes(state)
+            state.partials_at = -(-chunk * k * p // 64) * 64
     return state
 
 
-@pytest.mark.parametrize("chunk", [None, 1, 3])
+@pytest.mark.parametrize("chunk", [None, 1, 2, 3])
 @pytest.mark.parametrize("index", range(len(_CONFIGS)))
 def test_plans_match_the_cpu(index, chunk):
     dims, attrs = _CONFIGS[index]
@@ -139,17 +149,21 @@ def test_plans_match_the_cpu(index, chunk):
     # Garbage everywhere the plans write: every element must be overwritten (beta 0 first).
     buffers = {"input": input.ravel().copy(), "filter": filter.ravel().copy(), "grad": grad.ravel().copy(),
                "output": np.full(grad.size, np.nan), "input_grad": np.full(input.size, np.nan),
-               "filter_grad": np.full(filter.size, np.nan), "columns": np.full(state.chunk * k * p, np.nan)}
+               "filter_grad": np.full(filter.size, np.nan),
+               "workspace": np.full(conv_2d.workspace_elements(state), np.nan)}
     plans = {"input_grad": conv_2d.plan_backward_data(state), "filter_grad": conv_2d.plan_backward_filter(state)}
     if state.paths["forward"] == "gemm":
         plans["output"] = conv_2d.plan_forward(state)
     for name, steps in plans.items():
         _emulate(state, steps, buffers)
         np.testing.assert_array_equal(buffers[name].reshape(expected[name].shape), expected[name], err_msg=name)
-    if state.paths["backward_filter"] == "columns":  # one fold and GEMMs per chunk, first GEMM beta 0
-        folds = [s for s in plans["filter_grad"] if isinstance(s, conv_2d.Fold)]
-        assert [(f.first, f.stop) for f in folds] == conv_2d._chunks(state)
-        assert [s.beta for s in plans["filter_grad"] if isinstance(s, conv_2d.Gemm)] == [0.0] + [1.0] * (n - 1)
+    gemms = [s for s in plans["filter_grad"] if isinstance(s, conv_2d.Gemm)]
+    sums = [(s.first, s.stop) for s in plans["filter_grad"] if isinstance(s, conv_2d.Fold) and s.kind == "sum"]
+    if state.chunk == 1:  # one GEMM per image, accumulating in cuBLAS
+        assert [s.beta for s in gemms] == [0.0] + [1.0] * (n - 1) and not sums
+    else:  # one batched GEMM and one ordered sum per chunk
+        assert [s.batch for s in gemms] == [stop - first for first, stop in conv_2d._chunks(state)]
+        assert sums == conv_2d._chunks(state)
 
 
 def test_grouped_stays_on_cudnn_and_depthwise_takes_its_kernels():
@@ -231,10 +245,13 @@ def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
     per_image = 4 * 9 * 64 * 4  # float32 columns of one image
     monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", per_image - 1)
     assert _state(dims, attrs, np.float32).paths["backward_data"] == "cudnn"
-    monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", 2 * per_image + 7)
+    partial = 2 * 4 * 9 * 4  # float32 filter gradient of one image
+    monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", 2 * (per_image + partial) + 7)
     state = _state(dims, attrs, np.float32)
     assert state.paths["backward_filter"] == "columns" and state.chunk == 2
     assert conv_2d._chunks(state) == [(0, 2), (2, 3)]
+    assert state.partials_at >= 2 * 4 * 9 * 64 and state.partials_at % 64 == 0
+    assert conv_2d.workspace_elements(state) == state.partials_at + 2 * 2 * 4 * 9
 
 
 # ------------------------------------------------------------------ GPU: the paths against the CPU
