@@ -8,6 +8,7 @@ implementation of both directions lives here (`PieceLayout`, `cpu_join`/`cpu_cut
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -215,12 +216,22 @@ def _input_shapes(stream, handle, state, attrs) -> list[TensorShape]:
     return state.shapes["input_shapes"]
 
 
+@functools.lru_cache(maxsize=None)
+def _list_row_parts(prefix: str, count: int, required: bool) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    return tuple(f"{prefix}[{i}]" for i in range(count)), (required,) * count
+
+
+def list_rows(prefix: str, arrays: Sequence[Any], shapes: Sequence[TensorShape], required: bool) -> list[tuple]:
+    """check_call rows of a list argument, (f"{prefix}[i]", array, shape, required), names made once."""
+    names, flags = _list_row_parts(prefix, len(shapes), required)
+    return list(zip(names, arrays, shapes, flags))
+
+
 def _check_forward(stream, handle, state, attrs, inputs, output) -> list[Any]:
     shapes = _input_shapes(stream, handle, state, attrs)
     inputs = core.check_list(OP, "inputs", inputs, len(shapes))
     core.check_call(OP, stream, handle, state, attrs,
-                    [(f"inputs[{i}]", x, s, True) for i, (x, s) in enumerate(zip(inputs, shapes))]
-                    + [("output", output, state.shapes["output_shape"], True)])
+                    list_rows("inputs", inputs, shapes, True) + [("output", output, state.shapes["output_shape"], True)])
     return inputs
 
 
@@ -231,8 +242,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
     core.check_call(OP, stream, handle, state, attrs, [
         ("output", output, state.shapes["output_shape"], False),
         ("output_grad", output_grad, state.shapes["output_shape"], True),
-    ] + [(f"inputs[{i}]", x, s, False) for i, (x, s) in enumerate(zip(inputs, shapes))]
-      + [(f"input_grads[{i}]", g, s, False) for i, (g, s) in enumerate(zip(input_grads, shapes))])
+    ] + list_rows("inputs", inputs, shapes, False) + list_rows("input_grads", input_grads, shapes, False))
     return input_grads
 
 

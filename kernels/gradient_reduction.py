@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import core, gpu
+from .concat import list_rows
 from .core import FLOAT_DTYPES, TensorShape
 
 OP = "gradient_reduction"
@@ -56,8 +57,7 @@ def _check_forward(stream, handle, state, attrs, inputs, output) -> list[Any]:
     shapes = _input_shapes(stream, handle, state, attrs)
     inputs = core.check_list(OP, "inputs", inputs, len(shapes))
     core.check_call(OP, stream, handle, state, attrs,
-                    [(f"inputs[{i}]", x, s, True) for i, (x, s) in enumerate(zip(inputs, shapes))]
-                    + [("output", output, state.shapes["output_shape"], True)])
+                    list_rows("inputs", inputs, shapes, True) + [("output", output, state.shapes["output_shape"], True)])
     return inputs
 
 
@@ -68,8 +68,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
     core.check_call(OP, stream, handle, state, attrs, [
         ("output", output, state.shapes["output_shape"], False),
         ("output_grad", output_grad, state.shapes["output_shape"], True),
-    ] + [(f"inputs[{i}]", x, s, False) for i, (x, s) in enumerate(zip(inputs, shapes))]
-      + [(f"input_grads[{i}]", g, s, False) for i, (g, s) in enumerate(zip(input_grads, shapes))])
+    ] + list_rows("inputs", inputs, shapes, False) + list_rows("input_grads", input_grads, shapes, False))
     return input_grads
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import core
-from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
+from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, list_rows, piece_layout
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
 OP = "split"
@@ -67,8 +67,7 @@ def _check_forward(stream, handle, state, attrs, input, outputs) -> list[Any]:
     shapes = _output_shapes(stream, handle, state, attrs)
     outputs = core.check_list(OP, "outputs", outputs, len(shapes))
     core.check_call(OP, stream, handle, state, attrs,
-                    [("input", input, state.shapes["input_shape"], True)]
-                    + [(f"outputs[{i}]", y, s, True) for i, (y, s) in enumerate(zip(outputs, shapes))])
+                    [("input", input, state.shapes["input_shape"], True)] + list_rows("outputs", outputs, shapes, True))
     return outputs
 
 
@@ -77,8 +76,7 @@ def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, 
     outputs = core.check_list(OP, "outputs", outputs, len(shapes), optional=True)
     output_grads = core.check_list(OP, "output_grads", output_grads, len(shapes))
     core.check_call(OP, stream, handle, state, attrs,
-                    [(f"outputs[{i}]", y, s, False) for i, (y, s) in enumerate(zip(outputs, shapes))]
-                    + [(f"output_grads[{i}]", g, s, True) for i, (g, s) in enumerate(zip(output_grads, shapes))]
+                    list_rows("outputs", outputs, shapes, False) + list_rows("output_grads", output_grads, shapes, True)
                     + [("input", input, state.shapes["input_shape"], False),
                        ("input_grad", input_grad, state.shapes["input_shape"], False)])
     return output_grads

@@ -18,7 +18,7 @@ import pytest
 
 from conformance.cases import CASE_MODULES
 from conformance.runner import run_case
-from kernels import concat, gpu, gradient_reduction
+from kernels import concat, core, gpu, gradient_reduction, split
 from kernels.core import TensorShape
 
 from .conftest import require
@@ -29,6 +29,8 @@ _TYPES = {"float": np.float32, "double": np.float64, "unsigned char": np.uint8, 
 
 class FakeDevice:
     """Device memory as one NumPy byte buffer; arrays are placed `misalign` bytes past a 256-byte boundary."""
+
+    id = 0  # the GPU ordinal check_call compares with the stream's
 
     def __init__(self, misalign: int):
         self.memory = np.zeros(1 << 20, dtype=np.uint8)
@@ -98,6 +100,8 @@ class FakeArray:
         self.size = int(np.prod(shape, dtype=np.int64))
         self.nbytes = self.size * self.dtype.itemsize
         self.data = types.SimpleNamespace(ptr=ptr)
+        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.strides = ()
 
     def host(self) -> np.ndarray:
         return self.device.view(self.ptr, self.size, self.dtype).reshape(self.shape)
@@ -193,6 +197,62 @@ def test_units_follow_sizes_and_addresses(emulate):
     device.misalign = 4
     concat.gpu_join(None, layout, pieces[:1] + [device.array(dims=(2, 8, 4), dtype=np.float32)], whole)
     assert device.launches == ["concat_copy<ulonglong2, int, true>", "concat_copy<unsigned int, int, true>"]
+
+
+class FakeStream:
+    """A GPU stream and handle of device 0 as check_call sees them."""
+
+    device, ptr = 0, 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("method", ["kernel", "memcpy2d", "auto"])
+@pytest.mark.parametrize("case", _cases("concat", "split", "gradient_reduction"))
+def test_state_launch_plans(case, method, emulate, store, monkeypatch):
+    """forward_kernel and backward_kernel through check_call and the plans kept in the state: made
+    on the first call (aligned), reused on the second, a new one where the addresses' alignment
+    differs (third); each call's results are the golden's."""
+    real_module = core._array_module
+    monkeypatch.setattr(core, "_array_module", lambda a: "cupy" if isinstance(a, FakeArray) else real_module(a))
+    monkeypatch.setattr(concat, "GPU_METHOD", method)
+    golden, stream = store.get(case), FakeStream()
+    device = emulate(0)
+    op = {"concat": concat, "split": split, "gradient_reduction": gradient_reduction}[case.op]
+    names = list(golden.inputs) + list(golden.expected)
+
+    def listed(prefix, arrays):  # a list argument, None where the golden has no such tensor
+        return [arrays.get(f"{prefix}.{i}") for i in range(sum(1 for n in names if n.startswith(prefix + ".")))]
+
+    itemsize = case.dtype.itemsize
+    state = None
+    for misalign in (0, 0, itemsize if itemsize < 16 else 0):
+        device.misalign = misalign
+        inputs = {name: device.array(value) for name, value in golden.inputs.items()}
+        produced = {name: device.array(dims=value.shape, dtype=value.dtype) for name, value in golden.expected.items()}
+        if case.op == "split":
+            outputs = listed("outputs", produced)
+            if state is None:
+                state = op.init_kernel(stream, case.attrs, core.TensorShape.of(inputs["input"]),
+                                       [core.TensorShape(o.shape, o.dtype) for o in outputs])
+            op.forward_kernel(stream, stream, state, case.attrs, inputs["input"], outputs)
+            op.backward_kernel(stream, stream, state, case.attrs, None, listed("output_grads", inputs), None,
+                               produced["input_grad"])
+        else:
+            xs = listed("inputs", inputs)
+            grads = [produced.get(f"input_grads.{i}") for i in range(len(xs))]  # None where the case skips one
+            if state is None:
+                state = op.init_kernel(stream, case.attrs, [core.TensorShape(x.shape, x.dtype) for x in xs],
+                                       core.TensorShape(produced["output"].shape, produced["output"].dtype))
+            op.forward_kernel(stream, stream, state, case.attrs, xs, produced["output"])
+            op.backward_kernel(stream, stream, state, case.attrs, None, inputs["output_grad"], None, grads)
+        _check(device, golden, produced)
+    plans = state.saved["layout"].plans if case.op != "gradient_reduction" else state.saved["gpu_plans"]
+    assert plans and len(plans) <= 4, plans.keys()
 
 
 # --------------------------------------------------------------------------- on a device
