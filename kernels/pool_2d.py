@@ -210,18 +210,37 @@ def _cpu_avg_forward(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray) 
     np.divide(total, _average_divisor(attrs, *input.shape[2:], out_h, out_w, pooled.dtype), out=pooled)
 
 
+_CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles at once
+
+
 def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, input_grad: np.ndarray) -> None:
     """input_grad = each output's gradient added at its window's argmax, in row-major output
     order and in the dtype (np.add.at adds one by one): the GPU gather's sums, bit for bit."""
     n, c, height, width = input_grad.shape
     out_h, out_w = grad.shape[2:]
-    tap = taps.astype(np.intp)
-    row = (np.arange(out_h, dtype=np.intp) * attrs.stride_h - attrs.padding_h)[:, None] + tap // attrs.kernel_w
-    column = (np.arange(out_w, dtype=np.intp) * attrs.stride_w - attrs.padding_w)[None, :] + tap % attrs.kernel_w
-    target = (np.arange(n * c, dtype=np.intp).reshape(n, c, 1, 1) * height + row) * width + column
-    flat = input_grad.reshape(-1)  # a view: input_grad is C-contiguous
-    flat.fill(0)
-    np.add.at(flat, target.reshape(-1), grad.reshape(-1))
+    # A window's argmax stays in its (n, c) plane: planes are independent, so blocks of them
+    # (cache-sized) are shared out to the cores, each block's sums in the same order as before.
+    # Targets are offsets inside the block: plane + window origin (a table) + the tap's offset (a lookup).
+    planes = max(1, min(_CPU_BACKWARD_BLOCK // max(out_h * out_w, 1), -(-(n * c) // core.cpu_threads())))
+    origin = ((np.arange(planes, dtype=np.intp) * height)[:, None, None]
+              + (np.arange(out_h, dtype=np.intp) * attrs.stride_h - attrs.padding_h)[None, :, None]) * width \
+        + (np.arange(out_w, dtype=np.intp) * attrs.stride_w - attrs.padding_w)[None, None, :]
+    tap_offset = (np.arange(attrs.kernel_h, dtype=np.intp)[:, None] * width
+                  + np.arange(attrs.kernel_w, dtype=np.intp)[None, :]).reshape(-1)
+    taps = taps.reshape(n * c, out_h, out_w)
+    grad = grad.reshape(n * c, out_h * out_w)
+    input_grad = input_grad.reshape(n * c, height * width)  # a view: input_grad is C-contiguous
+
+    def run(first: int, last: int) -> None:
+        for start in range(first * planes, min(last * planes, n * c), planes):
+            stop = min(start + planes, n * c)
+            target = np.take(tap_offset, taps[start:stop])
+            target += origin[:stop - start]
+            block = input_grad[start:stop].reshape(-1)
+            block.fill(0)
+            np.add.at(block, target.reshape(-1), grad[start:stop].reshape(-1))
+
+    core.cpu_parallel(run, -(-(n * c) // planes))
 
 
 def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:
