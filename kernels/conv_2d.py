@@ -118,6 +118,7 @@ class Conv2DState(core.KernelState):
     paths: dict[str, str] = field(default_factory=dict)
     chunk: int = 1  # images whose columns and per-image filter gradients the workspace holds at once
     partials_at: int = 0  # where in the workspace (elements) the per-image filter gradients start
+    plans: dict[str, Any] = field(default_factory=dict)  # plans and kernel geometry, made on first use
 
     def release(self) -> None:
         errors = []
@@ -129,6 +130,7 @@ class Conv2DState(core.KernelState):
         self.descriptors.clear()
         self.algorithms.clear()
         self.paths.clear()
+        self.plans.clear()
         self.buffers.clear()
         super().release()
         if errors:
@@ -550,8 +552,20 @@ def _run_gemm(blas_handle: int, dtype: np.dtype, step: Gemm, pointers: dict[str,
                              f"batch={step.batch})") from error
 
 
+def _cached(state: Conv2DState, name: str, make: Any) -> Any:
+    """make(state), made once per state: the shapes and attrs never change after init."""
+    made = state.plans.get(name)
+    if made is None:
+        made = state.plans[name] = make(state)
+    return made
+
+
 def _geometry(state: Conv2DState) -> Any:
     """struct ConvGeometry of conv_2d.cu, by value: C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw."""
+    return _cached(state, "geometry", _make_geometry)
+
+
+def _make_geometry(state: Conv2DState) -> Any:
     attrs = state.attrs
     _, c, h, w = state.shapes["input_shape"].dims
     _, _, out_h, out_w = state.shapes["output_shape"].dims
@@ -639,7 +653,8 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
     if output.size:
         dtype = output.dtype
         if _convolvable(state) and state.paths["forward"] == "gemm":
-            _run_plan(stream, handle, state, plan_forward(state), {"input": input, "filter": filter, "output": target})
+            _run_plan(stream, handle, state, _cached(state, "forward", plan_forward),
+                      {"input": input, "filter": filter, "output": target})
         # Not nested around gpu.launch (which enters the stream itself): activation runs after the block.
         with stream:
             if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
@@ -696,9 +711,9 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     workspace, workspace_bytes = workspace_array.data.ptr, workspace_array.nbytes
     arrays = {"input": input, "filter": filter, "grad": grad, "input_grad": input_grad, "filter_grad": filter_grad}
     if wants_input and state.paths["backward_data"] != "cudnn":
-        _run_plan(stream, handle, state, plan_backward_data(state), arrays, workspace_array)
+        _run_plan(stream, handle, state, _cached(state, "backward_data", plan_backward_data), arrays, workspace_array)
     if wants_filter and state.paths["backward_filter"] != "cudnn":
-        _run_plan(stream, handle, state, plan_backward_filter(state), arrays, workspace_array)
+        _run_plan(stream, handle, state, _cached(state, "backward_filter", plan_backward_filter), arrays, workspace_array)
     if not ((wants_input and state.paths["backward_data"] == "cudnn")
             or (wants_filter and state.paths["backward_filter"] == "cudnn")):
         return
