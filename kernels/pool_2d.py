@@ -234,7 +234,9 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
     def run(first: int, last: int) -> None:
         for start in range(first * planes, min(last * planes, n * c), planes):
             stop = min(start + planes, n * c)
-            target = np.take(tap_offset, taps[start:stop])
+            target = np.empty((stop - start, out_h, out_w), np.intp)
+            np.copyto(target, taps[start:stop], casting="unsafe")  # then take reads intp indices (its fast path)
+            np.take(tap_offset, target, out=target)
             target += origin[:stop - start]
             block = input_grad[start:stop].reshape(-1)
             block.fill(0)

@@ -1,0 +1,239 @@
+"""The GPU hot paths keep launch plans in the state (kernel, grid, scalar arguments,
+buffers), keyed by what can change between calls: which gradients are None and the
+arrays' address alignment. Without a device: each call through a kept plan must
+launch exactly what a fresh state launches for the same arrays, whatever the calls
+before it (aligned, then misaligned, then aligned again; a gradient dropped).
+Launches are recorded on a fake device whose arrays are only addresses."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from kernels import (
+    BinaryOpType,
+    ConcatAttrs,
+    ElementBinaryAttrs,
+    ElementUnaryAttrs,
+    GradientReductionAttrs,
+    Pool2DAttrs,
+    PoolOp,
+    SoftmaxAttrs,
+    SplitAttrs,
+    UnaryOpType,
+    UpsampleAttrs,
+    UpsampleMode,
+    activation,
+    concat,
+    core,
+    element_binary,
+    element_unary,
+    gpu,
+    gradient_reduction,
+    pool_2d,
+    softmax,
+    split,
+    upsample,
+)
+from kernels.core import TensorShape
+
+
+class FakeArray:
+    def __init__(self, ptr, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes, self.ndim = self.size * self.dtype.itemsize, len(self.shape)
+        self.data, self.device = types.SimpleNamespace(ptr=ptr), types.SimpleNamespace(id=0)
+        self.flags, self.strides = types.SimpleNamespace(c_contiguous=True), ()
+
+
+class FakeStream:
+    """A GPU stream and handle of device 0."""
+
+    device, ptr = 0, 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "FakeStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class Recorder:
+    def __init__(self):
+        self.top, self.calls = 1 << 20, []
+        self.buffers: set[int] = set()  # addresses of the buffers states made
+
+    def array(self, shape, dtype=np.float32, misalign=0):
+        self.top = -(-self.top // 256) * 256 + misalign
+        array = FakeArray(self.top, shape, dtype)
+        self.top += array.nbytes + 256
+        return array
+
+    def empty(self, dims, dtype):
+        array = self.array(dims if isinstance(dims, tuple) else (dims,), dtype)
+        self.buffers.add(array.data.ptr)
+        return array
+
+    def encode(self, arg):
+        if isinstance(arg, FakeArray):  # a state's buffer by its kind (each state has its own), the caller's by address
+            if arg.data.ptr in self.buffers:
+                return ("buffer", arg.shape, arg.dtype.name)
+            return ("array", arg.data.ptr)
+        if isinstance(arg, np.void):
+            return ("ints", tuple(int(v) for v in arg["v"]))
+        assert isinstance(arg, np.generic), type(arg)
+        return (type(arg).__name__, arg.item())
+
+    def launch(self, stream, kernel, grid, block, args, shared_mem=0):
+        self.calls.append(("launch", kernel, grid, block, shared_mem, tuple(self.encode(a) for a in args)))
+
+
+@pytest.fixture
+def device(monkeypatch):
+    recorder = Recorder()
+    runtime = types.SimpleNamespace(
+        memcpy2DAsync=lambda *args: recorder.calls.append(("memcpy2d",) + args),
+        memcpyAsync=lambda *args: recorder.calls.append(("memcpy",) + args),
+        memsetAsync=lambda *args: recorder.calls.append(("memset",) + args),
+        memcpyDeviceToDevice=3, CUDARuntimeError=RuntimeError)
+    monkeypatch.setattr(gpu, "launch", recorder.launch)
+    monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime),
+                                                           empty=recorder.empty))
+
+    def function(module, name, device=None):
+        assert name in module.name_expressions, name
+        return name
+
+    monkeypatch.setattr(gpu.CudaModule, "function", function)
+    monkeypatch.setattr(activation, "_PLANS", {})  # plans of fake kernels must not outlive the test
+    real_module = core._array_module
+    monkeypatch.setattr(core, "_array_module", lambda a: "cupy" if isinstance(a, FakeArray) else real_module(a))
+    return recorder
+
+
+def _concat(device, dtype, misalign, drop):
+    dims = [(1, 8, 4, 4), (1, 4, 4, 4), (1, 8, 4, 4)]
+    attrs = ConcatAttrs(1, 3)
+    xs = [device.array(d, dtype, misalign) for d in dims]
+    y = device.array((1, 20, 4, 4), dtype)
+    grads = [None if drop and i == 1 else device.array(d, dtype, misalign) for i, d in enumerate(dims)]
+    shapes = ([TensorShape(d, dtype) for d in dims], TensorShape((1, 20, 4, 4), dtype))
+    return concat, attrs, shapes, (xs, y), (None, y, None, grads)
+
+
+def _split(device, dtype, misalign, drop):
+    attrs = SplitAttrs((4, 4, 8), 2)
+    dims = (2, 5, 16, 10)
+    outs = split.output_dims(attrs, dims)
+    x, ys = device.array(dims, dtype, misalign), [device.array(d, dtype) for d in outs]
+    shapes = (TensorShape(dims, dtype), [TensorShape(d, dtype) for d in outs])
+    return split, attrs, shapes, (x, ys), (None, ys, None, None if drop else device.array(dims, dtype, misalign))
+
+
+def _gradient_reduction(device, dtype, misalign, drop):
+    dims = (1, 8, 5, 5)
+    xs = [device.array(dims, dtype, misalign if i == 2 else 0) for i in range(14)]
+    y = device.array(dims, dtype)
+    grads = [None if drop and i % 3 == 0 else device.array(dims, dtype, misalign) for i in range(14)]
+    return (gradient_reduction, GradientReductionAttrs(), ([TensorShape(dims, dtype)] * 14, TensorShape(dims, dtype)),
+            (xs, y), (None, y, None, grads))
+
+
+def _pool(attrs, dims):
+    def make(device, dtype, misalign, drop):
+        out = pool_2d.output_dims(attrs, dims)
+        x, y = device.array(dims, dtype, misalign), device.array(out, dtype)
+        shapes = (TensorShape(dims, dtype), TensorShape(out, dtype))
+        return (pool_2d, attrs, shapes, (x, y),
+                (y, device.array(out, dtype, misalign), x, None if drop else device.array(dims, dtype)))
+    return make
+
+
+def _binary(op_type, lhs_dims, rhs_dims):
+    def make(device, dtype, misalign, drop):
+        out = element_binary.broadcast_dims(lhs_dims, rhs_dims)
+        lhs, rhs, y = device.array(lhs_dims, dtype, misalign), device.array(rhs_dims, dtype), device.array(out, dtype)
+        shapes = (TensorShape(lhs_dims, dtype), TensorShape(rhs_dims, dtype), TensorShape(out, dtype))
+        return (element_binary, ElementBinaryAttrs(op_type), shapes, (lhs, rhs, y),
+                (y, device.array(out, dtype), lhs, None if drop else device.array(lhs_dims, dtype), rhs,
+                 device.array(rhs_dims, dtype, misalign)))
+    return make
+
+
+def _unary(op_type, scalar=None):
+    def make(device, dtype, misalign, drop):
+        dims = (1, 8, 33)
+        x = device.array(dims, dtype, misalign)
+        shapes = (TensorShape(dims, dtype), TensorShape(dims, dtype))
+        return (element_unary, ElementUnaryAttrs(op_type, scalar), shapes, (x, device.array(dims, dtype)),
+                (None, device.array(dims, dtype), x, None if drop else device.array(dims, dtype)))
+    return make
+
+
+def _softmax(dims, dim):
+    def make(device, dtype, misalign, drop):
+        x, y = device.array(dims, dtype, misalign), device.array(dims, dtype)
+        shapes = (TensorShape(dims, dtype), TensorShape(dims, dtype))
+        return (softmax, SoftmaxAttrs(dim), shapes, (x, y),
+                (y, device.array(dims, dtype), None, None if drop else device.array(dims, dtype)))
+    return make
+
+
+def _upsample(mode, scale):
+    def make(device, dtype, misalign, drop):
+        attrs, dims = UpsampleAttrs(scale, mode), (1, 3, 5, 6)
+        out = upsample.output_dims(attrs, dims)
+        shapes = (TensorShape(dims, dtype), TensorShape(out, dtype))
+        return (upsample, attrs, shapes, (device.array(dims, dtype), device.array(out, dtype, misalign)),
+                (None, device.array(out, dtype, misalign), None, None if drop else device.array(dims, dtype)))
+    return make
+
+
+CALLS = {
+    "concat": _concat, "split": _split, "gradient_reduction": _gradient_reduction,
+    "pool_max_sppf": _pool(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), (1, 8, 20, 20)),
+    "pool_max_silu_direct": _pool(Pool2DAttrs(31, 31, 1, 1, 15, 15, PoolOp.MAX, activation="SILU"), (1, 2, 40, 40)),
+    "pool_avg_relu": _pool(Pool2DAttrs(2, 2, 2, 2, 0, 0, PoolOp.AVG, count_include_pad=False, activation="RELU"),
+                           (1, 3, 8, 8)),
+    "binary_add_same": _binary(BinaryOpType.ADD, (1, 8, 16, 16), (1, 8, 16, 16)),
+    "binary_mul_channel": _binary(BinaryOpType.MUL, (1, 8, 16, 16), (1, 8, 1, 1)),
+    "binary_div_rows": _binary(BinaryOpType.DIV, (2, 1, 64), (3, 1)),
+    "binary_max_chunks": _binary(BinaryOpType.MAX, (4, 256, 40), (1,)),
+    "binary_sub_empty": _binary(BinaryOpType.SUB, (0, 3), (1, 3)),
+    "unary_silu": _unary(UnaryOpType.SILU), "unary_pow": _unary(UnaryOpType.POW, 3.0),
+    "unary_identity": _unary(UnaryOpType.IDENTITY), "unary_scalar_add": _unary(UnaryOpType.SCALAR_ADD, 2.5),
+    "softmax_rows": _softmax((1, 5, 40, 40), -1), "softmax_columns": _softmax((2, 3000, 2), 1),
+    "upsample_nearest_x2": _upsample(UpsampleMode.NEAREST, 2), "upsample_bilinear_x3": _upsample(UpsampleMode.BILINEAR, 3),
+}
+
+
+def _call(device, module, attrs, state, forward_args, backward_args):
+    stream = FakeStream()
+    start = len(device.calls)
+    module.forward_kernel(stream, stream, state, attrs, *forward_args)
+    module.backward_kernel(stream, stream, state, attrs, *backward_args)
+    return device.calls[start:]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_kept_plans_launch_what_a_fresh_state_does(device, name, dtype):
+    kept = None
+    for misalign, drop in ((0, False), (0, False), (4, False), (0, True), (4, True), (0, False)):
+        module, attrs, shapes, forward_args, backward_args = CALLS[name](device, dtype, misalign, drop)
+        if kept is None:
+            kept = module.init_kernel(FakeStream(), attrs, *shapes)
+        got = _call(device, module, attrs, kept, forward_args, backward_args)
+        fresh = module.init_kernel(FakeStream(), attrs, *shapes)
+        expected = _call(device, module, attrs, fresh, forward_args, backward_args)
+        assert got, "nothing launched"
+        assert got == expected, f"misalign {misalign}, drop {drop}"
