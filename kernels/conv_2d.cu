@@ -210,3 +210,40 @@ __global__ void conv_sum_images(const T* __restrict__ partials, T* __restrict__ 
         out[i] = (T)sum;
     }
 }
+
+// Depthwise forward: output[n, o, oh, ow] = sum over taps (i, j) in row-major order of
+// input[n, o / multiplier, oh * sh - ph + i * dh, ow * sw - pw + j * dw] * filter[o, 0, i, j]
+// (taps in the padding skipped), then + bias[o] where has_bias (rounded after the sum, as a
+// separate bias add would). One thread per output element, a fixed order.
+template <typename T, typename I>
+__global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __restrict__ filter,
+                                       const T* __restrict__ bias, T* __restrict__ output, int has_bias,
+                                       I images, I multiplier, ConvGeometry g) {
+    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
+    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
+    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    const I out_channels = channels * multiplier;
+    const I total = images * out_channels * out_h * out_w;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        const I ow = index % out_w;
+        I rest = index / out_w;
+        const I oh = rest % out_h;
+        rest /= out_h;
+        const I o = rest % out_channels;
+        const I n = rest / out_channels;
+        const T* image = input + (n * channels + o / multiplier) * height * width;
+        const T* taps = filter + o * kernel_h * kernel_w;
+        T sum = (T)0;
+        for (I i = 0; i < kernel_h; ++i) {
+            const I h = oh * stride_h - pad_h + i * dilation_h;
+            if (h < 0 || h >= height) continue;
+            for (I j = 0; j < kernel_w; ++j) {
+                const I w = ow * stride_w - pad_w + j * dilation_w;
+                if (w < 0 || w >= width) continue;
+                sum += image[h * width + w] * taps[i * kernel_w + j];
+            }
+        }
+        if (has_bias) sum += bias[o];
+        output[index] = sum;
+    }
+}

@@ -25,9 +25,10 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
   each input element sums its taps in a fixed order); the columns of one chunk of
   images at a time live in the handle's workspace (at most COLUMN_LIMIT bytes), and
   where one image's columns exceed that, the gradients fall back to cuDNN;
-- depthwise (groups == C > 1, any filters per channel): the forward in cuDNN, both
-  gradients by conv_2d.cu's own kernels (a per-element gather for the input
-  gradient; one block per filter element, a fixed tree in double, for the filter's);
+- depthwise (groups == C > 1, any filters per channel): conv_2d.cu's own kernels:
+  the forward (one thread per output, the bias added after the taps), a per-element
+  gather for the input gradient, one block per filter element (a fixed tree in
+  double) for the filter's;
 - other groups > 1: cuDNN's legacy convolution API (kernels/cudnn.py) throughout.
 
 The cuDNN forward is IMPLICIT_GEMM where supported (the cheapest per call on the
@@ -298,7 +299,8 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
-    for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES])
+    for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
+    f"conv_depthwise_forward<{t}, {i}>" for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES])
 _BIAS_GRAD_BLOCK = 512  # CONV_BIAS_GRAD_BLOCK in conv_2d.cu
 _DEPTHWISE_FILTER_BLOCK = 256  # CONV_DEPTHWISE_FILTER_BLOCK in conv_2d.cu
 _GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
@@ -422,7 +424,7 @@ def choose_paths(state: Conv2DState) -> None:
     attrs = state.attrs
     state.paths = {"forward": "cudnn", "backward_data": "cudnn", "backward_filter": "cudnn"}
     if depthwise(attrs, state.shapes["input_shape"].dims[1]):
-        state.paths["backward_data"] = state.paths["backward_filter"] = "depthwise"
+        state.paths = dict.fromkeys(state.paths, "depthwise")
         return
     if attrs.groups != 1:
         return
@@ -605,18 +607,23 @@ def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], wo
 
 
 def _run_depthwise(stream, state: Conv2DState, which: str, grad: Any, input: Any, filter: Any,
-                   target: Any) -> None:
-    """conv_depthwise_{input,filter}_grad of conv_2d.cu into target, enqueued on the stream."""
+                   target: Any, bias: Any = None) -> None:
+    """conv_depthwise_forward (grad unused) or conv_depthwise_{input,filter}_grad of conv_2d.cu into
+    target, enqueued on the stream."""
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
     o = attrs.out_channels
     dtype = state.shapes["input_shape"].dtype
-    index = gpu.index_type(n * c * h * w + _GRID_SLACK, grad.size + _GRID_SLACK,
+    index = gpu.index_type(n * c * h * w + _GRID_SLACK, state.shapes["output_shape"].numel + _GRID_SLACK,
                            o * attrs.kernel_h * attrs.kernel_w + 65536)
     index_scalar = np.int32 if index == "int" else np.int64
-    kernel = _CUDA.function(f"conv_depthwise_{which}_grad<{gpu.cuda_type(dtype)}, {index}>")
+    name = "forward" if which == "forward" else f"{which}_grad"
+    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
-    if which == "input":
+    if which == "forward":
+        gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK,
+                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None)) + sizes)
+    elif which == "input":
         gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
     else:
         gpu.launch(stream, kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), _DEPTHWISE_FILTER_BLOCK,
@@ -652,7 +659,9 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
         target = _buffer(stream, state, "pre", output)
     if output.size:
         dtype = output.dtype
-        if _convolvable(state) and state.paths["forward"] == "gemm":
+        if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
+            _run_depthwise(stream, state, "forward", None, input, filter, target, bias)
+        elif _convolvable(state) and state.paths["forward"] == "gemm":
             _run_plan(stream, handle, state, _cached(state, "forward", plan_forward),
                       {"input": input, "filter": filter, "output": target})
         # Not nested around gpu.launch (which enters the stream itself): activation runs after the block.
@@ -666,7 +675,7 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
                 cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d["x"], input.data.ptr,
                                           d["w"], filter.data.ptr, d["conv"], state.algorithms["forward"],
                                           workspace, workspace_bytes, cudnn.scalar(dtype, 0), d["y"], target.data.ptr)
-            if bias is not None:
+            if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
                 cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors["bias"], bias.data.ptr,
                                  cudnn.scalar(dtype, 1), state.descriptors["y"], target.data.ptr)
         if attrs.activation is not None:

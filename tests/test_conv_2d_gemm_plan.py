@@ -171,7 +171,7 @@ def test_grouped_stays_on_cudnn_and_depthwise_takes_its_kernels():
         assert set(_state((1, 4, 5, 5), attrs).paths.values()) == {"cudnn"}
     for attrs in (Conv2DAttrs(4, 3, 3, groups=4), Conv2DAttrs(8, 1, 1, groups=4)):
         state = _state((1, 4, 5, 5), attrs)
-        assert state.paths == {"forward": "cudnn", "backward_data": "depthwise", "backward_filter": "depthwise"}
+        assert state.paths == {"forward": "depthwise", "backward_data": "depthwise", "backward_filter": "depthwise"}
 
 
 def _depthwise_emulated(state, input, filter, grad):
@@ -214,7 +214,22 @@ def _depthwise_emulated(state, input, filter, grad):
         plane = grad_flat[(n * o + oc[:, None]) * out_h * out_w + p[None]]
         pixel = input_flat[np.where(ok, (n * c + ch[:, None]) * h * w + y * w + x, 0)]
         filter_grad += np.where(ok, plane * pixel, 0).sum(axis=1)
-    return input_grad.reshape(input.shape), filter_grad.reshape(filter.shape)
+    output = np.zeros(grad.size)  # conv_depthwise_forward, one thread per output element
+    index = np.arange(grad.size)
+    ow = index % out_w
+    rest = index // out_w
+    oh = rest % out_h
+    rest //= out_h
+    oc = rest % o
+    n = rest // o
+    for i in range(kh):
+        y = oh * a.stride_h - a.padding_h + i * a.dilation_h
+        for j in range(kw):
+            x = ow * a.stride_w - a.padding_w + j * a.dilation_w
+            ok = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+            pixel = input_flat[np.where(ok, (n * c + oc // m) * h * w + y * w + x, 0)]
+            output += np.where(ok, pixel * filter_flat[oc * kh * kw + i * kw + j], 0)
+    return input_grad.reshape(input.shape), filter_grad.reshape(filter.shape), output.reshape(grad.shape)
 
 
 @pytest.mark.parametrize("dims, attrs", [
@@ -231,13 +246,15 @@ def test_depthwise_kernels_match_the_cpu(dims, attrs):
     input = rng.integers(-8, 9, dims).astype(np.float64)
     filter = rng.integers(-8, 9, conv_2d.filter_dims(attrs, dims[1])).astype(np.float64)
     grad = rng.integers(-8, 9, conv_2d.output_dims(attrs, dims)).astype(np.float64)
-    input_grad, filter_grad = np.empty(dims), np.empty(filter.shape)
+    input_grad, filter_grad, output = np.empty(dims), np.empty(filter.shape), np.empty(grad.shape)
     cpu = Dev("cpu")
+    conv_2d.cpu_forward_kernel(cpu.stream, cpu.handle, state, attrs, input, filter, None, output)
     conv_2d.cpu_backward_kernel(cpu.stream, cpu.handle, state, attrs, None, grad, input, input_grad, filter,
                                 filter_grad, None)
     emulated = _depthwise_emulated(state, input, filter, grad)
     np.testing.assert_array_equal(emulated[0], input_grad)
     np.testing.assert_array_equal(emulated[1], filter_grad)
+    np.testing.assert_array_equal(emulated[2], output)
 
 
 def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
