@@ -319,7 +319,7 @@ def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
         raise fail(StateError, op, "state", "a live state", "one already cleaned up")
     if state.device != device:
         raise fail(DeviceError, op, "state", f"a state made for device {device}", state.device)
-    if attrs != state.attrs:
+    if attrs is not state.attrs and attrs != state.attrs:
         raise fail(AttrsError, op, "attrs", f"the attrs the state was made with ({state.attrs})", attrs)
     for name, array, expected, required in tensors:
         if array is None:
