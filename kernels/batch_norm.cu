@@ -55,7 +55,6 @@ __device__ __forceinline__ double inverse_std(double var, double eps) {
 // What a bn_spatial_partials launch writes.
 #define BN_PARTIALS_SUMS 0     // sums of x
 #define BN_PARTIALS_SQUARES 1  // sums of (x - mean)^2, the mean from the sums of a launch before
-#define BN_PARTIALS_BOTH 2     // both, in one launch: only where a channel is one part (parts == 1)
 
 // The value a partial sum adds: x, or (x - mean)^2.
 template <typename T>
@@ -117,7 +116,7 @@ __device__ __forceinline__ void block_sums_in_order(const double* values, long l
 
 // Block (p, c): part p of channel c is row n = p / parts_per_row of the channel
 // (input[n, c, :]), elements [piece * chunk, piece * chunk + chunk). Writes the
-// part's sum of x to sums[c * parts + p] and/or its sum of (x - mean)^2 to
+// part's sum of x to sums[c * parts + p] or its sum of (x - mean)^2 to
 // squares[c * parts + p] (see BN_PARTIALS_*). The mean is the channel's sum
 // of sums, in order, divided by count: the same wherever it is computed.
 template <typename T, typename I>
@@ -144,12 +143,6 @@ __global__ void bn_spatial_partials(const T* __restrict__ input, double* __restr
             }
             const double sum = part_sum(row, begin, end, false, 0.0, shared);
             if (threadIdx.x == 0) sums[c * parts + p] = sum;
-            if (what == BN_PARTIALS_BOTH) {
-                // parts == 1: this sum is the channel's, and sum_in_order of it is 0.0 + sum.
-                const double channel_mean = __ddiv_rn(__dadd_rn(0.0, sum), count);
-                const double square_sum = part_sum(row, begin, end, true, channel_mean, shared);
-                if (threadIdx.x == 0) squares[c * parts + p] = square_sum;
-            }
         }
     }
 }
@@ -198,6 +191,22 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
 #define BN_STATS_RUNNING 1   // the running statistics (inference); written to saved_* for backward
 #define BN_STATS_PARTIALS 2  // the channel sums of bn_spatial_partials (SPATIAL training): saved_* and
                              // the running statistics are written, once a channel, by block x 0
+
+// One element of the forward: output[index] = f((x - mean) * invstd * gamma[s] + beta[s]) (gamma and beta
+// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation.
+template <typename T, typename I>
+__device__ __forceinline__ void forward_one(T x, double mean, double invstd, const T* gamma, const T* beta, I s,
+                                            T* pre, T* output, I index, int activation) {
+    double value = __dmul_rn(__dsub_rn((double)x, mean), invstd);
+    if (gamma) value = __dadd_rn(__dmul_rn(value, (double)gamma[s]), (double)beta[s]);
+    if (activation == KERNELS_ACTIVATION_NONE) {
+        output[index] = (T)value;
+    } else {
+        const T pre_value = (T)value;
+        pre[index] = pre_value;
+        output[index] = (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
+    }
+}
 
 // output[row, col] = (x - mean) * invstd * gamma + beta for a (rows, cols) view of
 // the input; the statistic is row % stats (SPATIAL: rows N*C, cols H*W) or col
@@ -266,18 +275,37 @@ __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, co
                         invstd = saved_invstd[col];
                     }
                 }
-                const I f = stat_by_row ? row_stat : col;
-                double value = __dmul_rn(__dsub_rn((double)x[k], mean), invstd);
-                if (gamma) value = __dadd_rn(__dmul_rn(value, (double)gamma[f]), (double)beta[f]);
-                if (activation == KERNELS_ACTIVATION_NONE) {
-                    output[offset + col] = (T)value;
-                } else {
-                    const T pre_value = (T)value;
-                    pre[offset + col] = pre_value;
-                    output[offset + col] =
-                        (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
-                }
+                forward_one(x[k], mean, invstd, gamma, beta, stat_by_row ? row_stat : col, pre, output,
+                            offset + col, activation);
             }
+        }
+    }
+}
+
+// SPATIAL training where a channel is one part (parts == 1: N == 1 and H*W <= the chunk): block c
+// sums channel c as the one block of bn_spatial_partials would (both passes), finalizes as
+// bn_forward_apply (BN_STATS_PARTIALS) does from those one-term sums (sum_in_order of one value
+// is 0.0 + it), and applies: the same operations, so the same bits as those three launches, in one.
+template <typename T, typename I>
+__global__ void bn_spatial_forward_one_part(const T* __restrict__ input, double count, double eps, double momentum,
+                                            T* __restrict__ running_mean, T* __restrict__ running_var,
+                                            double* __restrict__ saved_mean, double* __restrict__ saved_invstd,
+                                            const T* __restrict__ gamma, const T* __restrict__ beta,
+                                            T* __restrict__ pre, T* __restrict__ output, I channels, I inner,
+                                            int activation) {
+    __shared__ double shared[BN_BLOCK];
+    for (I c = blockIdx.y; c < channels; c += gridDim.y) {
+        const T* row = input + c * inner;
+        const double sum = __dadd_rn(0.0, part_sum(row, (I)0, inner, false, 0.0, shared));
+        const double mean = __ddiv_rn(sum, count);
+        const double var_sum = __dadd_rn(0.0, part_sum(row, (I)0, inner, true, mean, shared));
+        const double invstd = inverse_std(__ddiv_rn(var_sum, count), eps);
+        if (threadIdx.x == 0) {
+            spatial_finalize_one((long long)c, sum, var_sum, count, eps, momentum, running_mean, running_var,
+                                 saved_mean, saved_invstd);
+        }
+        for (I s = threadIdx.x; s < inner; s += BN_BLOCK) {
+            forward_one(row[s], mean, invstd, gamma, beta, c, pre, output, c * inner + s, activation);
         }
     }
 }

@@ -317,8 +317,9 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 # the mean from the partials in the same order: two-pass, as the CPU), then the
 # elementwise apply, each of whose blocks recomputes its channel's mean and
 # invstd from the partials in that same order (block x 0 writes them for
-# backward and updates the running statistics): 3 launches, 2 where a channel
-# is one part (both partial sums in one launch). SPATIAL inference: the apply
+# backward and updates the running statistics): 3 launches; 1 where a channel
+# is one part (N 1, H*W <= _CHUNK: one block reduces and applies it, with the
+# same operations, bn_spatial_forward_one_part). SPATIAL inference: the apply
 # alone, computing invstd from the running variance. PER_ACTIVATION (and
 # SPATIAL without spatial dims): one thread per statistic reduces over N, then
 # the same apply (inference: the apply alone). Backward mirrors it.
@@ -332,7 +333,7 @@ _APPLY_UNROLL = 4  # BN_APPLY_UNROLL: columns a thread of the forward apply cove
 _NULL = np.uint64(0)  # a null pointer argument (absent gamma, beta or gradient)
 _CHUNK = 2048  # elements of one row that a partial-sum block reduces (8 per thread)
 # bn_spatial_partials' `what` and bn_forward_apply's `stats_from` (batch_norm.cu)
-_PARTIALS_SUMS, _PARTIALS_SQUARES, _PARTIALS_BOTH = np.int32(0), np.int32(1), np.int32(2)
+_PARTIALS_SUMS, _PARTIALS_SQUARES = np.int32(0), np.int32(1)
 _STATS_SAVED, _STATS_RUNNING, _STATS_PARTIALS = np.int32(0), np.int32(1), np.int32(2)
 _COEF_SAVED, _COEF_PARTIALS = np.int32(0), np.int32(1)  # bn_backward_apply's `coef_from`
 _FALSE, _TRUE = np.int32(0), np.int32(1)
@@ -340,8 +341,8 @@ _FORWARD_TRAINING, _FORWARD_INFERENCE = {"training": True}, {"training": False} 
 
 _CUDA = gpu.CudaModule("batch_norm.cu", [
     f"{kernel}<{t}, {i}>"
-    for kernel in ("bn_spatial_partials", "bn_feature_stats", "bn_forward_apply", "bn_spatial_grad_partials",
-                   "bn_feature_grad", "bn_backward_apply")
+    for kernel in ("bn_spatial_partials", "bn_feature_stats", "bn_forward_apply", "bn_spatial_forward_one_part",
+                   "bn_spatial_grad_partials", "bn_feature_grad", "bn_backward_apply")
     for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES
 ] + [
     f"{kernel}<{t}>" for kernel in ("bn_spatial_grad_finalize",)
@@ -431,6 +432,7 @@ class _GpuCalls:
             self.saved_stats = (mean, invstd)
             # backward: output_grad + upstream + input come first in every backward kernel
             self.by_feature = plan.by_feature
+            self.one_part = None  # SPATIAL with one part a channel: bn_spatial_forward_one_part
             self.upstream = (self.pre, activations.code(attrs.activation))
             self.coef = (saved["coef"],)
             self.backward_apply = function(f"bn_backward_apply<{t}, {i}>")
@@ -454,10 +456,14 @@ class _GpuCalls:
                 partials_tail = (scalar(layout.stats), scalar(layout.inner), scalar(plan.chunk),
                                  scalar(plan.parts_per_row), scalar(plan.parts), count)
                 if plan.parts == 1:
-                    self.partials_args = [(sums, squares, _PARTIALS_BOTH) + partials_tail]
-                else:
-                    self.partials_args = [(sums, squares, _PARTIALS_SUMS) + partials_tail,
-                                          (sums, squares, _PARTIALS_SQUARES) + partials_tail]
+                    # bn_spatial_forward_one_part(input, count, eps, momentum, running_mean, running_var,
+                    #   saved_mean, saved_invstd, gamma, beta, pre, output, channels, inner, activation)
+                    self.one_part = function(f"bn_spatial_forward_one_part<{t}, {i}>")
+                    self.one_part_grid = _grid2(1, layout.stats)
+                    self.one_part_head = (count, eps)
+                    self.one_part_end = (scalar(layout.stats), scalar(layout.inner), activations.code(attrs.activation))
+                self.partials_args = [(sums, squares, _PARTIALS_SUMS) + partials_tail,
+                                      (sums, squares, _PARTIALS_SQUARES) + partials_tail]
                 self.apply_training = (_STATS_PARTIALS, partials, scalar(plan.parts), count, eps)
                 # bn_spatial_grad_partials(..., mean, partials, channels, inner, chunk, parts_per_row, parts)
                 self.grad_partials = function(f"bn_spatial_grad_partials<{t}, {i}>")
@@ -503,14 +509,19 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output,
             momentum = np.float64(_momentum(state, attrs))
         else:
             state.num_batches_tracked += 1
-        if state.saved["plan"].by_feature:
+        state.saved["forward"] = _FORWARD_TRAINING
+        if calls.by_feature:
             gpu.launch(stream, calls.feature_stats, calls.stat_grid, _BLOCK,
                        (input,) + calls.feature_head + (momentum,) + running + calls.saved_stats)
+        elif calls.one_part is not None:  # statistics and apply in one launch
+            gpu.launch(stream, calls.one_part, calls.one_part_grid, _BLOCK,
+                       (input,) + calls.one_part_head + (momentum,) + running + calls.saved_stats + params
+                       + calls.apply_tail + (output,) + calls.one_part_end)
+            return
         else:
             for args in calls.partials_args:
                 gpu.launch(stream, calls.partials, calls.partials_grid, _BLOCK, (input,) + args)
         head = calls.apply_training + (momentum,)
-        state.saved["forward"] = _FORWARD_TRAINING
     else:
         head = calls.apply_inference
         state.saved["forward"] = _FORWARD_INFERENCE
