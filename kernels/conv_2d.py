@@ -202,15 +202,6 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
-def _padded(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
-    if not attrs.padding_h and not attrs.padding_w:
-        return input
-    n, c, h, w = input.shape
-    padded = np.zeros((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), dtype=input.dtype)
-    padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w] = input
-    return padded
-
-
 def _taps(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> np.ndarray:
     """A read-only (N, groups, C/groups, kh, kw, Ho, Wo) view: tap (i, j) of every output pixel's window."""
     n, c = padded.shape[:2]
@@ -236,16 +227,85 @@ def _grouped(array: np.ndarray, groups: int) -> np.ndarray:
     return array.reshape(n, groups, o // groups, h * w)
 
 
+def _plain(attrs: Conv2DAttrs) -> bool:
+    """A 1x1 kernel, stride 1, no padding: the input is its own im2col matrix (a view)."""
+    return (attrs.kernel_h == attrs.kernel_w == 1 and attrs.stride_h == attrs.stride_w == 1
+            and attrs.padding_h == attrs.padding_w == 0)
+
+
+def _phase_layout(attrs: Conv2DAttrs, height: int, width: int) -> tuple[int, int]:
+    """(Hq, Wq): rows and columns of each stride phase of the zero-padded input (one spare zero row)."""
+    padded_h, padded_w = height + 2 * attrs.padding_h, width + 2 * attrs.padding_w
+    return -(-padded_h // attrs.stride_h) + 1, -(-padded_w // attrs.stride_w)
+
+
+def _phase_blocks(attrs: Conv2DAttrs, height: int, width: int) -> list[tuple[int, int, slice, slice, slice, slice]]:
+    """Per stride phase (a, b) holding input elements: (a, b, its input rows, input columns, phase rows, phase
+    columns). Padded row y + padding_h belongs to phase (y + padding_h) % stride_h, at row (y + padding_h) // stride_h."""
+    blocks = []
+    for a in range(attrs.stride_h):
+        first_row = (a - attrs.padding_h) % attrs.stride_h
+        rows = len(range(first_row, height, attrs.stride_h))
+        top = (first_row + attrs.padding_h) // attrs.stride_h
+        for b in range(attrs.stride_w):
+            first_column = (b - attrs.padding_w) % attrs.stride_w
+            columns = len(range(first_column, width, attrs.stride_w))
+            left = (first_column + attrs.padding_w) // attrs.stride_w
+            if rows and columns:
+                blocks.append((a, b, slice(first_row, height, attrs.stride_h), slice(first_column, width, attrs.stride_w),
+                               slice(top, top + rows), slice(left, left + columns)))
+    return blocks
+
+
+def _tap_spans(attrs: Conv2DAttrs, wide: int, out_h: int) -> list[tuple[int, int, int, int, slice]]:
+    """Per tap (i, j): (i, j, phase a, phase b, span). Tap (i, j) of every output pixel, in rows Wq wide (the
+    pixels x >= Wo of each row are spares), is the contiguous span of its flattened phase."""
+    spans = []
+    for i in range(attrs.kernel_h):
+        top, a = divmod(i * attrs.dilation_h, attrs.stride_h)
+        for j in range(attrs.kernel_w):
+            left, b = divmod(j * attrs.dilation_w, attrs.stride_w)
+            start = top * wide + left
+            spans.append((i, j, a, b, slice(start, start + out_h * wide)))
+    return spans
+
+
+def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
+    """The zero-padded input split by stride phase: (N, C, stride_h, stride_w, Hq * Wq); phase (a, b) holds
+    padded rows a::stride_h and columns b::stride_w, so that every tap is a contiguous span of one phase."""
+    n, c, height, width = input.shape
+    rows, wide = _phase_layout(attrs, height, width)
+    phases = np.zeros((n, c, attrs.stride_h, attrs.stride_w, rows, wide), dtype=input.dtype)
+    for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
+        phases[:, :, a, b, phase_rows, phase_columns] = input[:, :, input_rows, input_columns]
+    return phases.reshape(n, c, attrs.stride_h, attrs.stride_w, rows * wide)
+
+
+def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int) -> np.ndarray:
+    """im2col in rows Wq wide: (N, groups, C/groups * kh * kw, Ho * Wq), one contiguous copy a tap."""
+    n, c = phases.shape[:2]
+    columns = np.empty((n, c, attrs.kernel_h, attrs.kernel_w, out_h * wide), dtype=phases.dtype)
+    for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
+        columns[:, :, i, j] = phases[:, :, a, b, span]
+    return columns.reshape(n, attrs.groups, c // attrs.groups * attrs.kernel_h * attrs.kernel_w, out_h * wide)
+
+
 def cpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output) -> None:
     """output = activation(conv(input, filter) + bias)."""
     _check_forward(stream, handle, state, attrs, input, filter, bias, output)
     n, o, out_h, out_w = output.shape
     groups = attrs.groups
     target = np.empty_like(output) if attrs.activation is not None else output
-    columns = _columns(_padded(input, attrs), attrs, out_h, out_w)
-    weights = filter.reshape(groups, o // groups, columns.shape[2])
-    # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
-    np.matmul(weights, columns, out=_grouped(target, groups))
+    if _plain(attrs):
+        columns = _columns(input, attrs, out_h, out_w)  # a view of the input itself
+        weights = filter.reshape(groups, o // groups, columns.shape[2])
+        np.matmul(weights, columns, out=_grouped(target, groups))
+    else:
+        wide = _phase_layout(attrs, *input.shape[2:])[1]
+        columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
+        weights = filter.reshape(groups, o // groups, columns.shape[2])
+        # (groups, O/groups, K) @ (N, groups, K, Ho * Wq) -> (N, groups, O/groups, Ho * Wq): NCHW with spare columns.
+        np.copyto(target, np.matmul(weights, columns).reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:
         target += bias.reshape(1, o, 1, 1)
     if attrs.activation is not None:
@@ -266,31 +326,39 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
         # Summed in float64 and rounded once, as the GPU kernel does.
         np.copyto(bias_grad, grad.sum(axis=(0, 2, 3), dtype=np.float64), casting="same_kind")
     n, o, out_h, out_w = grad.shape
+    _, channels, height, width = state.shapes["input_shape"].dims
     groups = attrs.groups
-    grad_rows = _grouped(grad, groups)  # (N, groups, O/groups, Ho * Wo)
+    taps = attrs.kernel_h * attrs.kernel_w
+    plain = _plain(attrs)
+    rows, wide = (height, width) if plain else _phase_layout(attrs, height, width)
+    if plain:
+        grad_rows = _grouped(grad, groups)
+    else:
+        # The gradient in rows Wq wide, zero in the spare columns: they then add exact zeros.
+        grad_wide = np.zeros((n, o, out_h, wide), dtype=grad.dtype)
+        grad_wide[..., :out_w] = grad
+        grad_rows = grad_wide.reshape(n, groups, o // groups, out_h * wide)
     if filter_grad is not None:
-        columns = _columns(_padded(input, attrs), attrs, out_h, out_w)
+        columns = _columns(input, attrs, out_h, out_w) if plain else _wide_columns(_phases(input, attrs), attrs, wide,
+                                                                                     out_h)
         # (N, groups, O/groups, P) @ (N, groups, P, K), summed over N.
         per_image = np.matmul(grad_rows, columns.transpose(0, 1, 3, 2))
         np.copyto(filter_grad, per_image.sum(axis=0).reshape(filter_grad.shape))
     if input_grad is not None:
-        _, channels, height, width = input_grad.shape
-        group_channels = channels // groups
-        weights = filter.reshape(groups, o // groups, group_channels * attrs.kernel_h * attrs.kernel_w)
-        # (groups, K, O/groups) @ (N, groups, O/groups, P): what each tap of each window sends back.
-        sent = np.matmul(weights.transpose(0, 2, 1), grad_rows).reshape(
-            n, groups, group_channels, attrs.kernel_h, attrs.kernel_w, out_h, out_w)
-        padded = np.zeros((n, groups, group_channels, height + 2 * attrs.padding_h, width + 2 * attrs.padding_w),
-                          dtype=input_grad.dtype)
-        rows_span, columns_span = attrs.stride_h * (out_h - 1) + 1, attrs.stride_w * (out_w - 1) + 1
-        for row in range(attrs.kernel_h):
-            top = row * attrs.dilation_h
-            for column in range(attrs.kernel_w):
-                left = column * attrs.dilation_w
-                padded[:, :, :, top:top + rows_span:attrs.stride_h, left:left + columns_span:attrs.stride_w] += \
-                    sent[:, :, :, row, column]
-        np.copyto(input_grad, padded.reshape(n, channels, *padded.shape[3:])[
-            :, :, attrs.padding_h:attrs.padding_h + height, attrs.padding_w:attrs.padding_w + width])
+        weights = filter.reshape(groups, o // groups, channels // groups * taps).transpose(0, 2, 1)
+        if plain:  # what each pixel sends back is its gradient
+            np.matmul(weights, grad_rows, out=_grouped(input_grad, groups))
+            return
+        # (groups, K, O/groups) @ (N, groups, O/groups, P): what each tap of each window sends back
+        # (one output channel a group: a product, without BLAS's per-group overhead).
+        sent = (np.multiply(weights, grad_rows) if o == groups else np.matmul(weights, grad_rows)).reshape(
+            n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
+        phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
+        for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
+            phases[:, :, a, b, span] += sent[:, :, i, j]
+        phases = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
+        for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
+            input_grad[:, :, input_rows, input_columns] = phases[:, :, a, b, phase_rows, phase_columns]
 
 
 # --------------------------------------------------------------------------- GPU
