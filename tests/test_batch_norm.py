@@ -172,7 +172,7 @@ GPU_SHAPES = [
     pytest.param(BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU"), (1, 16, 80, 100),
                  id="spatial_silu_1x16x80x100_four_parts_a_row"),
     pytest.param(BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU"), (1, 24, 20, 20),
-                 id="spatial_silu_1x24x20x20_one_part_a_channel"),  # both partial sums in one launch
+                 id="spatial_silu_1x24x20x20_one_part_a_channel"),  # statistics and apply in one launch
     pytest.param(BatchNormAttrs(eps=1e-3, momentum=0.03), (8, 5, 3, 7), id="spatial_8x5x3x7_short_rows"),
     pytest.param(BatchNormAttrs(momentum=None, mode=BatchNormMode.PER_ACTIVATION), (16, 4, 9, 11), id="per_activation"),
     pytest.param(BatchNormAttrs(), (64, 33), id="rank2"),
