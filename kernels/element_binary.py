@@ -108,23 +108,50 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_
 # --------------------------------------------------------------------------- CPU
 
 
+_CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole call
+
+
+def _cpu_elementwise(function: Any, output: np.ndarray, *operands: np.ndarray) -> None:
+    """function(*operands, out=output) with the operands broadcast to the output, the output cut along
+    its first axis at least as long as there are cores and the parts shared out to them
+    (core.cpu_parallel): elementwise, so every element gets the same arithmetic as in one call."""
+    shape = output.shape
+    views = [np.broadcast_to(operand, shape) for operand in operands]
+    threads = core.cpu_threads()
+    axis = next((i for i, size in enumerate(shape) if size >= threads), None)
+
+    def run(first: int, last: int) -> None:
+        index = (slice(None),) * axis + (slice(first, last),)
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as torch gives them, without warnings
+            function(*(view[index] for view in views), out=output[index])
+
+    if axis is None or threads < 2 or output.size < _CPU_PARALLEL_MIN:
+        with np.errstate(all="ignore"):
+            function(*views, out=output)
+        return
+    core.cpu_parallel(run, shape[axis])
+
+
+def _copy(source: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, source)
+
+
 def cpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
     """output = lhs (op) rhs, broadcast by NumPy."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
     op = attrs.op_type
-    with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as torch gives them, without warnings
-        if op is BinaryOpType.ADD:
-            np.add(lhs, rhs, out=output)
-        elif op is BinaryOpType.SUB:
-            np.subtract(lhs, rhs, out=output)
-        elif op is BinaryOpType.MUL:
-            np.multiply(lhs, rhs, out=output)
-        elif op is BinaryOpType.DIV:
-            np.divide(lhs, rhs, out=output)
-        elif op is BinaryOpType.MAX:
-            np.maximum(rhs, lhs, out=output)  # NumPy returns its second argument on a tie: lhs, like torch
-        else:
-            np.minimum(rhs, lhs, out=output)
+    if op is BinaryOpType.ADD:
+        _cpu_elementwise(np.add, output, lhs, rhs)
+    elif op is BinaryOpType.SUB:
+        _cpu_elementwise(np.subtract, output, lhs, rhs)
+    elif op is BinaryOpType.MUL:
+        _cpu_elementwise(np.multiply, output, lhs, rhs)
+    elif op is BinaryOpType.DIV:
+        _cpu_elementwise(np.divide, output, lhs, rhs)
+    elif op is BinaryOpType.MAX:
+        _cpu_elementwise(np.maximum, output, rhs, lhs)  # NumPy returns its second argument on a tie: lhs, like torch
+    else:
+        _cpu_elementwise(np.minimum, output, rhs, lhs)
 
 
 def _sum_to(full: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
@@ -152,12 +179,25 @@ def _cpu_grad(op: BinaryOpType, side: int, lhs, rhs, output_grad) -> np.ndarray:
     return np.where(lhs == rhs, g * g.dtype.type(0.5), np.where(loses, g.dtype.type(0), g))
 
 
+_DIRECT_GRADS = {  # op: side, lhs, rhs -> (function(g, *operands, out=...), operands), as _cpu_grad computes it
+    BinaryOpType.ADD: lambda side, lhs, rhs: (_copy, ()),
+    BinaryOpType.SUB: lambda side, lhs, rhs: ((_copy, ()) if side == 0 else (np.negative, ())),
+    BinaryOpType.MUL: lambda side, lhs, rhs: (np.multiply, (rhs if side == 0 else lhs,)),
+}
+
+
 def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
     """Write lhs_grad and rhs_grad (those not None), each summed over its broadcast dims."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+    op = attrs.op_type
     with np.errstate(all="ignore"):
         for side, grad in ((0, lhs_grad), (1, rhs_grad)):
             if grad is None:
+                continue
+            if grad.shape == output_grad.shape and op in _DIRECT_GRADS:
+                # Nothing to sum: _cpu_grad's one operation, written straight into grad.
+                function, operands = _DIRECT_GRADS[op](side, lhs, rhs)
+                _cpu_elementwise(function, grad, output_grad, *operands)
                 continue
             full = _cpu_grad(attrs.op_type, side, lhs, rhs, output_grad)
             np.copyto(grad, _sum_to(np.broadcast_to(full, output_grad.shape), grad.shape))
