@@ -69,10 +69,18 @@ class Env:
         self._seed = 0
 
     def _to_device(self, array: np.ndarray) -> Any:
-        return array.copy() if self.device == "cpu" else self.xp.asarray(array)
+        if self.device == "cpu":
+            return array.copy()
+        # On the kernels' stream: a copy from pageable memory may still be in flight when asarray
+        # returns, and our non-blocking stream is not ordered after the legacy default stream.
+        with self.stream:
+            return self.xp.asarray(array)
 
     def to_host(self, array: Any) -> np.ndarray:
-        return array.copy() if self.device == "cpu" else self.xp.asnumpy(array)
+        if self.device == "cpu":
+            return array.copy()
+        with self.stream:
+            return self.xp.asnumpy(array, stream=self.stream.cupy_stream)
 
     def read(self, name: str) -> Any:
         """A device copy of golden input `name`; it must be unchanged when the case ends."""

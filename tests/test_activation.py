@@ -114,9 +114,9 @@ def test_gpu_packs_and_remainder_match_cpu(kind, dtype, offset):
     expected_output, expected_grad = np.empty(count, dtype), np.empty(count, dtype)
     activation.cpu_forward(kind, host[offset:offset + count], expected_output)
     activation.cpu_backward(kind, host[offset:offset + count], host_grad[offset:offset + count], expected_grad)
-    pre = gpu.xp.asarray(host)[offset:offset + count]
-    output_grad = gpu.xp.asarray(host_grad)[offset:offset + count]
-    output, pre_grad = gpu.xp.full(count, np.nan, dtype), gpu.xp.full(count, np.nan, dtype)
+    pre = gpu.array(host)[offset:offset + count]
+    output_grad = gpu.array(host_grad)[offset:offset + count]
+    output, pre_grad = gpu.array(np.full(count, np.nan, dtype)), gpu.array(np.full(count, np.nan, dtype))
     activation.gpu_forward(gpu.stream, kind, pre, output)
     activation.gpu_backward(gpu.stream, kind, pre, output_grad, pre_grad)
     activation.gpu_backward(gpu.stream, kind, pre, output_grad, output_grad)  # in place, after the one above

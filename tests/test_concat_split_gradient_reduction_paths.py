@@ -287,12 +287,15 @@ def test_misaligned_views_on_gpu(offset):
     for piece, value in zip(pieces, host):
         piece[...] = cupy.asarray(value)
     output = cupy.full((2, 9, 8), np.nan, dtype=np.float32)
+    cupy.cuda.runtime.deviceSynchronize()  # the fills ran on the default stream, not on `stream`
     attrs = ConcatAttrs(axis=1, num_inputs=3)
     state = concat_op.init_kernel(handle, attrs, [TensorShape(d, np.float32) for d in dims], TensorShape((2, 9, 8), np.float32))
     concat_op.forward_kernel(stream, handle, state, attrs, pieces, output)
     grads = [b[offset:].reshape(d) for b, d in zip([cupy.full(b.size, np.nan, np.float32) for b in buffers], dims)]
+    cupy.cuda.runtime.deviceSynchronize()
     concat_op.backward_kernel(stream, handle, state, attrs, output, output, pieces, grads)
     total = cupy.full((2, 3, 8), np.nan, dtype=np.float32)
+    cupy.cuda.runtime.deviceSynchronize()
     reduction_state = gradient_reduction.init_kernel(handle, GradientReductionAttrs(), [TensorShape((2, 3, 8), np.float32)] * 2,
                                                      TensorShape((2, 3, 8), np.float32))
     gradient_reduction.forward_kernel(stream, handle, reduction_state, GradientReductionAttrs(), [grads[0], pieces[0]], total)

@@ -24,7 +24,8 @@ def _values(dtype, positive):
 def _run(dev, attrs, input, output_grad):
     shape = TensorShape(input.shape, input.dtype)
     state = element_unary.init_kernel(dev.handle, attrs, shape, shape)
-    output, input_grad = dev.xp.full_like(input, np.nan), dev.xp.full_like(input, np.nan)
+    output = dev.array(np.full(input.shape, np.nan, input.dtype))
+    input_grad = dev.array(np.full(input.shape, np.nan, input.dtype))
     element_unary.forward_kernel(dev.stream, dev.handle, state, attrs, input, output)
     element_unary.backward_kernel(dev.stream, dev.handle, state, attrs, None, output_grad, input, input_grad)
     dev.stream.synchronize()
@@ -44,10 +45,10 @@ def test_gpu_matches_cpu(op_type, dtype, offset):
     cpu, gpu = Dev("cpu"), Dev("gpu")
     expected = _run(cpu, attrs, host_input, host_grad)
     # A contiguous view one element into a larger buffer is not 16-byte aligned.
-    base_input = gpu.xp.asarray(np.concatenate([[1.0], host_input]).astype(dtype))
-    base_grad = gpu.xp.asarray(np.concatenate([[1.0], host_grad]).astype(dtype))
-    got = _run(gpu, attrs, base_input[offset:offset + COUNT] if offset else gpu.xp.asarray(host_input),
-               base_grad[offset:offset + COUNT] if offset else gpu.xp.asarray(host_grad))
+    base_input = gpu.array(np.concatenate([[1.0], host_input]).astype(dtype))
+    base_grad = gpu.array(np.concatenate([[1.0], host_grad]).astype(dtype))
+    got = _run(gpu, attrs, base_input[offset:offset + COUNT] if offset else gpu.array(host_input),
+               base_grad[offset:offset + COUNT] if offset else gpu.array(host_grad))
     for name, g, e in zip(("output", "input_grad"), got, expected):
         assert compare(g, e, ulp(8)) is None, f"{name}: {compare(g, e, ulp(8))}"
 

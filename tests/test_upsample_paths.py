@@ -32,7 +32,7 @@ def _run(dev, attrs, x, output_grad, offset=0):
 
     def buffer(shape):
         count = int(np.prod(shape))
-        flat = dev.xp.zeros(count + offset, dtype=x.dtype)
+        flat = dev.array(np.zeros(count + offset, dtype=x.dtype))  # made on dev.stream
         return flat[offset:].reshape(shape)
 
     output = buffer(out_dims)
