@@ -63,16 +63,16 @@ OPS = {
     "upsample": upsample,
     "softmax": softmax,
     "gradient_reduction": gradient_reduction,
-    "element_binary": element_binary,
     "element_unary": element_unary,
+    "element_binary": element_binary,
 }
 
 __all__ = [
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",
-    "element_unary", "ElementUnaryAttrs", "UnaryOpType",
     "conv_2d", "Conv2DAttrs",
+    "element_unary", "ElementUnaryAttrs", "UnaryOpType",
     "element_binary", "ElementBinaryAttrs", "BinaryOpType",
     "pool_2d", "Pool2DAttrs", "PoolOp",
     "activation", "Activation",

@@ -32,8 +32,8 @@ CASE_MODULES = {
     "concat": concat,
     "split": split,
     "gradient_reduction": gradient_reduction,
-    "element_binary": element_binary,
     "element_unary": element_unary,
+    "element_binary": element_binary,
 }
 
 
