@@ -202,6 +202,20 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
+# im2col of rows at least this long (output width) copies fast enough as a strided view; shorter
+# rows (SCDown's depthwise 40) go through the stride phases, one contiguous span a tap.
+WIDE_ROWS_BELOW = 64
+
+
+def _padded(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
+    if not attrs.padding_h and not attrs.padding_w:
+        return input
+    n, c, h, w = input.shape
+    padded = np.zeros((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), dtype=input.dtype)
+    padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w] = input
+    return padded
+
+
 def _taps(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> np.ndarray:
     """A read-only (N, groups, C/groups, kh, kw, Ho, Wo) view: tap (i, j) of every output pixel's window."""
     n, c = padded.shape[:2]
@@ -296,15 +310,16 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
     n, o, out_h, out_w = output.shape
     groups = attrs.groups
     target = np.empty_like(output) if attrs.activation is not None else output
-    if _plain(attrs):
-        columns = _columns(input, attrs, out_h, out_w)  # a view of the input itself
+    if out_w >= WIDE_ROWS_BELOW or _plain(attrs):
+        columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
         weights = filter.reshape(groups, o // groups, columns.shape[2])
+        # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
         np.matmul(weights, columns, out=_grouped(target, groups))
     else:
         wide = _phase_layout(attrs, *input.shape[2:])[1]
         columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         weights = filter.reshape(groups, o // groups, columns.shape[2])
-        # (groups, O/groups, K) @ (N, groups, K, Ho * Wq) -> (N, groups, O/groups, Ho * Wq): NCHW with spare columns.
+        # The same product in rows Wq wide: NCHW with spare columns.
         np.copyto(target, np.matmul(weights, columns).reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:
         target += bias.reshape(1, o, 1, 1)
@@ -328,37 +343,39 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     n, o, out_h, out_w = grad.shape
     _, channels, height, width = state.shapes["input_shape"].dims
     groups = attrs.groups
-    taps = attrs.kernel_h * attrs.kernel_w
     plain = _plain(attrs)
-    rows, wide = (height, width) if plain else _phase_layout(attrs, height, width)
-    if plain:
-        grad_rows = _grouped(grad, groups)
-    else:
+    rows, wide = _phase_layout(attrs, height, width)
+    grad_wide = None
+    if not plain and (input_grad is not None or (filter_grad is not None and out_w < WIDE_ROWS_BELOW)):
         # The gradient in rows Wq wide, zero in the spare columns: they then add exact zeros.
         grad_wide = np.zeros((n, o, out_h, wide), dtype=grad.dtype)
         grad_wide[..., :out_w] = grad
-        grad_rows = grad_wide.reshape(n, groups, o // groups, out_h * wide)
+        grad_wide = grad_wide.reshape(n, groups, o // groups, out_h * wide)
     if filter_grad is not None:
-        columns = _columns(input, attrs, out_h, out_w) if plain else _wide_columns(_phases(input, attrs), attrs, wide,
-                                                                                     out_h)
+        if out_w >= WIDE_ROWS_BELOW or plain:
+            grad_rows, columns = _grouped(grad, groups), _columns(_padded(input, attrs), attrs, out_h, out_w)
+        else:
+            grad_rows, columns = grad_wide, _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         # (N, groups, O/groups, P) @ (N, groups, P, K), summed over N.
         per_image = np.matmul(grad_rows, columns.transpose(0, 1, 3, 2))
         np.copyto(filter_grad, per_image.sum(axis=0).reshape(filter_grad.shape))
-    if input_grad is not None:
-        weights = filter.reshape(groups, o // groups, channels // groups * taps).transpose(0, 2, 1)
-        if plain:  # what each pixel sends back is its gradient
-            np.matmul(weights, grad_rows, out=_grouped(input_grad, groups))
-            return
-        # (groups, K, O/groups) @ (N, groups, O/groups, P): what each tap of each window sends back
-        # (one output channel a group: a product, without BLAS's per-group overhead).
-        sent = (np.multiply(weights, grad_rows) if o == groups else np.matmul(weights, grad_rows)).reshape(
-            n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
-        phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
-        for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
-            phases[:, :, a, b, span] += sent[:, :, i, j]
-        phases = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
-        for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
-            input_grad[:, :, input_rows, input_columns] = phases[:, :, a, b, phase_rows, phase_columns]
+    if input_grad is None:
+        return
+    weights = filter.reshape(groups, o // groups, channels // groups * attrs.kernel_h * attrs.kernel_w).transpose(0, 2, 1)
+    if plain:  # what each pixel sends back is its input gradient
+        np.matmul(weights, _grouped(grad, groups), out=_grouped(input_grad, groups))
+        return
+    # (groups, K, O/groups) @ (N, groups, O/groups, Ho * Wq): what each tap of each window sends back
+    # (one output channel a group: a product, without BLAS's per-group overhead); then col2im,
+    # tap by tap in row-major order, each tap one contiguous span of its stride phase.
+    sent = (np.multiply(weights, grad_wide) if o == groups else np.matmul(weights, grad_wide)).reshape(
+        n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
+    phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
+    for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
+        phases[:, :, a, b, span] += sent[:, :, i, j]
+    phases = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
+    for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
+        input_grad[:, :, input_rows, input_columns] = phases[:, :, a, b, phase_rows, phase_columns]
 
 
 # --------------------------------------------------------------------------- GPU
