@@ -128,9 +128,22 @@ def _tap_range(size: int, scale: int, tap: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------- CPU
 
 
+_DOUBLE_WIDTH = {1: np.uint16, 2: np.uint32, 4: np.uint64}  # itemsize: the unsigned integer holding two elements
+
+
 def _cpu_nearest_forward(input, output, scale) -> None:
+    # Each input row widened once (its elements repeated scale times), then copied to its scale
+    # output rows: long rows, where a copy broadcast along a last dim of `scale` moves a few bytes a step.
     n, c, h, w = input.shape
-    np.copyto(output.reshape(n, c, h, scale, w, scale), input[:, :, :, None, :, None])
+    rows = output.reshape(n, c, h, scale, w * scale)
+    pair = _DOUBLE_WIDTH.get(input.dtype.itemsize) if scale == 2 else None
+    if pair is not None and input.size:
+        # Scale 2: both copies of an element in one integer of twice its width (bits moved, never converted).
+        bits = input.view(f"u{input.dtype.itemsize}").astype(pair)
+        bits |= bits << (8 * input.dtype.itemsize)
+        np.copyto(rows.view(pair), bits[:, :, :, None, :])
+    else:
+        np.copyto(rows, np.repeat(input, scale, axis=3)[:, :, :, None, :])
 
 
 def _cpu_nearest_backward(output_grad, input_grad, scale) -> None:
