@@ -223,7 +223,7 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output,
     if input.size == 0:
         state.saved["forward"] = {"training": training, "empty": True}
         return
-    x = _cpu_view(input, layout).astype(np.float64, copy=False)
+    x = _cpu_view(input, layout).astype(np.float64, copy=False) if training else _cpu_view(input, layout)
     if training:
         mean = x.sum(axis=(0, 2)) / layout.count
         centered = x - mean[:, None]
@@ -237,24 +237,61 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output,
     else:
         mean = state.running_mean.reshape(-1).astype(np.float64)
         invstd = 1.0 / np.sqrt(state.running_var.reshape(-1).astype(np.float64) + attrs.eps)
-        centered = x - mean[:, None]
-    normalized = centered
-    normalized *= invstd[:, None]
-    if attrs.affine:
-        normalized *= _cpu_params(gamma, layout)
-        normalized += _cpu_params(beta, layout)
+        centered = None  # inference: each block centres its own part of x
     state.saved["forward"] = {"training": training, "mean": mean, "invstd": invstd}
-    if attrs.activation is None:
-        _cpu_view(output, layout)[...] = normalized
-        return
-    pre = state.saved.get("pre")
-    if pre is None:
-        pre = state.saved["pre"] = np.empty(input.shape, input.dtype)
-    _cpu_view(pre, layout)[...] = normalized
-    # f in float64 at the kept (rounded) pre-activation, rounded once: as the GPU does.
-    wide = pre.astype(np.float64)
-    activations.cpu_forward(attrs.activation, wide, wide)
-    output[...] = wide
+    pre = None
+    if attrs.activation is not None:
+        pre = state.saved.get("pre")
+        if pre is None:
+            pre = state.saved["pre"] = np.empty(input.shape, input.dtype)
+        pre = _cpu_view(pre, layout)
+    gamma64 = None if not attrs.affine else gamma.reshape(-1).astype(np.float64)
+    beta64 = None if not attrs.affine else beta.reshape(-1).astype(np.float64)
+    out = _cpu_view(output, layout)
+
+    def apply(block: tuple) -> None:
+        # The same float64 operations, element by element, as over the whole tensor at once.
+        stats = block[1]
+        if centered is None:
+            normalized = np.subtract(x[block], mean[stats, None])
+        else:
+            normalized = centered[block]
+        normalized *= invstd[stats, None]
+        if gamma64 is not None:
+            normalized *= gamma64[stats, None]
+            normalized += beta64[stats, None]
+        if pre is None:
+            out[block] = normalized
+            return
+        pre[block] = normalized
+        # f in float64 at the kept (rounded) pre-activation, rounded once: as the GPU does.
+        wide = pre[block].astype(np.float64)
+        activations.cpu_forward(attrs.activation, wide, wide)
+        out[block] = wide
+
+    _cpu_blocks(layout, apply)
+
+
+# Elements of one block of the CPU elementwise passes: several float64 passes stay in cache.
+CPU_BLOCK_ELEMENTS = 1 << 15
+
+
+def _cpu_blocks(layout: Layout, function: Any) -> None:
+    """Call function((outer slice, stats slice, inner slice)) over cache-sized blocks of the (outer,
+    stats, inner) view, shared out to the cores (core.cpu_parallel): elementwise work only."""
+    if layout.inner >= CPU_BLOCK_ELEMENTS:
+        stats_step, inner_step = 1, CPU_BLOCK_ELEMENTS
+    else:
+        stats_step, inner_step = max(1, CPU_BLOCK_ELEMENTS // max(layout.inner, 1)), layout.inner
+    blocks = [(slice(o, o + 1), slice(s, s + stats_step), slice(i, i + inner_step))
+              for o in range(layout.outer) for s in range(0, layout.stats, stats_step)
+              for i in range(0, max(layout.inner, 1), max(inner_step, 1))]
+
+    def run(first: int, last: int) -> None:
+        for block in blocks[first:last]:
+            function(block)
+
+    core.cpu_parallel(run, len(blocks))
 
 
 def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
