@@ -272,8 +272,9 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output,
     _cpu_blocks(layout, apply)
 
 
-# Elements of one block of the CPU elementwise passes: several float64 passes stay in cache.
-CPU_BLOCK_ELEMENTS = 1 << 15
+# Elements of one block of the CPU elementwise passes: several float64 passes stay in cache, and
+# the calls are long enough for two threads not to wait on each other for the GIL (2^14: twice the time).
+CPU_BLOCK_ELEMENTS = 1 << 16
 
 
 def _cpu_blocks(layout: Layout, function: Any) -> None:
