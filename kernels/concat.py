@@ -8,7 +8,6 @@ implementation of both directions lives here (`PieceLayout`, `cpu_join`/`cpu_cut
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -209,41 +208,12 @@ def init_kernel(handle: Any, attrs: ConcatAttrs, input_shapes: list[TensorShape]
     return state
 
 
-def _input_shapes(stream, handle, state, attrs) -> list[TensorShape]:
-    """The state's input shapes, which size the list arguments (check_call refuses a state that is no concat state)."""
-    if not (isinstance(state, core.KernelState) and state.op == OP):
-        core.check_call(OP, stream, handle, state, attrs, [])
-    return state.shapes["input_shapes"]
-
-
-@functools.lru_cache(maxsize=None)
-def _list_row_parts(prefix: str, count: int, required: bool) -> tuple[tuple[str, ...], tuple[bool, ...]]:
-    return tuple(f"{prefix}[{i}]" for i in range(count)), (required,) * count
-
-
-def list_rows(prefix: str, arrays: Sequence[Any], shapes: Sequence[TensorShape], required: bool) -> list[tuple]:
-    """check_call rows of a list argument, (f"{prefix}[i]", array, shape, required), names made once."""
-    names, flags = _list_row_parts(prefix, len(shapes), required)
-    return list(zip(names, arrays, shapes, flags))
-
-
 def _check_forward(stream, handle, state, attrs, inputs, output) -> list[Any]:
-    shapes = _input_shapes(stream, handle, state, attrs)
-    inputs = core.check_list(OP, "inputs", inputs, len(shapes))
-    core.check_call(OP, stream, handle, state, attrs,
-                    list_rows("inputs", inputs, shapes, True) + [("output", output, state.shapes["output_shape"], True)])
-    return inputs
+    return core.check_many_to_one_forward(OP, stream, handle, state, attrs, inputs, output)
 
 
 def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> list[Any]:
-    shapes = _input_shapes(stream, handle, state, attrs)
-    inputs = core.check_list(OP, "inputs", inputs, len(shapes), optional=True)
-    input_grads = core.check_list(OP, "input_grads", input_grads, len(shapes))
-    core.check_call(OP, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], False),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-    ] + list_rows("inputs", inputs, shapes, False) + list_rows("input_grads", input_grads, shapes, False))
-    return input_grads
+    return core.check_many_to_one_backward(OP, stream, handle, state, attrs, output, output_grad, inputs, input_grads)
 
 
 # --------------------------------------------------------------------------- CPU

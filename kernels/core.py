@@ -8,6 +8,7 @@ Nothing here imports CuPy; the GPU half of the machinery lives in
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import sys
 from dataclasses import dataclass, field
@@ -222,7 +223,8 @@ def device_of(op: str, obj: Any, argument: str) -> Any:
     """'cpu' for a CPU stream or handle, the device ordinal for a GPU one."""
     device = getattr(obj, "device", None)
     if device is None or not hasattr(obj, "synchronize" if argument == "stream" else "close"):
-        raise fail(DeviceError, op, argument, f"a kernels {argument} (cpu_{argument}() or gpu_{argument}())", type(obj).__name__)
+        raise fail(DeviceError, op, argument, f"a kernels {argument} (cpu_{argument}() or gpu_{argument}())",
+                   type(obj).__name__)
     return device
 
 
@@ -288,10 +290,10 @@ def check_tensor(op: str, name: str, array: Any, expected: TensorShape, device: 
     module = _array_module(array)
     if device == "cpu":
         if module != "numpy":
-            raise fail(DeviceError, op, name, "a NumPy array (CPU stream)", type(array).__module__ + "." + type(array).__name__)
+            raise fail(DeviceError, op, name, "a NumPy array (CPU stream)", f"{type(array).__module__}.{type(array).__name__}")
     else:
         if module != "cupy":
-            raise fail(DeviceError, op, name, f"a CuPy array on GPU {device}", type(array).__module__ + "." + type(array).__name__)
+            raise fail(DeviceError, op, name, f"a CuPy array on GPU {device}", f"{type(array).__module__}.{type(array).__name__}")
         if array.device.id != device:
             raise fail(DeviceError, op, name, f"an array on GPU {device}", f"GPU {array.device.id}")
     if tuple(array.shape) != expected.dims:
@@ -356,6 +358,48 @@ def check_list(op: str, argument: str, items: Any, count: int | None = None, opt
     if count is not None and len(items) != count:
         raise fail(ShapeError, op, argument, f"a list of {count}", f"a list of {len(items)}")
     return list(items)
+
+
+@functools.lru_cache(maxsize=None)
+def _list_row_parts(prefix: str, count: int, required: bool) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    return tuple(f"{prefix}[{i}]" for i in range(count)), (required,) * count
+
+
+def list_rows(prefix: str, arrays: Sequence[Any], shapes: Sequence[TensorShape], required: bool) -> list[tuple]:
+    """check_call rows of a list argument, (f"{prefix}[i]", array, shape, required), names made once."""
+    names, flags = _list_row_parts(prefix, len(shapes), required)
+    return list(zip(names, arrays, shapes, flags))
+
+
+def state_list_shapes(op: str, stream: Any, handle: Any, state: Any, attrs: Any, name: str) -> list[TensorShape]:
+    """The state's list of shapes `name`, which sizes a list argument (a state of another op is refused first)."""
+    if not (isinstance(state, KernelState) and state.op == op):
+        check_call(op, stream, handle, state, attrs, [])
+    return state.shapes[name]
+
+
+def check_many_to_one_forward(op: str, stream: Any, handle: Any, state: Any, attrs: Any, inputs: Any,
+                              output: Any) -> list[Any]:
+    """The checks of a forward (inputs[], output) (concat, gradient_reduction); returns inputs as a list."""
+    shapes = state_list_shapes(op, stream, handle, state, attrs, "input_shapes")
+    inputs = check_list(op, "inputs", inputs, len(shapes))
+    check_call(op, stream, handle, state, attrs,
+               list_rows("inputs", inputs, shapes, True) + [("output", output, state.shapes["output_shape"], True)])
+    return inputs
+
+
+def check_many_to_one_backward(op: str, stream: Any, handle: Any, state: Any, attrs: Any, output: Any,
+                               output_grad: Any, inputs: Any, input_grads: Any) -> list[Any]:
+    """The checks of a backward (output, output_grad, inputs[], input_grads[]); returns input_grads as a list
+    (entries may be None: those gradients are skipped)."""
+    shapes = state_list_shapes(op, stream, handle, state, attrs, "input_shapes")
+    inputs = check_list(op, "inputs", inputs, len(shapes), optional=True)
+    input_grads = check_list(op, "input_grads", input_grads, len(shapes))
+    check_call(op, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+    ] + list_rows("inputs", inputs, shapes, False) + list_rows("input_grads", input_grads, shapes, False))
+    return input_grads
 
 
 # --------------------------------------------------------------------------- CPU threads

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from . import core, gpu
-from .concat import list_rows
 from .core import FLOAT_DTYPES, TensorShape
 
 OP = "gradient_reduction"
@@ -46,30 +45,12 @@ def init_kernel(handle: Any, attrs: GradientReductionAttrs, input_shapes: list[T
     return state
 
 
-def _input_shapes(stream, handle, state, attrs) -> list[TensorShape]:
-    """The state's input shapes, which size the list arguments (check_call refuses a state of another op)."""
-    if not (isinstance(state, core.KernelState) and state.op == OP):
-        core.check_call(OP, stream, handle, state, attrs, [])
-    return state.shapes["input_shapes"]
-
-
 def _check_forward(stream, handle, state, attrs, inputs, output) -> list[Any]:
-    shapes = _input_shapes(stream, handle, state, attrs)
-    inputs = core.check_list(OP, "inputs", inputs, len(shapes))
-    core.check_call(OP, stream, handle, state, attrs,
-                    list_rows("inputs", inputs, shapes, True) + [("output", output, state.shapes["output_shape"], True)])
-    return inputs
+    return core.check_many_to_one_forward(OP, stream, handle, state, attrs, inputs, output)
 
 
 def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> list[Any]:
-    shapes = _input_shapes(stream, handle, state, attrs)
-    inputs = core.check_list(OP, "inputs", inputs, len(shapes), optional=True)
-    input_grads = core.check_list(OP, "input_grads", input_grads, len(shapes))
-    core.check_call(OP, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], False),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-    ] + list_rows("inputs", inputs, shapes, False) + list_rows("input_grads", input_grads, shapes, False))
-    return input_grads
+    return core.check_many_to_one_backward(OP, stream, handle, state, attrs, output, output_grad, inputs, input_grads)
 
 
 # --------------------------------------------------------------------------- CPU

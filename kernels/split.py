@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import core
-from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, list_rows, piece_layout
+from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
 OP = "split"
@@ -56,27 +56,21 @@ def init_kernel(handle: Any, attrs: SplitAttrs, input_shape: TensorShape, output
     return state
 
 
-def _output_shapes(stream, handle, state, attrs) -> list[TensorShape]:
-    """The state's output shapes, which size the list arguments (check_call refuses a state that is no split state)."""
-    if not (isinstance(state, core.KernelState) and state.op == OP):
-        core.check_call(OP, stream, handle, state, attrs, [])
-    return state.shapes["output_shapes"]
-
-
 def _check_forward(stream, handle, state, attrs, input, outputs) -> list[Any]:
-    shapes = _output_shapes(stream, handle, state, attrs)
+    shapes = core.state_list_shapes(OP, stream, handle, state, attrs, "output_shapes")
     outputs = core.check_list(OP, "outputs", outputs, len(shapes))
     core.check_call(OP, stream, handle, state, attrs,
-                    [("input", input, state.shapes["input_shape"], True)] + list_rows("outputs", outputs, shapes, True))
+                    [("input", input, state.shapes["input_shape"], True)] + core.list_rows("outputs", outputs, shapes, True))
     return outputs
 
 
 def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> list[Any]:
-    shapes = _output_shapes(stream, handle, state, attrs)
+    shapes = core.state_list_shapes(OP, stream, handle, state, attrs, "output_shapes")
     outputs = core.check_list(OP, "outputs", outputs, len(shapes), optional=True)
     output_grads = core.check_list(OP, "output_grads", output_grads, len(shapes))
     core.check_call(OP, stream, handle, state, attrs,
-                    list_rows("outputs", outputs, shapes, False) + list_rows("output_grads", output_grads, shapes, True)
+                    core.list_rows("outputs", outputs, shapes, False)
+                    + core.list_rows("output_grads", output_grads, shapes, True)
                     + [("input", input, state.shapes["input_shape"], False),
                        ("input_grad", input_grad, state.shapes["input_shape"], False)])
     return output_grads

@@ -40,7 +40,8 @@ def init_kernel(handle: Any, attrs: TransposeAttrs, input_shape: TensorShape, ou
     state = core.make_state(OP, handle, attrs, TransposeAttrs, input_shape=input_shape, output_shape=output_shape)
     core.check_dtype(OP, "input_shape", input_shape, MOVABLE_DTYPES)
     if input_shape.rank != len(attrs.permutation):
-        raise fail(core.ShapeError, OP, "input_shape", f"rank {len(attrs.permutation)} (the permutation's length)", input_shape.rank)
+        raise fail(core.ShapeError, OP, "input_shape", f"rank {len(attrs.permutation)} (the permutation's length)",
+                   input_shape.rank)
     core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
     return state

@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (each lambda is timed at once, inside the iteration that made it)
 """Host and device time of each exact cuDNN convolution algorithm on YOLOv10 shapes, next to
 PyTorch: which algorithms have low per-call host overhead. Run on the GPU machine."""
 
