@@ -360,6 +360,26 @@ def check_list(op: str, argument: str, items: Any, count: int | None = None, opt
     return list(items)
 
 
+def check_unary_forward(op: str, stream: Any, handle: Any, state: Any, attrs: Any, input: Any, output: Any) -> None:
+    """The checks of a forward (input, output): reshape, transpose, upsample, element_unary, softmax, pool_2d."""
+    check_call(op, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def check_unary_backward(op: str, stream: Any, handle: Any, state: Any, attrs: Any, output: Any, output_grad: Any,
+                         input: Any, input_grad: Any, output_required: bool = False, input_required: bool = False) -> None:
+    """The checks of a backward (output, output_grad, input, input_grad): output_grad is always required,
+    output and input where the op's gradient reads them; input_grad None skips the gradient."""
+    check_call(op, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], output_required),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], input_required),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ])
+
+
 @functools.lru_cache(maxsize=None)
 def _list_row_parts(prefix: str, count: int, required: bool) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     return tuple(f"{prefix}[{i}]" for i in range(count)), (required,) * count

@@ -64,19 +64,11 @@ def init_kernel(handle: Any, attrs: ReshapeAttrs, input_shape: TensorShape, outp
 
 
 def _check_forward(stream, handle, state, attrs, input, output) -> None:
-    core.check_call(OP, stream, handle, state, attrs, [
-        ("input", input, state.shapes["input_shape"], True),
-        ("output", output, state.shapes["output_shape"], True),
-    ])
+    core.check_unary_forward(OP, stream, handle, state, attrs, input, output)
 
 
 def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
-    core.check_call(OP, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], False),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-        ("input", input, state.shapes["input_shape"], False),
-        ("input_grad", input_grad, state.shapes["input_shape"], False),
-    ])
+    core.check_unary_backward(OP, stream, handle, state, attrs, output, output_grad, input, input_grad)
 
 
 # --------------------------------------------------------------------------- CPU
