@@ -92,7 +92,10 @@ class GpuHandle:
     """cuDNN and cuBLAS handles of one device and a workspace, made on first use.
 
     A handle is not bound to a stream: each call binds its libraries to the stream
-    it is given. Close it (or use it as a context manager) to release everything.
+    it is given (the binding is remembered, so asking again on the same stream costs
+    no library call). The cuBLAS handle reads alpha/beta from host memory
+    (CUBLAS_POINTER_MODE_HOST, set once). Close it (or use it as a context manager)
+    to release everything.
     """
 
     def __init__(self, device: int = 0):
@@ -100,6 +103,8 @@ class GpuHandle:
         self.device = int(device)
         self._cudnn: Any = None
         self._cublas: int | None = None
+        self._cudnn_stream: int | None = None  # the stream pointer each library is bound to now
+        self._cublas_stream: int | None = None
         self._workspace: Any = None
         self._lock = threading.Lock()
         self.closed = False
@@ -111,7 +116,11 @@ class GpuHandle:
         if self._cudnn is None:
             with cupy.cuda.Device(self.device):
                 self._cudnn = cudnn_module.create_handle()
-        cudnn_module.set_stream(self._cudnn, stream.ptr)
+                self._cudnn_stream = None
+        ptr = stream.ptr
+        if ptr != self._cudnn_stream:
+            cudnn_module.set_stream(self._cudnn, ptr)
+            self._cudnn_stream = ptr
         return self._cudnn
 
     def cublas(self, stream: GpuStream) -> int:
@@ -122,8 +131,13 @@ class GpuHandle:
             with cupy.cuda.Device(self.device):
                 handle = cublas.create()
                 cublas.setMathMode(handle, CUBLAS_PEDANTIC_MATH)
+                cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
                 self._cublas = handle
-        cublas.setStream(self._cublas, stream.ptr)
+                self._cublas_stream = None
+        ptr = stream.ptr
+        if ptr != self._cublas_stream:
+            cublas.setStream(self._cublas, ptr)
+            self._cublas_stream = ptr
         return self._cublas
 
     def workspace(self, nbytes: int) -> Any:
@@ -142,11 +156,13 @@ class GpuHandle:
 
             cudnn_module.destroy_handle(self._cudnn)
             self._cudnn = None
+            self._cudnn_stream = None
         if self._cublas is not None:
             from cupy.cuda import cublas
 
             cublas.destroy(self._cublas)
             self._cublas = None
+            self._cublas_stream = None
         self._workspace = None
 
     def __enter__(self) -> "GpuHandle":
