@@ -65,20 +65,27 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
     dims = state.shapes["input_shape"].dims
     axis = _axis(state)
     outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
+    threads = core.cpu_threads()
+
+    def even(count: int, most: int) -> int:
+        """Parts of about `most` items each, their number a multiple of the threads (balanced)."""
+        parts = -(-count // max(most, 1))
+        return min(count, -(-parts // threads) * threads)
+
     if inner == 1:
         views = [a.reshape(outer, size) for a in arrays]
-        rows = max(1, CPU_BLOCK_ELEMENTS // size)
+        rows = -(-outer // even(outer, CPU_BLOCK_ELEMENTS // size))
         blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
     else:
         views = [a.reshape(outer, size, inner) for a in arrays]
         if size * inner <= CPU_BLOCK_ELEMENTS:
-            rows = CPU_BLOCK_ELEMENTS // (size * inner)
+            rows = -(-outer // even(outer, CPU_BLOCK_ELEMENTS // (size * inner)))
             blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
         else:
             # Parts of inner at least 2 wide (else width 1 would make the reduction NumPy's inner loop,
             # which sums in another order): the whole of inner when dim is too long for that.
             width = CPU_BLOCK_ELEMENTS // size
-            parts = -(-inner // width) if width >= 4 else 1
+            parts = max(1, min(even(inner, width), inner // 4)) if width >= 4 else 1
             bounds = [inner * i // parts for i in range(parts + 1)]
             blocks = [(slice(row, row + 1), slice(None), slice(bounds[i], bounds[i + 1]))
                       for row in range(outer) for i in range(parts)]
