@@ -94,63 +94,106 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, 
 # computed as the column-major C^T = op(B)^T @ op(A)^T: B first, sizes (N, M, K).
 
 
-def _gemm(stream, handle, dtype: np.dtype, transa: bool, transb: bool, m: int, n: int, k: int,
-          a: Any, lda: int, stride_a: int, b: Any, ldb: int, stride_b: int,
-          c: Any, ldc: int, stride_c: int, batch: int) -> None:
-    """Column-major C (m x n) = op(A) @ op(B) for `batch` matrices `stride_*` elements apart.
+# Each direction's GEMMs are worked out once per state (state.saved["gemm:<direction>"]):
+# a call only fills in the three data pointers. alpha = 1 and beta = 0 live in host
+# arrays kept for the life of the process (the handle is in pointer mode host).
 
-    k == 0 writes zeros (cuBLAS is not asked to: an empty sum is zero)."""
-    import cupy
+_SCALARS: dict[Any, tuple[Any, Any]] = {}
+
+
+def _scalars(dtype: np.dtype) -> tuple[Any, Any]:
+    """Host arrays holding 1 and 0 of `dtype`, never freed (cuBLAS reads them during each call)."""
+    pair = _SCALARS.get(dtype)
+    if pair is None:
+        pair = _SCALARS.setdefault(dtype, (np.ones((), dtype=dtype), np.zeros((), dtype=dtype)))
+    return pair
+
+
+def _gemm_entry(dtype: np.dtype, transa: bool, transb: bool, m: int, n: int, k: int, lda: int, stride_a: int,
+                ldb: int, stride_b: int, ldc: int, stride_c: int, batch: int) -> tuple:
+    """One column-major C (m x n) = op(A) @ op(B) for `batch` matrices `stride_*` elements apart,
+    as ("skip",) (nothing to write), ("zero",) (k == 0: an empty sum is zero; cuBLAS is not asked)
+    or ("gemm", function, the cuBLAS arguments less handle and pointers, name)."""
     from cupy.cuda import cublas
 
     if m == 0 or n == 0 or batch == 0:
-        return
+        return ("skip",)
     if k == 0:
+        return ("zero",)
+    single = dtype == np.float32
+    one, zero = _scalars(np.dtype(dtype))
+    return ("gemm", cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched,
+            (cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N,
+             m, n, k, one.ctypes.data, lda, stride_a, ldb, stride_b, zero.ctypes.data, ldc, stride_c, batch),
+            f"{'sgemm' if single else 'dgemm'}StridedBatched (m={m}, n={n}, k={k}, batch={batch})")
+
+
+def _plan(state: core.KernelState, direction: str) -> tuple:
+    """The GEMM entries of `direction` ("forward", "lhs_grad", "rhs_grad"), made on first use."""
+    key = "gemm:" + direction
+    entry = state.saved.get(key)
+    if entry is not None:
+        return entry
+    lhs_dims, rhs_dims = state.shapes["lhs_shape"].dims, state.shapes["rhs_shape"].dims
+    batch, m, k, n = core.numel(lhs_dims[:-2]), lhs_dims[-2], lhs_dims[-1], rhs_dims[-1]
+    dtype = state.shapes["lhs_shape"].dtype
+    if direction == "forward":
+        # output^T (N x M) = rhs^T (N x K) @ lhs^T (K x M); A = rhs, B = lhs
+        entry = _gemm_entry(dtype, False, False, n, m, k, n, k * n, k, m * k, n, m * n, batch)
+    elif direction == "lhs_grad":
+        # lhs_grad^T (K x M) = rhs (K x N; its memory is the N x K rhs^T, so transposed) @ output_grad^T (N x M);
+        # A = rhs, B = output_grad
+        entry = _gemm_entry(dtype, True, False, k, m, n, n, k * n, n, m * n, k, m * k, batch)
+    else:
+        # rhs_grad^T (N x K) = output_grad^T (N x M) @ lhs (M x K; its memory is the K x M lhs^T, so transposed);
+        # A = output_grad, B = lhs
+        entry = _gemm_entry(dtype, False, True, n, k, m, n, m * n, k, m * k, n, k * n, batch)
+    state.saved[key] = entry
+    return entry
+
+
+def _run(stream, handle, entry: tuple, a: Any, b: Any, c: Any) -> None:
+    """Enqueue one planned GEMM (or its zero fill) on the stream."""
+    kind = entry[0]
+    if kind == "skip":
+        return
+    if kind == "zero":
+        import cupy
+
         cupy.cuda.runtime.memsetAsync(c.data.ptr, 0, c.nbytes, stream.ptr)
         return
-    gemm = cublas.sgemmStridedBatched if dtype == np.float32 else cublas.dgemmStridedBatched
-    # alpha and beta live on the host (pointer mode host); cuBLAS reads them during the call.
-    one, zero = np.ones((), dtype=dtype), np.zeros((), dtype=dtype)
-    op_a = cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N
-    op_b = cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N
+    _, gemm, (op_a, op_b, m, n, k, alpha, lda, stride_a, ldb, stride_b, beta, ldc, stride_c, batch), name = entry
+    import cupy
+    from cupy.cuda import cublas
+
+    # The cuBLAS handle belongs to the stream's device: make it current only when it is not
+    # (a cheap query; entering the stream as a context costs more than the check).
+    switch = cupy.cuda.runtime.getDevice() != stream.device
     try:
-        with stream:
-            cublas_handle = handle.cublas(stream)
-            cublas.setPointerMode(cublas_handle, cublas.CUBLAS_POINTER_MODE_HOST)
-            gemm(cublas_handle, op_a, op_b, m, n, k, one.ctypes.data, a.data.ptr, lda, stride_a,
-                 b.data.ptr, ldb, stride_b, zero.ctypes.data, c.data.ptr, ldc, stride_c, batch)
+        if switch:
+            with cupy.cuda.Device(stream.device):
+                gemm(handle.cublas(stream), op_a, op_b, m, n, k, alpha, a.data.ptr, lda, stride_a,
+                     b.data.ptr, ldb, stride_b, beta, c.data.ptr, ldc, stride_c, batch)
+        else:
+            gemm(handle.cublas(stream), op_a, op_b, m, n, k, alpha, a.data.ptr, lda, stride_a,
+                 b.data.ptr, ldb, stride_b, beta, c.data.ptr, ldc, stride_c, batch)
     except cublas.CUBLASError as error:
-        raise CudaError("cuBLAS", str(error), f"{OP}: {'sgemm' if dtype == np.float32 else 'dgemm'}StridedBatched "
-                        f"(m={m}, n={n}, k={k}, batch={batch})") from error
-
-
-def _sizes(state: core.KernelState) -> tuple[int, int, int, int]:
-    lhs_dims, rhs_dims = state.shapes["lhs_shape"].dims, state.shapes["rhs_shape"].dims
-    return core.numel(lhs_dims[:-2]), lhs_dims[-2], lhs_dims[-1], rhs_dims[-1]
+        raise CudaError("cuBLAS", str(error), f"{OP}: {name}") from error
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
     """output = lhs @ rhs through cuBLAS strided batched GEMM, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
-    batch, m, k, n = _sizes(state)
-    # output^T (N x M) = rhs^T (N x K) @ lhs^T (K x M)
-    _gemm(stream, handle, output.dtype, False, False, n, m, k,
-          rhs, n, k * n, lhs, k, m * k, output, n, m * n, batch)
+    _run(stream, handle, _plan(state, "forward"), rhs, lhs, output)
 
 
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
     """lhs_grad = output_grad @ rhs^T, rhs_grad = lhs^T @ output_grad through cuBLAS, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
-    batch, m, k, n = _sizes(state)
-    dtype = output_grad.dtype
     if lhs_grad is not None:
-        # lhs_grad^T (K x M) = rhs (K x N; its memory is the N x K rhs^T, so transposed) @ output_grad^T (N x M)
-        _gemm(stream, handle, dtype, True, False, k, m, n,
-              rhs, n, k * n, output_grad, n, m * n, lhs_grad, k, m * k, batch)
+        _run(stream, handle, _plan(state, "lhs_grad"), rhs, output_grad, lhs_grad)
     if rhs_grad is not None:
-        # rhs_grad^T (N x K) = output_grad^T (N x M) @ lhs (M x K; its memory is the K x M lhs^T, so transposed)
-        _gemm(stream, handle, dtype, False, True, n, k, m,
-              output_grad, n, m * n, lhs, k, m * k, rhs_grad, n, k * n, batch)
+        _run(stream, handle, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad)
 
 
 # --------------------------------------------------------------------------- dispatch
