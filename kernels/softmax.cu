@@ -52,13 +52,67 @@ __device__ __forceinline__ T group_sum(T value) {
 
 // ---------------------------------------------------------------------------- rows in registers
 
-// Rows of `size` <= WIDTH * PER_LANE contiguous elements. Lane l of a group holds
-// elements l, l + WIDTH, ... of its row (coalesced loads). The loop bound is the
-// same for the whole warp, so every lane reaches every shuffle.
+// a / b rounded to nearest, from r = the rounded reciprocal of b (made once per row):
+// q = a * r is within about an ulp, the residual a - q * b comes exactly from an fma,
+// and one correction q + residual * r rounds to a / b (Markstein's theorem) while the
+// quotient is a normal number. Here b is a row sum in [1, size], a in [0, 1]; only a
+// subnormal quotient (a < 2^-126 * b) may differ, by at most its last bit. Three
+// instructions instead of the IEEE division's sequence (with its slow-path branch).
+template <typename T> __device__ __forceinline__ T reciprocal(T b);
+template <> __device__ __forceinline__ float reciprocal<float>(float b) { return __frcp_rn(b); }
+template <> __device__ __forceinline__ double reciprocal<double>(double b) { return __drcp_rn(b); }
+template <typename T> __device__ __forceinline__ T fused(T a, T b, T c);
+template <> __device__ __forceinline__ float fused<float>(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+template <> __device__ __forceinline__ double fused<double>(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+template <typename T>
+__device__ __forceinline__ T divide(T a, T b, T r) {
+    const T q = a * r;
+    return fused(fused(-q, b, a), r, q);
+}
+
+// VEC consecutive elements moved by one 16-byte (or 8-byte) load or store.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+    T v[VEC];
+};
+
+// Elements a lane moves per vector access in the *_rows kernels: 16 bytes' worth
+// when whole warps own rows and a lane holds at least that many, else 1 (scalar).
 template <typename T, int WIDTH, int PER_LANE>
-__global__ void softmax_forward_rows(const T* __restrict__ input, T* __restrict__ output,
-                                     long long rows, int size) {
+__host__ __device__ constexpr int rows_vec() {
+    return WIDTH == 32 && PER_LANE >= int(16 / sizeof(T)) ? int(16 / sizeof(T)) : 1;
+}
+
+// Blocks of 128 threads the forward kernel is compiled to fit per SM: with at most 32
+// floats (128 bytes) of a row per lane, 8 blocks (64 registers a thread, no spills
+// at compute_90), so twice the rows of the unconstrained 80-register build are in
+// flight; larger rows per lane keep the compiler's choice.
+template <typename T, int PER_LANE>
+__host__ __device__ constexpr int rows_min_blocks() {
+    return sizeof(T) * PER_LANE <= 128 ? 8 : 1;
+}
+
+// Rows of `size` <= WIDTH * PER_LANE contiguous elements. Slot j of lane l holds
+// element (j / VEC) * WIDTH * VEC + l * VEC + j % VEC of its row: with VEC > 1 a lane
+// holds VEC neighbours per chunk and a warp's access covers WIDTH * VEC contiguous
+// elements (coalesced either way; VEC == 1 is the plain lane + j * WIDTH). When the
+// size is a multiple of VEC and every array starts on a VEC * sizeof(T) boundary (so
+// every row does), a chunk is one vector access; otherwise (odd sizes, offset views)
+// the same slots are filled by scalar accesses. Both paths sum the slots in the same
+// order (j = 0, 1, ..., then the butterfly), so they give the same bits. The loop
+// bound is the same for the whole warp, so every lane reaches every shuffle.
+template <typename T, int WIDTH, int PER_LANE>
+__global__ void __launch_bounds__(128, rows_min_blocks<T, PER_LANE>()) softmax_forward_rows(const T* __restrict__ input, T* __restrict__ output,
+                                                            long long rows, int size) {
+    constexpr int VEC = rows_vec<T, WIDTH, PER_LANE>();
+    constexpr int CHUNKS = PER_LANE / VEC;
+    constexpr int STRIDE = WIDTH * VEC;  // elements between a lane's chunks
+    const bool packed = VEC > 1 && size % VEC == 0 &&
+        ((reinterpret_cast<unsigned long long>(input) | reinterpret_cast<unsigned long long>(output)) %
+         (VEC * sizeof(T))) == 0;
     const int lane = threadIdx.x % WIDTH;
+    const int first_in_lane = lane * VEC;
     const long long groups_per_block = blockDim.x / WIDTH;
     const long long first = (long long)blockIdx.x * groups_per_block;
     const long long step = (long long)gridDim.x * groups_per_block;
@@ -66,39 +120,76 @@ __global__ void softmax_forward_rows(const T* __restrict__ input, T* __restrict_
     for (long long base = warp_first; base < rows; base += step) {
         const long long row = base + (threadIdx.x % 32) / WIDTH;
         const bool valid = row < rows;
-        const T* in = input + row * size;
+        const T* in = input + (valid ? row : 0) * size + first_in_lane;
         T v[PER_LANE];
+        if (packed) {
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) {
+                if (valid && first_in_lane + c * STRIDE < size) {
+                    const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(in + c * STRIDE);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) v[c * VEC + i] = p.v[i];
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) v[c * VEC + i] = lowest<T>();
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < PER_LANE; ++j) {
+                const int at = (j / VEC) * STRIDE + j % VEC;
+                v[j] = (valid && first_in_lane + at < size) ? in[at] : lowest<T>();
+            }
+        }
         T row_max = lowest<T>();
 #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) {
-            const int index = lane + j * WIDTH;
-            v[j] = (valid && index < size) ? in[index] : lowest<T>();
-            row_max = larger(row_max, v[j]);
-        }
+        for (int j = 0; j < PER_LANE; ++j) row_max = larger(row_max, v[j]);
         row_max = group_max<T, WIDTH>(row_max);
         T sum = T(0);
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) {
-            const int index = lane + j * WIDTH;
-            v[j] = index < size ? exp_of(v[j] - row_max) : T(0);
+            const int at = (j / VEC) * STRIDE + j % VEC;
+            v[j] = first_in_lane + at < size ? exp_of(v[j] - row_max) : T(0);
             sum += v[j];
         }
         sum = group_sum<T, WIDTH>(sum);
+        const T inverse = reciprocal(sum);
         if (valid) {
-            T* out = output + row * size;
+            T* out = output + row * size + first_in_lane;
+            if (packed) {
 #pragma unroll
-            for (int j = 0; j < PER_LANE; ++j) {
-                const int index = lane + j * WIDTH;
-                if (index < size) out[index] = v[j] / sum;
+                for (int c = 0; c < CHUNKS; ++c) {
+                    if (first_in_lane + c * STRIDE < size) {
+                        Pack<T, VEC> p;
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) p.v[i] = divide(v[c * VEC + i], sum, inverse);
+                        *reinterpret_cast<Pack<T, VEC>*>(out + c * STRIDE) = p;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < PER_LANE; ++j) {
+                    const int at = (j / VEC) * STRIDE + j % VEC;
+                    if (first_in_lane + at < size) out[at] = divide(v[j], sum, inverse);
+                }
             }
         }
     }
 }
 
+// Same slots, same two paths, same summation order as softmax_forward_rows.
 template <typename T, int WIDTH, int PER_LANE>
-__global__ void softmax_backward_rows(const T* __restrict__ output, const T* __restrict__ output_grad,
-                                      T* __restrict__ input_grad, long long rows, int size) {
+__global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict__ output,
+                                                             const T* __restrict__ output_grad,
+                                                             T* __restrict__ input_grad, long long rows, int size) {
+    constexpr int VEC = rows_vec<T, WIDTH, PER_LANE>();
+    constexpr int CHUNKS = PER_LANE / VEC;
+    constexpr int STRIDE = WIDTH * VEC;
+    const bool packed = VEC > 1 && size % VEC == 0 &&
+        ((reinterpret_cast<unsigned long long>(output) | reinterpret_cast<unsigned long long>(output_grad) |
+          reinterpret_cast<unsigned long long>(input_grad)) % (VEC * sizeof(T))) == 0;
     const int lane = threadIdx.x % WIDTH;
+    const int first_in_lane = lane * VEC;
     const long long groups_per_block = blockDim.x / WIDTH;
     const long long first = (long long)blockIdx.x * groups_per_block;
     const long long step = (long long)gridDim.x * groups_per_block;
@@ -106,22 +197,57 @@ __global__ void softmax_backward_rows(const T* __restrict__ output, const T* __r
     for (long long base = warp_first; base < rows; base += step) {
         const long long row = base + (threadIdx.x % 32) / WIDTH;
         const bool valid = row < rows;
+        const long long offset = (valid ? row : 0) * size + first_in_lane;
+        const T* y_row = output + offset;
+        const T* g_row = output_grad + offset;
         T y[PER_LANE], g[PER_LANE];
-        T dot = T(0);
+        if (packed) {
 #pragma unroll
-        for (int j = 0; j < PER_LANE; ++j) {
-            const int index = lane + j * WIDTH;
-            const bool inside = valid && index < size;
-            y[j] = inside ? output[row * size + index] : T(0);
-            g[j] = inside ? output_grad[row * size + index] : T(0);
-            dot += g[j] * y[j];
-        }
-        dot = group_sum<T, WIDTH>(dot);
-        if (valid) {
+            for (int c = 0; c < CHUNKS; ++c) {
+                if (valid && first_in_lane + c * STRIDE < size) {
+                    const Pack<T, VEC> py = *reinterpret_cast<const Pack<T, VEC>*>(y_row + c * STRIDE);
+                    const Pack<T, VEC> pg = *reinterpret_cast<const Pack<T, VEC>*>(g_row + c * STRIDE);
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) {
+                        y[c * VEC + i] = py.v[i];
+                        g[c * VEC + i] = pg.v[i];
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) y[c * VEC + i] = g[c * VEC + i] = T(0);
+                }
+            }
+        } else {
 #pragma unroll
             for (int j = 0; j < PER_LANE; ++j) {
-                const int index = lane + j * WIDTH;
-                if (index < size) input_grad[row * size + index] = y[j] * (g[j] - dot);
+                const int at = (j / VEC) * STRIDE + j % VEC;
+                const bool inside = valid && first_in_lane + at < size;
+                y[j] = inside ? y_row[at] : T(0);
+                g[j] = inside ? g_row[at] : T(0);
+            }
+        }
+        T dot = T(0);
+#pragma unroll
+        for (int j = 0; j < PER_LANE; ++j) dot += g[j] * y[j];
+        dot = group_sum<T, WIDTH>(dot);
+        if (valid) {
+            T* dx_row = input_grad + offset;
+            if (packed) {
+#pragma unroll
+                for (int c = 0; c < CHUNKS; ++c) {
+                    if (first_in_lane + c * STRIDE < size) {
+                        Pack<T, VEC> p;
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) p.v[i] = y[c * VEC + i] * (g[c * VEC + i] - dot);
+                        *reinterpret_cast<Pack<T, VEC>*>(dx_row + c * STRIDE) = p;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < PER_LANE; ++j) {
+                    const int at = (j / VEC) * STRIDE + j % VEC;
+                    if (first_in_lane + at < size) dx_row[at] = y[j] * (g[j] - dot);
+                }
             }
         }
     }
