@@ -80,16 +80,21 @@ def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
             np.copyto(piece, whole[lead + (slice(offset, offset + size),)])
 
 
-# "kernel": one launch per call for up to 12 pieces (concat.cu). "memcpy2d": one
-# cudaMemcpy2DAsync per piece. "auto": per shape class, chosen once per plan from the H200
-# timings (median per call incl. sync, at the per-call host cost before launch plans were cached):
-# joins of at most MEMCPY2D_MAX_PIECES pieces into a whole of one row (outer == 1, every piece one
-# contiguous block) take memcpy2d -- SPPF's four 1x320x20x20: memcpy2d 35.9 us, kernel 46.5 us,
-# and memcpy2d also won on four 1x256x160x160 -- everything else the kernel, which won SPPF's
-# backward (a cut) and needs one launch where memcpy2d needs one call per piece. Kept switchable
-# so that the benchmarks compare the methods.
+# "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
+# value in one `struct Ints` argument (no pointer table in device memory, so no copy to the device
+# per call). "memcpy2d": one cudaMemcpy2DAsync per piece (~5 us of host time each). "auto": per
+# shape class, chosen once per plan from the H200 timings (median per call incl. sync):
+# - small joins (SPPF's four 1x320x20x20 on channels, a whole of 2 MB): memcpy2d 34.7 us, kernel
+#   35.0 us, a tie; the kernel's host cost is one launch whatever the number of pieces, and the hot
+#   path below (one pass over the pieces, the pointer argument kept while the addresses repeat) is
+#   leaner than that measurement's -> the kernel (to be re-measured);
+# - large one-row joins of at most MEMCPY2D_MAX_PIECES pieces (four 1x256x160x160, a whole of 105 MB)
+#   are bound by the copy bandwidth, where memcpy2d won -> memcpy2d from MEMCPY2D_MIN_BYTES of whole;
+# - cuts (SPPF's backward: kernel 24.2 us, PyTorch 43.2) and joins of many rows -> the kernel.
+# Kept switchable so that the benchmarks compare the methods.
 GPU_METHOD = "auto"
 MEMCPY2D_MAX_PIECES = 4
+MEMCPY2D_MIN_BYTES = 16 << 20  # whole bytes from which a one-row join is bandwidth-bound (see above)
 MAX_PIECES = gpu.MAX_RANK  # pieces per launch: as many as one `struct Ints` holds
 UNROLL = 4  # CONCAT_UNROLL in concat.cu: units a thread moves per round
 # Blocks that keep every SM of the device busy (H200: 132 SMs, 8 resident blocks of 256 each):
@@ -123,11 +128,13 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
     the addresses' alignment), then only build the pointer tables and launch."""
     whole_ptr = whole.data.ptr
     bits, present, widths = whole_ptr, 0, layout.piece_bytes
+    ptrs = [0] * len(pieces)  # each piece's address read once (0 for a None one)
     for i, piece in enumerate(pieces):
         if piece is not None:
+            ptrs[i] = ptr = piece.data.ptr
             present |= 1 << i
             if widths[i]:  # an empty piece's address does not matter
-                bits |= piece.data.ptr
+                bits |= ptr
     key = (to_whole, method, present, bits & 15)
     plan = layout.plans.get(key)
     if plan is None:
@@ -136,7 +143,7 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
     if method == "memcpy2d":
         runtime = gpu.cupy.cuda.runtime
         for i, offset, destination_pitch, source_pitch, width, height in steps:
-            piece_ptr, at_whole = pieces[i].data.ptr, whole_ptr + offset
+            piece_ptr, at_whole = ptrs[i], whole_ptr + offset
             destination, source = (at_whole, piece_ptr) if to_whole else (piece_ptr, at_whole)
             try:
                 runtime.memcpy2DAsync(destination, destination_pitch, source, source_pitch, width, height,
@@ -144,9 +151,17 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
             except runtime.CUDARuntimeError as error:
                 raise core.CudaError("CUDA", str(error).split(":")[0], str(error)) from error
         return
-    for kernel, grid, batch, tail in steps:
-        gpu.launch(stream, kernel, grid, gpu.BLOCK,
-                   (whole, *tail[:2], gpu.ints_arg([pieces[i].data.ptr for i in batch]), *tail[2:]))
+    for kernel, grid, batch, tail, last in steps:
+        # The pointer argument of the addresses of the last call is kept (last[0]: (addresses, argument)):
+        # a model's buffers repeat from call to call, and comparing a tuple costs less than packing one.
+        addresses = tuple([ptrs[i] for i in batch])
+        kept = last[0]
+        if kept is not None and kept[0] == addresses:
+            pointers = kept[1]
+        else:
+            pointers = gpu.ints_arg(addresses)
+            last[0] = (addresses, pointers)
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (whole, tail[0], tail[1], pointers, tail[2], tail[3]))
 
 
 def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int) -> tuple:
@@ -155,7 +170,8 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
     widths, offsets = layout.piece_bytes, layout.offset_bytes
     active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
     if method == "auto":
-        memcpy = to_whole and layout.outer == 1 and len(active) <= MEMCPY2D_MAX_PIECES
+        memcpy = (to_whole and layout.outer == 1 and len(active) <= MEMCPY2D_MAX_PIECES
+                  and layout.row_bytes >= MEMCPY2D_MIN_BYTES)
         method = "memcpy2d" if memcpy else "kernel"
     if method == "memcpy2d":
         return method, [(i, offsets[i], *((layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)),
@@ -172,7 +188,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
         grid = (_blocks(layout.outer * max(units)), len(batch))
         tail = (scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.ints_arg(units),
                 gpu.ints_arg([offsets[i] // unit for i in batch]))
-        plan.append((kernel, grid, batch, tail))
+        plan.append((kernel, grid, batch, tail, [None]))
     return method, plan
 
 
