@@ -113,7 +113,10 @@ def _gemm_entry(dtype: np.dtype, transa: bool, transb: bool, m: int, n: int, k: 
                 ldb: int, stride_b: int, ldc: int, stride_c: int, batch: int) -> tuple:
     """One column-major C (m x n) = op(A) @ op(B) for `batch` matrices `stride_*` elements apart,
     as ("skip",) (nothing to write), ("zero",) (k == 0: an empty sum is zero; cuBLAS is not asked)
-    or ("gemm", function, the cuBLAS arguments less handle and pointers, name)."""
+    or ("gemm", function, the cuBLAS arguments less handle and pointers, name, cudaGetDevice, CUBLASError):
+    what a call needs from CuPy, looked up once (`from cupy.cuda import cublas` costs a lazy
+    module lookup each time)."""
+    import cupy
     from cupy.cuda import cublas
 
     if m == 0 or n == 0 or batch == 0:
@@ -125,7 +128,8 @@ def _gemm_entry(dtype: np.dtype, transa: bool, transb: bool, m: int, n: int, k: 
     return ("gemm", cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched,
             (cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N,
              m, n, k, one.ctypes.data, lda, stride_a, ldb, stride_b, zero.ctypes.data, ldc, stride_c, batch),
-            f"{'sgemm' if single else 'dgemm'}StridedBatched (m={m}, n={n}, k={k}, batch={batch})")
+            f"{'sgemm' if single else 'dgemm'}StridedBatched (m={m}, n={n}, k={k}, batch={batch})",
+            cupy.cuda.runtime.getDevice, cublas.CUBLASError)
 
 
 def _plan(state: core.KernelState, direction: str) -> tuple:
@@ -162,22 +166,21 @@ def _run(stream, handle, entry: tuple, a: Any, b: Any, c: Any) -> None:
 
         cupy.cuda.runtime.memsetAsync(c.data.ptr, 0, c.nbytes, stream.ptr)
         return
-    _, gemm, (op_a, op_b, m, n, k, alpha, lda, stride_a, ldb, stride_b, beta, ldc, stride_c, batch), name = entry
-    import cupy
-    from cupy.cuda import cublas
-
+    _, gemm, args, name, get_device, cublas_error = entry
+    op_a, op_b, m, n, k, alpha, lda, stride_a, ldb, stride_b, beta, ldc, stride_c, batch = args
     # The cuBLAS handle belongs to the stream's device: make it current only when it is not
     # (a cheap query; entering the stream as a context costs more than the check).
-    switch = cupy.cuda.runtime.getDevice() != stream.device
     try:
-        if switch:
+        if get_device() != stream.device:
+            import cupy
+
             with cupy.cuda.Device(stream.device):
                 gemm(handle.cublas(stream), op_a, op_b, m, n, k, alpha, a.data.ptr, lda, stride_a,
                      b.data.ptr, ldb, stride_b, beta, c.data.ptr, ldc, stride_c, batch)
         else:
             gemm(handle.cublas(stream), op_a, op_b, m, n, k, alpha, a.data.ptr, lda, stride_a,
                  b.data.ptr, ldb, stride_b, beta, c.data.ptr, ldc, stride_c, batch)
-    except cublas.CUBLASError as error:
+    except cublas_error as error:
         raise CudaError("cuBLAS", str(error), f"{OP}: {name}") from error
 
 
