@@ -247,13 +247,3 @@ __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __r
         output[index] = sum;
     }
 }
-
-// The bias of a convolution computed without it: output[n, o, p] += bias[o] over (N, O, P),
-// one rounding of the sum (what cudnnAddTensor with alpha = beta = 1 gives). One thread per
-// element, grid-stride, no accumulation across threads.
-template <typename T, typename I>
-__global__ void conv_add_bias(T* __restrict__ output, const T* __restrict__ bias, I total, I channels,
-                              I positions) {
-    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x)
-        output[index] += bias[(index / positions) % channels];
-}

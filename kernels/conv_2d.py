@@ -35,9 +35,7 @@ The cuDNN forward is IMPLICIT_GEMM where supported (the cheapest per call on the
 H200), otherwise the heuristics' deterministic choice; cuDNN's backward algorithms
 are the heuristics' deterministic ones.
 
-conv_2d.cu adds the bias (conv_add_bias, after the GEMM or cuDNN; fused in the depthwise
-forward) and sums the bias gradient. Everything shape-only of a call (path, kernels, grids, GEMM
-arguments, descriptors, scalars) is made once per state (_forward_runner, _backward_runner). The GEMM and
+cudnnAddTensor adds the bias; conv_2d.cu sums the bias gradient. The GEMM and
 fold steps of each path are planned as data (plan_*), so their index math is
 checked on the CPU against NumPy (tests/test_conv_2d_gemm_plan.py).
 """
@@ -387,8 +385,7 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
-    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_add_bias") for t in gpu.FLOAT_TYPES
-    for i in gpu.INDEX_TYPES])
+    f"conv_depthwise_forward<{t}, {i}>" for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES])
 _BIAS_GRAD_BLOCK = 512  # CONV_BIAS_GRAD_BLOCK in conv_2d.cu
 _DEPTHWISE_FILTER_BLOCK = 256  # CONV_DEPTHWISE_FILTER_BLOCK in conv_2d.cu
 _GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
@@ -404,7 +401,7 @@ _GEOMETRY = np.dtype([("v", np.int64, (13,))])  # struct ConvGeometry in conv_2d
 #   input grad    dcols[n] (K x P) = W^T (K x O) @ dY[n] (O x P)  -> dcols^T = dY^T @ W: gemm(N, T, P, K, O)
 #   filter grad   dW (O x K) = sum_n dY[n] (O x P) @ cols[n]^T    -> dW^T = cols @ dY^T: gemm(T, N, K, O, P)
 # where cols[n] is the input image itself for a pointwise conv. A plan is a list of steps over named
-# buffers, offsets in elements; the GPU runs it (_compiled_plan) and the tests emulate it in NumPy.
+# buffers, offsets in elements; the GPU runs it (_run_plan) and the tests emulate it in NumPy.
 
 
 @dataclass(frozen=True)
@@ -625,6 +622,23 @@ def _workspace(handle: Any, state: Conv2DState) -> tuple[int, int]:
 _BLAS_SCALARS = {(np.dtype(t), v): np.array(v, dtype=t) for t in (np.float32, np.float64) for v in (0.0, 1.0)}
 
 
+def _run_gemm(blas_handle: int, dtype: np.dtype, step: Gemm, pointers: dict[str, int]) -> None:
+    from cupy.cuda import cublas
+
+    itemsize = dtype.itemsize
+    name = "sgemmStridedBatched" if dtype == np.float32 else "dgemmStridedBatched"
+    operations = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
+    a, b, c = (pointers[buffer] + offset * itemsize for buffer, offset in (step.a, step.b, step.c))
+    try:
+        getattr(cublas, name)(blas_handle, operations[step.trans_a], operations[step.trans_b], step.m, step.n, step.k,
+                              _BLAS_SCALARS[(dtype, 1.0)].ctypes.data, a, step.lda, step.stride_a, b, step.ldb,
+                              step.stride_b, _BLAS_SCALARS[(dtype, step.beta)].ctypes.data, c, step.ldc,
+                              step.stride_c, step.batch)
+    except cublas.CUBLASError as error:
+        raise core.CudaError("cuBLAS", str(error), f"{OP}: {name} (m={step.m}, n={step.n}, k={step.k}, "
+                             f"batch={step.batch})") from error
+
+
 def _cached(state: Conv2DState, name: str, make: Any) -> Any:
     """make(state), made once per state: the shapes and attrs never change after init."""
     made = state.plans.get(name)
@@ -648,300 +662,167 @@ def _make_geometry(state: Conv2DState) -> Any:
     return geometry[()]
 
 
-def _gemm_step(state: Conv2DState, step: Gemm) -> Any:
-    """One planned GEMM as a function of (stream, blas_handle, pointers), everything but the
-    pointers looked up once: the cuBLAS routine, operations, sizes, byte offsets, alpha and beta."""
-    from cupy.cuda import cublas
-
-    dtype = state.shapes["input_shape"].dtype
-    itemsize = dtype.itemsize
-    name = "sgemmStridedBatched" if dtype == np.float32 else "dgemmStridedBatched"
-    routine = getattr(cublas, name)
-    op_a, op_b = (cublas.CUBLAS_OP_T if trans else cublas.CUBLAS_OP_N for trans in (step.trans_a, step.trans_b))
-    alpha = _BLAS_SCALARS[(dtype, 1.0)].ctypes.data
-    beta = _BLAS_SCALARS[(dtype, step.beta)].ctypes.data
-    (a, a_at), (b, b_at), (c, c_at) = ((buffer, offset * itemsize) for buffer, offset in (step.a, step.b, step.c))
-    m, n, k, lda, ldb, ldc = step.m, step.n, step.k, step.lda, step.ldb, step.ldc
-    stride_a, stride_b, stride_c, batch = step.stride_a, step.stride_b, step.stride_c, step.batch
-    error_type = cublas.CUBLASError
-
-    def run(stream, blas_handle: int, pointers: dict[str, int]) -> None:
-        try:
-            routine(blas_handle, op_a, op_b, m, n, k, alpha, pointers[a] + a_at, lda, stride_a, pointers[b] + b_at,
-                    ldb, stride_b, beta, pointers[c] + c_at, ldc, stride_c, batch)
-        except error_type as error:
-            raise core.CudaError("cuBLAS", str(error),
-                                 f"{OP}: {name} (m={m}, n={n}, k={k}, batch={batch})") from error
-
-    return run
-
-
-def _fold_step(state: Conv2DState, step: Fold, device: int) -> Any:
-    """One planned fold (conv_im2col, conv_col2im or conv_sum_images of conv_2d.cu) as a function of
-    (stream, blas_handle, pointers): kernel, grid and every argument but the pointers made once."""
+def _run_fold(stream, state: Conv2DState, step: Fold, arrays: dict[str, Any], workspace: Any) -> None:
     attrs = state.attrs
-    dtype = state.shapes["input_shape"].dtype
-    itemsize = dtype.itemsize
-    _, c, h, w = state.shapes["input_shape"].dims
-    _, _, out_h, out_w = state.shapes["output_shape"].dims
+    n, c, h, w = state.shapes["input_shape"].dims
+    _, o, out_h, out_w = state.shapes["output_shape"].dims
     images = step.stop - step.first
+    dtype = state.shapes["input_shape"].dtype
     if step.kind == "sum":
-        size = c * attrs.kernel_h * attrs.kernel_w * attrs.out_channels  # the filter's elements (groups == 1)
-        kernel = _CUDA.function(f"conv_sum_images<{gpu.cuda_type(dtype)}>", device)
-        grid = gpu.grid_for(size)
-        partials_at = state.partials_at * itemsize
-        tail = (np.int64(images), np.int64(size), np.int32(step.first > 0))
-
-        def run_sum(stream, blas_handle: int, pointers: dict[str, int]) -> None:
-            gpu.launch(stream, kernel, grid, gpu.BLOCK, (np.uint64(pointers["workspace"] + partials_at),
-                                                         np.uint64(pointers["filter_grad"])) + tail)
-
-        return run_sum
+        size = arrays["filter_grad"].size
+        partials = workspace[state.partials_at * dtype.itemsize:(state.partials_at + images * size) * dtype.itemsize]
+        gpu.launch(stream, _CUDA.function(f"conv_sum_images<{gpu.cuda_type(dtype)}>"), gpu.grid_for(size), gpu.BLOCK,
+                   (partials.view(dtype), arrays["filter_grad"], np.int64(images), np.int64(size),
+                    np.int32(step.first > 0)))
+        return
     count = images * c * attrs.kernel_h * attrs.kernel_w * out_h * out_w
     # Room for the grid-stride step past the last index too.
     index = gpu.index_type(count + _GRID_SLACK, images * c * h * w + _GRID_SLACK)
     index_scalar = np.int32 if index == "int" else np.int64
-    kernel = _CUDA.function(f"conv_{step.kind}<{gpu.cuda_type(dtype)}, {index}>", device)
-    image_at = step.first * c * h * w * itemsize  # the chunk's first image; its columns at the workspace's start
-    tail = (index_scalar(images), _geometry(state))
+    columns = workspace[:count * dtype.itemsize].view(dtype)  # the chunk's columns, at the workspace's start
     if step.kind == "im2col":
-        grid = gpu.grid_for(count)
-
-        def run_im2col(stream, blas_handle: int, pointers: dict[str, int]) -> None:
-            gpu.launch(stream, kernel, grid, gpu.BLOCK, (np.uint64(pointers["input"] + image_at),
-                                                         np.uint64(pointers["workspace"])) + tail)
-
-        return run_im2col
-    grid = gpu.grid_for(images * c * h * w)
-
-    def run_col2im(stream, blas_handle: int, pointers: dict[str, int]) -> None:
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (np.uint64(pointers["workspace"]),
-                                                     np.uint64(pointers["input_grad"] + image_at)) + tail)
-
-    return run_col2im
+        images_array = arrays["input"][step.first:step.stop]
+        total = count
+    else:
+        images_array = arrays["input_grad"][step.first:step.stop]
+        total = images * c * h * w
+    kernel = _CUDA.function(f"conv_{step.kind}<{gpu.cuda_type(dtype)}, {index}>")
+    first, second = (images_array, columns) if step.kind == "im2col" else (columns, images_array)
+    gpu.launch(stream, kernel, gpu.grid_for(total), gpu.BLOCK, (first, second, index_scalar(images), _geometry(state)))
 
 
-def _compiled_plan(state: Conv2DState, steps: list[Gemm | Fold], device: int) -> tuple[Any, ...]:
-    """A plan's steps as functions of (stream, blas_handle, pointers by buffer name), in order."""
-    return tuple(_gemm_step(state, step) if isinstance(step, Gemm) else _fold_step(state, step, device)
-                 for step in steps)
-
-
-def _depthwise_launch(state: Conv2DState, which: str, device: int) -> tuple[Any, int, int, tuple[Any, ...]]:
-    """(kernel, grid, block, trailing arguments) of conv_depthwise_forward or
-    conv_depthwise_{input,filter}_grad of conv_2d.cu."""
+def _run_depthwise(stream, state: Conv2DState, which: str, grad: Any, input: Any, filter: Any,
+                   target: Any, bias: Any = None) -> None:
+    """conv_depthwise_forward (grad unused) or conv_depthwise_{input,filter}_grad of conv_2d.cu into
+    target, enqueued on the stream."""
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
     o = attrs.out_channels
     dtype = state.shapes["input_shape"].dtype
-    outputs = state.shapes["output_shape"].numel
-    index = gpu.index_type(n * c * h * w + _GRID_SLACK, outputs + _GRID_SLACK,
+    index = gpu.index_type(n * c * h * w + _GRID_SLACK, state.shapes["output_shape"].numel + _GRID_SLACK,
                            o * attrs.kernel_h * attrs.kernel_w + 65536)
     index_scalar = np.int32 if index == "int" else np.int64
     name = "forward" if which == "forward" else f"{which}_grad"
-    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>", device)
+    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
     if which == "forward":
-        return kernel, gpu.grid_for(outputs), gpu.BLOCK, sizes
-    if which == "input":
-        return kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, sizes
-    return kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), _DEPTHWISE_FILTER_BLOCK, sizes
-
-
-def _bias_adder(state: Conv2DState, device: int) -> Any:
-    """A function (stream, bias, target) enqueuing target += bias broadcast over (N, O, P) (conv_add_bias
-    of conv_2d.cu, one launch), or None without a bias or output."""
-    n, o, out_h, out_w = state.shapes["output_shape"].dims
-    total = n * o * out_h * out_w
-    if not state.attrs.use_bias or total == 0:
-        return None
-    dtype = state.shapes["output_shape"].dtype
-    index = gpu.index_type(total + _GRID_SLACK)
-    index_scalar = np.int32 if index == "int" else np.int64
-    kernel = _CUDA.function(f"conv_add_bias<{gpu.cuda_type(dtype)}, {index}>", device)
-    grid = gpu.grid_for(total)
-    tail = (index_scalar(total), index_scalar(o), index_scalar(out_h * out_w))
-
-    def add(stream, bias: Any, target: Any) -> None:
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (target, bias) + tail)
-
-    return add
-
-
-def _forward_runner(state: Conv2DState, device: int) -> Any:
-    """The forward's per-call work as a function (stream, handle, input, filter, bias, target), made
-    once per state: the path, kernels, grids, plans, descriptors and scalars are shape-only."""
-    add_bias = _bias_adder(state, device)
-    path = state.paths["forward"] if _convolvable(state) else "zero"
-    if path == "depthwise":  # the bias fused
-        kernel, grid, block, sizes = _depthwise_launch(state, "forward", device)
-
-        def run_depthwise(stream, handle, input, filter, bias, target) -> None:
-            gpu.launch(stream, kernel, grid, block,
-                       (input, filter, filter if bias is None else bias, target, np.int32(bias is not None)) + sizes)
-
-        return run_depthwise
-    if path == "gemm":
-        steps = _compiled_plan(state, plan_forward(state), device)
-
-        def convolve(stream, handle, input, filter, target) -> None:
-            blas_handle = handle.cublas(stream)
-            pointers = {"input": input.data.ptr, "filter": filter.data.ptr, "output": target.data.ptr}
-            for step in steps:
-                step(stream, blas_handle, pointers)
-    elif path == "cudnn":
-        from . import cudnn
-
-        dtype = state.shapes["input_shape"].dtype
-        one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
-        d = state.descriptors
-        x, w, conv, y = d["x"], d["w"], d["conv"], d["y"]
-        algorithm, workspace_size = state.algorithms["forward"], state.workspace_size
-
-        def convolve(stream, handle, input, filter, target) -> None:
-            workspace = handle.workspace_on(stream, workspace_size)
-            cudnn.convolution_forward(handle.cudnn(stream), one, x, input.data.ptr, w, filter.data.ptr, conv, algorithm,
-                                      workspace.data.ptr, workspace.nbytes, zero, y, target.data.ptr)
-    else:  # an empty sum: zero input channels, or an input of zero size inside the padding
-
-        def convolve(stream, handle, input, filter, target) -> None:
-            _zero(stream, target)
-
-    def run(stream, handle, input, filter, bias, target) -> None:
-        convolve(stream, handle, input, filter, target)
-        if bias is not None and add_bias is not None:
-            add_bias(stream, bias, target)
-
-    return run
-
-
-def _on_device(stream, run: Any, *args: Any) -> None:
-    """run(*args) with the stream's device current (cuBLAS and cuDNN calls need it): entered only
-    where another device is current."""
-    if gpu.cupy.cuda.runtime.getDevice() == stream.device:
-        run(*args)
+        gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK,
+                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None)) + sizes)
+    elif which == "input":
+        gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
     else:
-        with stream:
-            run(*args)
+        gpu.launch(stream, kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), _DEPTHWISE_FILTER_BLOCK,
+                   (grad, input, target) + sizes)
+
+
+def _run_plan(stream, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
+              workspace: Any = None) -> None:
+    """Enqueue a plan's GEMMs (cuBLAS bound to the stream, pointer mode host) and folds on the stream."""
+    from cupy.cuda import cublas
+
+    dtype = state.shapes["input_shape"].dtype
+    pointers = {name: array.data.ptr for name, array in arrays.items() if array is not None}
+    if workspace is not None:
+        pointers["workspace"] = workspace.data.ptr
+    with stream:
+        blas_handle = handle.cublas(stream)
+        cublas.setPointerMode(blas_handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        for step in steps:
+            if isinstance(step, Gemm):
+                _run_gemm(blas_handle, dtype, step, pointers)
+            else:
+                _run_fold(stream, state, step, arrays, workspace)
 
 
 def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output) -> None:
     """output = activation(conv(input, filter) + bias), enqueued on the stream."""
+    from . import cudnn
+
     _check_forward(stream, handle, state, attrs, input, filter, bias, output)
     target = output
     if attrs.activation is not None:
         target = _buffer(stream, state, "pre", output)
     if output.size:
-        run = state.plans.get("gpu_forward")
-        if run is None:
-            run = state.plans["gpu_forward"] = _forward_runner(state, stream.device)
-        _on_device(stream, run, stream, handle, input, filter, bias, target)
+        dtype = output.dtype
+        if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
+            _run_depthwise(stream, state, "forward", None, input, filter, target, bias)
+        elif _convolvable(state) and state.paths["forward"] == "gemm":
+            _run_plan(stream, handle, state, _cached(state, "forward", plan_forward),
+                      {"input": input, "filter": filter, "output": target})
+        # Not nested around gpu.launch (which enters the stream itself): activation runs after the block.
+        with stream:
+            if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
+                _zero(stream, target)
+            elif state.paths["forward"] == "cudnn":
+                cudnn_handle = handle.cudnn(stream)
+                workspace, workspace_bytes = _workspace(handle, state)
+                d = state.descriptors
+                cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d["x"], input.data.ptr,
+                                          d["w"], filter.data.ptr, d["conv"], state.algorithms["forward"],
+                                          workspace, workspace_bytes, cudnn.scalar(dtype, 0), d["y"], target.data.ptr)
+            if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+                cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors["bias"], bias.data.ptr,
+                                 cudnn.scalar(dtype, 1), state.descriptors["y"], target.data.ptr)
         if attrs.activation is not None:
             activation.gpu_forward(stream, attrs.activation, target, output)
     if attrs.activation is not None:
         state.saved["pre"] = target
 
 
-def _backward_runner(state: Conv2DState, device: int) -> Any:
-    """The backward's per-call work (after the activation's) as a function (stream, handle, grad, input,
-    filter, input_grad, filter_grad, bias_grad), made once per state like _forward_runner."""
-    dtype = state.shapes["output_shape"].dtype
-    n, o, out_h, out_w = state.shapes["output_shape"].dims
-    bias_grad_launch = None
-    if state.attrs.use_bias and o > 0:
-        bias_grad_launch = (_CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>", device), min(o, 65535),
-                            (np.int64(n), np.int64(o), np.int64(out_h * out_w)))
-    convolvable = _convolvable(state)
-    data_path = state.paths["backward_data"] if convolvable else "zero"
-    filter_path = state.paths["backward_filter"] if convolvable else "zero"
-    input_launch = filter_launch = None
-    if data_path == "depthwise":
-        input_launch = _depthwise_launch(state, "input", device)
-        filter_launch = _depthwise_launch(state, "filter", device)
-    data_steps = filter_steps = ()
-    if data_path in ("gemm", "columns"):
-        data_steps = _compiled_plan(state, plan_backward_data(state), device)
-    if filter_path in ("gemm", "columns"):
-        filter_steps = _compiled_plan(state, plan_backward_filter(state), device)
-    workspace_size = state.workspace_size
-    cudnn_data = cudnn_filter = None
-    if "cudnn" in (data_path, filter_path):
-        from . import cudnn
-
-        one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
-        d = state.descriptors
-        x, w, conv, y = d["x"], d["w"], d["conv"], d["y"]
-        data_algorithm, filter_algorithm = state.algorithms["backward_data"], state.algorithms["backward_filter"]
-
-        def cudnn_data(cudnn_handle, workspace, grad, filter, input_grad) -> None:
-            cudnn.convolution_backward_data(cudnn_handle, one, w, filter.data.ptr, y, grad.data.ptr, conv,
-                                            data_algorithm, workspace.data.ptr, workspace.nbytes, zero, x,
-                                            input_grad.data.ptr)
-
-        def cudnn_filter(cudnn_handle, workspace, grad, input, filter_grad) -> None:
-            cudnn.convolution_backward_filter(cudnn_handle, one, x, input.data.ptr, y, grad.data.ptr, conv,
-                                              filter_algorithm, workspace.data.ptr, workspace.nbytes, zero, w,
-                                              filter_grad.data.ptr)
-
-    def run(stream, handle, grad, input, filter, input_grad, filter_grad, bias_grad) -> None:
-        if bias_grad is not None and bias_grad_launch is not None:
-            kernel, grid, tail = bias_grad_launch
-            gpu.launch(stream, kernel, grid, _BIAS_GRAD_BLOCK, (grad, bias_grad) + tail)
-        wants_input = input_grad is not None and input_grad.size > 0
-        wants_filter = filter_grad is not None and filter_grad.size > 0
-        if not (wants_input or wants_filter):
-            return
-        if not convolvable:  # nothing flows through an empty convolution
-            for array in (input_grad, filter_grad):
-                if array is not None:
-                    _zero(stream, array)
-            return
-        if data_path == "depthwise":  # both gradients by conv_2d.cu's depthwise kernels
-            if wants_input:
-                kernel, grid, block, sizes = input_launch
-                gpu.launch(stream, kernel, grid, block, (grad, filter, input_grad) + sizes)
-            if wants_filter:
-                kernel, grid, block, sizes = filter_launch
-                gpu.launch(stream, kernel, grid, block, (grad, input, filter_grad) + sizes)
-            return
-        # One buffer for every step below: they run one after another on the stream.
-        workspace = handle.workspace_on(stream, workspace_size)
-        run_data = wants_input and bool(data_steps)
-        run_filter = wants_filter and bool(filter_steps)
-        if run_data or run_filter:
-            blas_handle = handle.cublas(stream)
-            pointers = {"grad": grad.data.ptr, "workspace": workspace.data.ptr}
-            if run_data:
-                pointers["filter"] = filter.data.ptr
-                pointers["input_grad"] = input_grad.data.ptr
-                for step in data_steps:
-                    step(stream, blas_handle, pointers)
-            if run_filter:
-                pointers["input"] = input.data.ptr
-                pointers["filter_grad"] = filter_grad.data.ptr
-                for step in filter_steps:
-                    step(stream, blas_handle, pointers)
-        if wants_input and data_path == "cudnn":
-            cudnn_data(handle.cudnn(stream), workspace, grad, filter, input_grad)
-        if wants_filter and filter_path == "cudnn":
-            cudnn_filter(handle.cudnn(stream), workspace, grad, input, filter_grad)
-
-    return run
-
-
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
                         bias_grad) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
+    from . import cudnn
+
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
                     bias_grad)
+    dtype = output_grad.dtype
     grad = output_grad
     if attrs.activation is not None:
         grad = _buffer(stream, state, "pre_grad", output_grad)
         activation.gpu_backward(stream, attrs.activation, state.saved["pre"], output_grad, grad)
-    run = state.plans.get("gpu_backward")
-    if run is None:
-        run = state.plans["gpu_backward"] = _backward_runner(state, stream.device)
-    _on_device(stream, run, stream, handle, grad, input, filter, input_grad, filter_grad, bias_grad)
+    if bias_grad is not None and bias_grad.size:
+        n, o, out_h, out_w = grad.shape
+        gpu.launch(stream, _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>"), min(o, 65535),
+                   _BIAS_GRAD_BLOCK, (grad, bias_grad, np.int64(n), np.int64(o), np.int64(out_h * out_w)))
+    wants_input = input_grad is not None and input_grad.size > 0
+    wants_filter = filter_grad is not None and filter_grad.size > 0
+    if not (wants_input or wants_filter):
+        return
+    if not _convolvable(state):  # nothing flows through an empty convolution
+        for array in (input_grad, filter_grad):
+            if array is not None:
+                _zero(stream, array)
+        return
+    if state.paths["backward_data"] == "depthwise":  # both gradients by conv_2d.cu's depthwise kernels
+        if wants_input:
+            _run_depthwise(stream, state, "input", grad, input, filter, input_grad)
+        if wants_filter:
+            _run_depthwise(stream, state, "filter", grad, input, filter, filter_grad)
+        return
+    with stream:  # one buffer for every step below: they run one after another on the stream
+        workspace_array = handle.workspace(state.workspace_size)
+    workspace, workspace_bytes = workspace_array.data.ptr, workspace_array.nbytes
+    arrays = {"input": input, "filter": filter, "grad": grad, "input_grad": input_grad, "filter_grad": filter_grad}
+    if wants_input and state.paths["backward_data"] != "cudnn":
+        _run_plan(stream, handle, state, _cached(state, "backward_data", plan_backward_data), arrays, workspace_array)
+    if wants_filter and state.paths["backward_filter"] != "cudnn":
+        _run_plan(stream, handle, state, _cached(state, "backward_filter", plan_backward_filter), arrays, workspace_array)
+    if not ((wants_input and state.paths["backward_data"] == "cudnn")
+            or (wants_filter and state.paths["backward_filter"] == "cudnn")):
+        return
+    with stream:
+        cudnn_handle = handle.cudnn(stream)
+        d = state.descriptors
+        one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
+        if wants_input and state.paths["backward_data"] == "cudnn":
+            cudnn.convolution_backward_data(cudnn_handle, one, d["w"], filter.data.ptr, d["y"], grad.data.ptr,
+                                            d["conv"], state.algorithms["backward_data"], workspace, workspace_bytes,
+                                            zero, d["x"], input_grad.data.ptr)
+        if wants_filter and state.paths["backward_filter"] == "cudnn":
+            cudnn.convolution_backward_filter(cudnn_handle, one, d["x"], input.data.ptr, d["y"], grad.data.ptr,
+                                              d["conv"], state.algorithms["backward_filter"], workspace,
+                                              workspace_bytes, zero, d["w"], filter_grad.data.ptr)
 
 
 # --------------------------------------------------------------------------- dispatch
