@@ -67,8 +67,17 @@ def compare(got: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> str 
     return "\n".join(lines)
 
 
-def max_ulp(got: np.ndarray, expected: np.ndarray) -> float:
-    """The largest ulp distance, for measuring a tolerance before stating it."""
-    if got.size == 0 or got.dtype.kind != "f":
+def needed_ulps(got: np.ndarray, expected: np.ndarray) -> float:
+    """The smallest n for which `compare(got, expected, ulp(n))` passes (0: exact; inf: a NaN or
+    non-float mismatch): what a case's tolerance is measured with before it is stated."""
+    if got.size == 0:
+        return 0.0
+    if got.dtype.kind != "f":
         return 0.0 if np.array_equal(got, expected) else np.inf
-    return float(np.max(ulp_distance(got, expected)))
+    distance = ulp_distance(got, expected)
+    finite = expected[np.isfinite(expected)]
+    spacing = ulp_of(float(np.max(np.abs(finite))) if finite.size else 0.0, got.dtype)
+    absolute = np.abs(got.astype(np.float64) - expected.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+        by_floor = np.where(np.isfinite(absolute), np.ceil(absolute / spacing), np.inf)
+    return float(np.max(np.minimum(distance, by_floor)))

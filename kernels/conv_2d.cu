@@ -40,11 +40,16 @@ struct ConvGeometry {
     long long v[13];
 };
 
+// The geometry's fields as named locals of index type I, in conv_2d.py's _make_geometry order.
+#define CONV_GEOMETRY_LOCALS(g)                                                                        \
+    const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];   \
+    const I out_w = (I)(g).v[4], kernel_h = (I)(g).v[5], kernel_w = (I)(g).v[6];                       \
+    const I stride_h = (I)(g).v[7], stride_w = (I)(g).v[8], pad_h = (I)(g).v[9], pad_w = (I)(g).v[10]; \
+    const I dilation_h = (I)(g).v[11], dilation_w = (I)(g).v[12]
+
 template <typename T, typename I>
 __global__ void conv_im2col(const T* __restrict__ input, T* __restrict__ columns, I images, ConvGeometry g) {
-    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
-    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
-    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    CONV_GEOMETRY_LOCALS(g);
     const I positions = out_h * out_w;
     const I rows = channels * kernel_h * kernel_w;
     const I total = images * rows * positions;
@@ -74,9 +79,7 @@ __global__ void conv_im2col(const T* __restrict__ input, T* __restrict__ columns
 // one thread per input_grad element, summing in T in a fixed order: the same bits every run.
 template <typename T, typename I>
 __global__ void conv_col2im(const T* __restrict__ columns, T* __restrict__ input_grad, I images, ConvGeometry g) {
-    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
-    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
-    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    CONV_GEOMETRY_LOCALS(g);
     const I positions = out_h * out_w;
     const I total = images * channels * height * width;
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
@@ -115,9 +118,7 @@ __global__ void conv_col2im(const T* __restrict__ columns, T* __restrict__ input
 template <typename T, typename I>
 __global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* __restrict__ filter,
                                           T* __restrict__ input_grad, I images, I multiplier, ConvGeometry g) {
-    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
-    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
-    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    CONV_GEOMETRY_LOCALS(g);
     const I positions = out_h * out_w;
     const I out_channels = channels * multiplier;
     const I total = images * channels * height * width;
@@ -162,9 +163,7 @@ template <typename T, typename I>
 __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* __restrict__ input,
                                            T* __restrict__ filter_grad, I images, I multiplier, ConvGeometry g) {
     __shared__ double partial[CONV_DEPTHWISE_FILTER_BLOCK];
-    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
-    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
-    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    CONV_GEOMETRY_LOCALS(g);
     const I positions = out_h * out_w;
     const I out_channels = channels * multiplier;
     const I taps = kernel_h * kernel_w;
@@ -219,9 +218,7 @@ template <typename T, typename I>
 __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __restrict__ filter,
                                        const T* __restrict__ bias, T* __restrict__ output, int has_bias,
                                        I images, I multiplier, ConvGeometry g) {
-    const I channels = (I)g.v[0], height = (I)g.v[1], width = (I)g.v[2], out_h = (I)g.v[3], out_w = (I)g.v[4];
-    const I kernel_h = (I)g.v[5], kernel_w = (I)g.v[6], stride_h = (I)g.v[7], stride_w = (I)g.v[8];
-    const I pad_h = (I)g.v[9], pad_w = (I)g.v[10], dilation_h = (I)g.v[11], dilation_w = (I)g.v[12];
+    CONV_GEOMETRY_LOCALS(g);
     const I out_channels = channels * multiplier;
     const I total = images * out_channels * out_h * out_w;
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {

@@ -147,14 +147,6 @@ class GpuHandle:
                 self._workspace = cupy.empty(max(int(nbytes), 1), dtype=np.uint8)
         return self._workspace
 
-    def workspace_on(self, stream: GpuStream, nbytes: int) -> Any:
-        """workspace(nbytes), grown where it must be with `stream` current (so a freed smaller one is
-        reused only in that stream's order); no stream switch when it is already large enough."""
-        if self._workspace is not None and self._workspace.nbytes >= nbytes:
-            return self._workspace
-        with stream:
-            return self.workspace(nbytes)
-
     def close(self) -> None:
         if self.closed:
             return
