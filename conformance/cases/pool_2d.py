@@ -89,14 +89,15 @@ _add("avg_3x2_s21_p11_include_pad", (2, 2, 5, 4), _avg((3, 2), (2, 1), (1, 1), T
 
 # Fused activations on the pooled values (forward) and the gradients (backward).
 # Inputs in [-1, 1] keep the derivatives' cancellations (1 - s, 1 - t^2) mild.
-# Measured on the CPU: at most 1 ulp (output) and 1 ulp (input_grad); CUDA's
-# expf, tanhf and erff are within 2 ulps (NumPy's within 1), hence ulp(4).
+# Each bound is the largest error measured over output and input_grad on the CPU (at
+# most 1 ulp) and on the H200 (CUDA's expf, tanhf, erff within 2 ulps; the input_grad
+# of sigmoid and silu measured 3, tanh 2, gelu 1), with tools/measure_ulps.py.
 _ACTIVATION_TOLERANCE = {
     Activation.RELU: EXACT,
-    Activation.SIGMOID: ulp(4),
-    Activation.TANH: ulp(4),
-    Activation.GELU: ulp(4),
-    Activation.SILU: ulp(4),
+    Activation.SIGMOID: ulp(3),
+    Activation.TANH: ulp(2),
+    Activation.GELU: ulp(1),
+    Activation.SILU: ulp(3),
 }
 _ACTIVATION_INPUT = pattern((1, 2, 5, 6), modulus=9, scale=0.25)  # -1 .. 1 in quarters
 for _activation, _tolerance in _ACTIVATION_TOLERANCE.items():
@@ -104,8 +105,8 @@ for _activation, _tolerance in _ACTIVATION_TOLERANCE.items():
          _max((3, 3), (1, 1), (1, 1), activation=_activation), input=_ACTIVATION_INPUT,
          tolerance=_tolerance, description=f"MAX then {_activation.name}")
 _add("avg_2x2_s2_silu_f64", (2, 1, 4, 6), _avg((2, 2), (2, 2), (0, 0), True, activation=Activation.SILU),
-     input=pattern((2, 1, 4, 6), modulus=9, scale=0.25), dtype=np.float64, tolerance=ulp(2),
-     description="AVG then SILU")  # measured 0; CUDA's double exp is within 1 ulp
+     input=pattern((2, 1, 4, 6), modulus=9, scale=0.25), dtype=np.float64, tolerance=ulp(1),
+     description="AVG then SILU")  # measured 0 on the CPU, 1 on the H200
 
 
 def _torch_activation(activation, value):
