@@ -5,7 +5,9 @@
 
 import argparse
 
-from conformance.golden import DEFAULT_PATH, write_goldens
+from conformance.golden import DEFAULT_PATH, pin_cpu_capability, write_goldens
+
+pin_cpu_capability()  # before anything imports torch
 
 
 def main() -> None:

@@ -65,11 +65,27 @@ def _dataset(group: Any, name: str, array: np.ndarray) -> None:
     group.create_dataset(name, data=array, track_times=False)
 
 
+# ATen's float64 transcendentals (tanh, erf, pow, exp) come from SIMD code chosen by the CPU it
+# runs on (AVX2 and AVX-512 builds of Sleef round differently in the last place), so goldens made
+# on two machines differed. The generator pins the scalar kernels, whose results are libm's alone.
+CPU_CAPABILITY = "default"
+
+
+def pin_cpu_capability() -> None:
+    """Ask ATen for its scalar CPU kernels; must run before torch is imported."""
+    os.environ["ATEN_CPU_CAPABILITY"] = CPU_CAPABILITY
+
+
 def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) -> int:
-    """Write every case's inputs and expected tensors to `path`; return the number of cases."""
+    """Write every case's inputs and expected tensors to `path`; return the number of cases.
+    Needs torch imported after pin_cpu_capability() (generate_goldens.py does it)."""
     import h5py
     import torch
 
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != CPU_CAPABILITY.upper():
+        raise RuntimeError(f"torch runs its {capability} CPU kernels; goldens need ATEN_CPU_CAPABILITY={CPU_CAPABILITY} "
+                           "set before torch is imported (run generate_goldens.py)")
     torch.use_deterministic_algorithms(True)
     chosen = sorted(ops) if ops is not None else sorted(CASE_MODULES)
     temporary = f"{path}.{os.getpid()}.tmp"  # concurrent generators never share a file
