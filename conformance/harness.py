@@ -12,7 +12,8 @@ fails.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -22,6 +23,39 @@ from kernels import TensorShape
 from .case import Case, Golden
 
 POISONS = ("random", "nan")
+
+# How the GPU work of a case is scheduled. "plain": as a user would. "delayed": a spin kernel of
+# SPIN_NS on the kernels' stream before the case's first transfer and right before every kernel
+# call, so any work a kernel enqueues on another stream runs before the work it depends on (and
+# the harness, which reads results after synchronizing the kernels' stream only, reads before
+# such work is done). "foreign": delayed, and CuPy's current stream is another non-blocking stream
+# for the whole case, so a kernel that relies on CuPy's current stream lands on the wrong one.
+SCHEDULES = {"cpu": ("plain",), "gpu": ("plain", "delayed", "foreign")}
+SPIN_NS = 2_000_000
+
+_SPIN_SOURCE = r"""
+extern "C" __global__ void conformance_spin(unsigned long long nanoseconds) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < nanoseconds);
+}
+"""
+_SPIN_KERNELS: dict[int, Any] = {}
+
+
+def spin(stream: Any, nanoseconds: int = SPIN_NS) -> None:
+    """Enqueue a single-thread kernel that occupies `stream` for `nanoseconds` of GPU time."""
+    import cupy
+
+    kernel = _SPIN_KERNELS.get(stream.device)
+    if kernel is None:
+        with cupy.cuda.Device(stream.device):
+            kernel = _SPIN_KERNELS[stream.device] = cupy.RawKernel(_SPIN_SOURCE, "conformance_spin")
+            kernel.compile()
+    kernel((1,), (1,), (np.uint64(nanoseconds),), stream=stream.cupy_stream)
 
 
 def device_unavailable(device: str) -> str | None:
@@ -52,8 +86,8 @@ def poison_array(shape: tuple[int, ...], dtype: np.dtype, poison: str, seed: int
 class Env:
     """What a case's ``run`` sees: the device, its stream and handle, and tensor factories."""
 
-    def __init__(self, case: Case, golden: Golden, device: str, poison: str):
-        self.case, self.golden, self.device, self.poison = case, golden, device, poison
+    def __init__(self, case: Case, golden: Golden, device: str, poison: str, schedule: str = "plain"):
+        self.case, self.golden, self.device, self.poison, self.schedule = case, golden, device, poison, schedule
         self.attrs = case.attrs
         if device == "cpu":
             self.stream, self.handle = kernels.cpu_stream(), kernels.cpu_handle()
@@ -63,6 +97,8 @@ class Env:
 
             self.stream, self.handle = kernels.gpu_stream(0), kernels.gpu_handle(0)
             self.xp = cupy
+            if schedule != "plain":
+                spin(self.stream)  # every transfer of the case queues behind it
         self.reads: dict[str, Any] = {}
         self.writes: dict[str, Any] = {}
         self.observed: dict[str, np.ndarray] = {}
@@ -120,6 +156,22 @@ class Env:
         if array is None:
             array = self.golden.expected[name]
         return TensorShape(array.shape, array.dtype)
+
+    @contextlib.contextmanager
+    def scheduled(self) -> Iterator[None]:
+        """The block (a case's run) under this Env's schedule."""
+        if self.schedule == "plain":
+            yield
+            return
+        import cupy
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(kernels.core.before_gpu_call(spin))
+            if self.schedule == "foreign":
+                with cupy.cuda.Device(self.stream.device):
+                    foreign = cupy.cuda.Stream(non_blocking=True)
+                stack.enter_context(foreign)
+            yield
 
     def close(self) -> None:
         self.handle.close()

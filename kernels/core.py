@@ -7,12 +7,14 @@ Nothing here imports CuPy; the GPU half of the machinery lives in
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import math
 import sys
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -332,6 +334,22 @@ def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
     return device
 
 
+_GPU_CALL_HOOKS = threading.local()
+
+
+@contextlib.contextmanager
+def before_gpu_call(hook: Callable[[Any], None] | None) -> Iterator[None]:
+    """Within the block, call hook(stream) in this thread right before each GPU kernel call
+    enqueues its work. The conformance harness enqueues a spin kernel there (the delayed-stream
+    schedule), so work that a kernel puts on any other stream runs out of order and shows."""
+    previous = getattr(_GPU_CALL_HOOKS, "hook", None)
+    _GPU_CALL_HOOKS.hook = hook
+    try:
+        yield
+    finally:
+        _GPU_CALL_HOOKS.hook = previous
+
+
 def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any], stream_or_handle: Any,
              *args: Any, **kwargs: Any) -> Any:
     """Call the CPU or GPU twin of a kernel function, by the device of its stream or handle."""
@@ -339,6 +357,9 @@ def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[.
     if device == "cpu":
         return cpu_function(stream_or_handle, *args, **kwargs)
     if isinstance(device, int):
+        hook = getattr(_GPU_CALL_HOOKS, "hook", None)
+        if hook is not None:
+            hook(stream_or_handle)
         return gpu_function(stream_or_handle, *args, **kwargs)
     raise fail(DeviceError, op, "stream/handle", "a kernels CPU or GPU stream or handle", type(stream_or_handle).__name__)
 
@@ -425,7 +446,7 @@ def check_many_to_one_backward(op: str, stream: Any, handle: Any, state: Any, at
 # --------------------------------------------------------------------------- CPU threads
 
 _CPU_POOL: Any = None
-_CPU_WORKER = __import__("threading").local()
+_CPU_WORKER = threading.local()
 
 
 def cpu_threads() -> int:
