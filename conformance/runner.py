@@ -65,7 +65,8 @@ def _check_once(case: Case, golden: Golden, device: str, poison: str, schedule: 
 
 
 def run_case(case: Case, golden: Golden, device: str) -> Result:
-    """Run a case on a device with both poisons under every schedule of the device; passed, failed (with where) or skipped (with why)."""
+    """Run a case on a device with both poisons under every schedule of the device; passed,
+    failed (with where) or skipped (with why)."""
     reason = device_unavailable(device)
     if reason is not None:
         return Result(case.op, case.name, device, "skipped", reason)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from . import core
-from .core import FLOAT_DTYPES, CudaError, ShapeError, TensorShape, fail
+from . import core, cublas, gpu
+from .core import FLOAT_DTYPES, ShapeError, TensorShape, fail
 
 OP = "batch_matmul"
 
@@ -94,109 +94,90 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, 
 # computed as the column-major C^T = op(B)^T @ op(A)^T: B first, sizes (N, M, K).
 
 
-# Each direction's GEMMs are worked out once per state (state.saved["gemm:<direction>"]):
-# a call only fills in the three data pointers. alpha = 1 and beta = 0 live in host
-# arrays kept for the life of the process (the handle is in pointer mode host).
-
-_SCALARS: dict[Any, tuple[Any, Any]] = {}
+# Each direction's GEMM is worked out once per state (state.saved["gemm:<direction>"]): a call
+# only fills in the three data pointers.
 
 
-def _scalars(dtype: np.dtype) -> tuple[Any, Any]:
-    """Host arrays holding 1 and 0 of `dtype`, never freed (cuBLAS reads them during each call)."""
-    pair = _SCALARS.get(dtype)
-    if pair is None:
-        pair = _SCALARS.setdefault(dtype, (np.ones((), dtype=dtype), np.zeros((), dtype=dtype)))
-    return pair
+@dataclass(frozen=True)
+class GemmPlan:
+    """One column-major C (m x n) = op(A) @ op(B) for `batch` matrices `stride_*` elements apart.
+    kind: "skip" (nothing to write), "zero" (k == 0: an empty sum is zero; cuBLAS is not asked)
+    or "gemm"."""
+
+    kind: str
+    trans_a: bool = False
+    trans_b: bool = False
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    lda: int = 0
+    stride_a: int = 0
+    ldb: int = 0
+    stride_b: int = 0
+    ldc: int = 0
+    stride_c: int = 0
+    batch: int = 0
 
 
-def _gemm_entry(dtype: np.dtype, transa: bool, transb: bool, m: int, n: int, k: int, lda: int, stride_a: int,
-                ldb: int, stride_b: int, ldc: int, stride_c: int, batch: int) -> tuple:
-    """One column-major C (m x n) = op(A) @ op(B) for `batch` matrices `stride_*` elements apart,
-    as ("skip",) (nothing to write), ("zero",) (k == 0: an empty sum is zero; cuBLAS is not asked)
-    or ("gemm", function, the cuBLAS arguments less handle and pointers, name, cudaGetDevice, CUBLASError):
-    what a call needs from CuPy, looked up once (`from cupy.cuda import cublas` costs a lazy
-    module lookup each time)."""
-    import cupy
-    from cupy.cuda import cublas
-
+def _gemm_plan(transa: bool, transb: bool, m: int, n: int, k: int, lda: int, stride_a: int, ldb: int, stride_b: int,
+               ldc: int, stride_c: int, batch: int) -> GemmPlan:
     if m == 0 or n == 0 or batch == 0:
-        return ("skip",)
+        return GemmPlan("skip")
     if k == 0:
-        return ("zero",)
-    single = dtype == np.float32
-    one, zero = _scalars(np.dtype(dtype))
-    return ("gemm", cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched,
-            (cublas.CUBLAS_OP_T if transa else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T if transb else cublas.CUBLAS_OP_N,
-             m, n, k, one.ctypes.data, lda, stride_a, ldb, stride_b, zero.ctypes.data, ldc, stride_c, batch),
-            f"{'sgemm' if single else 'dgemm'}StridedBatched (m={m}, n={n}, k={k}, batch={batch})",
-            cupy.cuda.runtime.getDevice, cublas.CUBLASError)
+        return GemmPlan("zero")
+    return GemmPlan("gemm", transa, transb, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch)
 
 
-def _plan(state: core.KernelState, direction: str) -> tuple:
-    """The GEMM entries of `direction` ("forward", "lhs_grad", "rhs_grad"), made on first use."""
+def _plan(state: core.KernelState, direction: str) -> GemmPlan:
+    """The GEMM of `direction` ("forward", "lhs_grad", "rhs_grad"), made on first use."""
     key = "gemm:" + direction
-    entry = state.saved.get(key)
-    if entry is not None:
-        return entry
+    plan = state.saved.get(key)
+    if plan is not None:
+        return plan
     lhs_dims, rhs_dims = state.shapes["lhs_shape"].dims, state.shapes["rhs_shape"].dims
     batch, m, k, n = core.numel(lhs_dims[:-2]), lhs_dims[-2], lhs_dims[-1], rhs_dims[-1]
-    dtype = state.shapes["lhs_shape"].dtype
     if direction == "forward":
         # output^T (N x M) = rhs^T (N x K) @ lhs^T (K x M); A = rhs, B = lhs
-        entry = _gemm_entry(dtype, False, False, n, m, k, n, k * n, k, m * k, n, m * n, batch)
+        plan = _gemm_plan(False, False, n, m, k, n, k * n, k, m * k, n, m * n, batch)
     elif direction == "lhs_grad":
         # lhs_grad^T (K x M) = rhs (K x N; its memory is the N x K rhs^T, so transposed) @ output_grad^T (N x M);
         # A = rhs, B = output_grad
-        entry = _gemm_entry(dtype, True, False, k, m, n, n, k * n, n, m * n, k, m * k, batch)
+        plan = _gemm_plan(True, False, k, m, n, n, k * n, n, m * n, k, m * k, batch)
     else:
         # rhs_grad^T (N x K) = output_grad^T (N x M) @ lhs (M x K; its memory is the K x M lhs^T, so transposed);
         # A = output_grad, B = lhs
-        entry = _gemm_entry(dtype, False, True, n, k, m, n, m * n, k, m * k, n, k * n, batch)
-    state.saved[key] = entry
-    return entry
+        plan = _gemm_plan(False, True, n, k, m, n, m * n, k, m * k, n, k * n, batch)
+    state.saved[key] = plan
+    return plan
 
 
-def _run(stream, handle, entry: tuple, a: Any, b: Any, c: Any) -> None:
+def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any) -> None:
     """Enqueue one planned GEMM (or its zero fill) on the stream."""
-    kind = entry[0]
-    if kind == "skip":
+    if plan.kind == "skip":
         return
-    if kind == "zero":
-        import cupy
-
-        cupy.cuda.runtime.memsetAsync(c.data.ptr, 0, c.nbytes, stream.ptr)
+    if plan.kind == "zero":
+        gpu.cupy.cuda.runtime.memsetAsync(c.data.ptr, 0, c.nbytes, stream.ptr)
         return
-    _, gemm, args, name, get_device, cublas_error = entry
-    op_a, op_b, m, n, k, alpha, lda, stride_a, ldb, stride_b, beta, ldc, stride_c, batch = args
-    # The cuBLAS handle belongs to the stream's device: make it current only when it is not
-    # (a cheap query; entering the stream as a context costs more than the check).
-    try:
-        if get_device() != stream.device:
-            import cupy
-
-            with cupy.cuda.Device(stream.device):
-                gemm(handle.cublas(stream), op_a, op_b, m, n, k, alpha, a.data.ptr, lda, stride_a,
-                     b.data.ptr, ldb, stride_b, beta, c.data.ptr, ldc, stride_c, batch)
-        else:
-            gemm(handle.cublas(stream), op_a, op_b, m, n, k, alpha, a.data.ptr, lda, stride_a,
-                 b.data.ptr, ldb, stride_b, beta, c.data.ptr, ldc, stride_c, batch)
-    except cublas_error as error:
-        raise CudaError("cuBLAS", str(error), f"{OP}: {name}") from error
+    cublas.gemm_strided_batched(stream, handle, dtype, plan.trans_a, plan.trans_b, plan.m, plan.n, plan.k, a.data.ptr,
+                                plan.lda, plan.stride_a, b.data.ptr, plan.ldb, plan.stride_b, 0.0, c.data.ptr,
+                                plan.ldc, plan.stride_c, plan.batch, OP)
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
     """output = lhs @ rhs through cuBLAS strided batched GEMM, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
-    _run(stream, handle, _plan(state, "forward"), rhs, lhs, output)
+    _run(stream, handle, output.dtype, _plan(state, "forward"), rhs, lhs, output)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
     """lhs_grad = output_grad @ rhs^T, rhs_grad = lhs^T @ output_grad through cuBLAS, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
     if lhs_grad is not None:
-        _run(stream, handle, _plan(state, "lhs_grad"), rhs, output_grad, lhs_grad)
+        _run(stream, handle, output_grad.dtype, _plan(state, "lhs_grad"), rhs, output_grad, lhs_grad)
     if rhs_grad is not None:
-        _run(stream, handle, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad)
+        _run(stream, handle, output_grad.dtype, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad)
 
 
 # --------------------------------------------------------------------------- dispatch

@@ -417,20 +417,25 @@ def _gpu_plan(layout: Layout) -> _GpuPlan:
 def _gpu_init(state: BatchNormState, layout: Layout, dtype: np.dtype) -> None:
     cupy = gpu.cupy
     plan = _gpu_plan(layout)
-    with cupy.cuda.Device(state.device):
+    device = state.device
+    stats = max(layout.stats, 1)
+    # The state's memory: gpu.device_empty (outside CuPy's pool; freed only once the device is done).
+    state.running_mean = gpu.device_empty(layout.stat_dims, dtype, device)
+    state.running_var = gpu.device_empty(layout.stat_dims, dtype, device)
+    state.saved.update(
+        plan=plan,
+        mean=gpu.device_empty((stats,), np.float64, device), invstd=gpu.device_empty((stats,), np.float64, device),
+        coef=gpu.device_empty((2 * stats,), np.float64, device),  # backward: grad_mean, k per statistic
+        partials=gpu.device_empty((2 * stats * max(plan.parts, 1) if not plan.by_feature else 1,), np.float64, device),
+    )
+    with cupy.cuda.Device(device):
         # init has no stream: the fills go on CuPy's current stream, and calls on this state wait
         # for them through an event (until it is seen complete) rather than synchronizing the device.
-        state.running_mean = cupy.zeros(layout.stat_dims, dtype)
-        state.running_var = cupy.ones(layout.stat_dims, dtype)
+        state.running_mean.fill(0)
+        state.running_var.fill(1)
         ready = cupy.cuda.Event(disable_timing=True)
         ready.record()
-        stats = max(layout.stats, 1)
-        state.saved.update(
-            plan=plan, ready=ready,
-            mean=cupy.empty(stats, np.float64), invstd=cupy.empty(stats, np.float64),
-            coef=cupy.empty(2 * stats, np.float64),  # backward: grad_mean, k per statistic
-            partials=cupy.empty(2 * stats * max(plan.parts, 1) if not plan.by_feature else 1, np.float64),
-        )
+    state.saved["ready"] = ready
 
 
 def _grid2(cols_blocks: int, rows: int) -> tuple[int, int]:
@@ -453,7 +458,8 @@ class _GpuCalls:
             def function(name: str) -> Any:
                 return _CUDA.function(name, state.device)
 
-            self.pre = gpu.cupy.empty(state.shapes["input_shape"].dims, dtype) if attrs.activation is not None else _NULL
+            self.pre = (gpu.device_empty(state.shapes["input_shape"].dims, dtype, state.device)
+                        if attrs.activation is not None else _NULL)
             mean, invstd, partials = saved["mean"], saved["invstd"], saved["partials"]
             self.fixed_momentum = None if attrs.momentum is None else np.float64(attrs.momentum)
             self.stat_grid = gpu.grid_for(layout.stats)
@@ -531,6 +537,7 @@ def _wait_ready(stream, state) -> None:
             stream.cupy_stream.wait_event(ready)
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output, *, training: bool = True) -> None:
     """output = activation((input - mean) * invstd * gamma + beta), enqueued on the stream (see cpu_forward_kernel)."""
     _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training)
@@ -567,16 +574,16 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, gamma, beta, output,
                (input,) + head + running + calls.saved_stats + params + calls.apply_tail + (output,) + calls.apply_end)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
                         gamma_grad, beta_grad) -> None:
     """Gradients of the forward before, enqueued on the stream (see cpu_backward_kernel)."""
     saved = _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
                             gamma_grad, beta_grad)
     if saved.get("empty"):
-        with stream:
-            for grad in (gamma_grad, beta_grad):
-                if grad is not None:
-                    grad.fill(0)
+        for grad in (gamma_grad, beta_grad):
+            if grad is not None:
+                grad.fill(0)  # on the stream: GPU kernel calls run inside it
         return
     calls = _gpu_calls(state, attrs, input.dtype)
     _wait_ready(stream, state)

@@ -250,12 +250,14 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 # --------------------------------------------------------------------------- GPU
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
     """output = concatenate(inputs, axis), one launch per 12 inputs, enqueued on the stream."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     gpu_join(stream, state.saved["layout"], inputs, output)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
     """input_grads[i] = output_grad's slice of input i (None ones skipped), enqueued on the stream."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)

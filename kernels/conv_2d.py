@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activation, core, gpu
+from . import activation, core, cublas, gpu
 from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 
 OP = "conv_2d"
@@ -589,19 +589,17 @@ def _gpu_init(handle: Any, state: Conv2DState) -> None:
                 sizes = [state.algorithms[d].workspace for d, path in state.paths.items() if path == "cudnn"]
                 sizes.append(workspace_elements(state) * dtype.itemsize)
                 state.workspace_size = max(sizes)
+                handle.reserve(state.workspace_size)  # calls never allocate
     except BaseException:
         state.release()
         raise
 
 
-def _buffer(stream, state: Conv2DState, name: str, like: Any) -> Any:
-    """A buffer the state keeps until cleanup (pre-activation, its gradient), made on first use on
-    the stream that uses it: CuPy's pool then reuses it after cleanup only in that stream's order."""
-    import cupy
-
+def _buffer(state: Conv2DState, name: str, like: Any) -> Any:
+    """A buffer the state keeps until cleanup (pre-activation, its gradient), made on first use
+    (gpu.device_empty: outside CuPy's pool, freed only when the device is done with it)."""
     if name not in state.buffers:
-        with stream:
-            state.buffers[name] = cupy.empty(like.shape, dtype=like.dtype)
+        state.buffers[name] = gpu.device_empty(like.shape, like.dtype, state.device)
     return state.buffers[name]
 
 
@@ -611,32 +609,17 @@ def _zero(stream, array) -> None:
 
 
 def _workspace(handle: Any, state: Conv2DState) -> tuple[int, int]:
-    """The handle's workspace, grown on the stream that uses it (so a freed smaller one is
-    reused only in that stream's order): (pointer, bytes)."""
+    """The handle's workspace (reserved by init_kernel): (pointer, bytes)."""
     workspace = handle.workspace(state.workspace_size)
     return workspace.data.ptr, workspace.nbytes
 
 
-# Host alpha and beta for cuBLAS (pointer mode host): float for S, double for D. cuBLAS reads them
-# during the call, so module-level arrays are safe.
-_BLAS_SCALARS = {(np.dtype(t), v): np.array(v, dtype=t) for t in (np.float32, np.float64) for v in (0.0, 1.0)}
-
-
-def _run_gemm(blas_handle: int, dtype: np.dtype, step: Gemm, pointers: dict[str, int]) -> None:
-    from cupy.cuda import cublas
-
+def _run_gemm(stream, handle: Any, dtype: np.dtype, step: Gemm, pointers: dict[str, int]) -> None:
     itemsize = dtype.itemsize
-    name = "sgemmStridedBatched" if dtype == np.float32 else "dgemmStridedBatched"
-    operations = {False: cublas.CUBLAS_OP_N, True: cublas.CUBLAS_OP_T}
     a, b, c = (pointers[buffer] + offset * itemsize for buffer, offset in (step.a, step.b, step.c))
-    try:
-        getattr(cublas, name)(blas_handle, operations[step.trans_a], operations[step.trans_b], step.m, step.n, step.k,
-                              _BLAS_SCALARS[(dtype, 1.0)].ctypes.data, a, step.lda, step.stride_a, b, step.ldb,
-                              step.stride_b, _BLAS_SCALARS[(dtype, step.beta)].ctypes.data, c, step.ldc,
-                              step.stride_c, step.batch)
-    except cublas.CUBLASError as error:
-        raise core.CudaError("cuBLAS", str(error), f"{OP}: {name} (m={step.m}, n={step.n}, k={step.k}, "
-                             f"batch={step.batch})") from error
+    cublas.gemm_strided_batched(stream, handle, dtype, step.trans_a, step.trans_b, step.m, step.n, step.k, a, step.lda,
+                                step.stride_a, b, step.ldb, step.stride_b, step.beta, c, step.ldc, step.stride_c,
+                                step.batch, OP)
 
 
 def _cached(state: Conv2DState, name: str, make: Any) -> Any:
@@ -717,23 +700,19 @@ def _run_depthwise(stream, state: Conv2DState, which: str, grad: Any, input: Any
 
 def _run_plan(stream, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
               workspace: Any = None) -> None:
-    """Enqueue a plan's GEMMs (cuBLAS bound to the stream, pointer mode host) and folds on the stream."""
-    from cupy.cuda import cublas
-
+    """Enqueue a plan's GEMMs (kernels.cublas) and folds on the stream."""
     dtype = state.shapes["input_shape"].dtype
     pointers = {name: array.data.ptr for name, array in arrays.items() if array is not None}
     if workspace is not None:
         pointers["workspace"] = workspace.data.ptr
-    with stream:
-        blas_handle = handle.cublas(stream)
-        cublas.setPointerMode(blas_handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        for step in steps:
-            if isinstance(step, Gemm):
-                _run_gemm(blas_handle, dtype, step, pointers)
-            else:
-                _run_fold(stream, state, step, arrays, workspace)
+    for step in steps:
+        if isinstance(step, Gemm):
+            _run_gemm(stream, handle, dtype, step, pointers)
+        else:
+            _run_fold(stream, state, step, arrays, workspace)
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output) -> None:
     """output = activation(conv(input, filter) + bias), enqueued on the stream."""
     from . import cudnn
@@ -741,7 +720,7 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
     _check_forward(stream, handle, state, attrs, input, filter, bias, output)
     target = output
     if attrs.activation is not None:
-        target = _buffer(stream, state, "pre", output)
+        target = _buffer(state, "pre", output)
     if output.size:
         dtype = output.dtype
         if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
@@ -749,26 +728,25 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, filter, bias, output
         elif _convolvable(state) and state.paths["forward"] == "gemm":
             _run_plan(stream, handle, state, _cached(state, "forward", plan_forward),
                       {"input": input, "filter": filter, "output": target})
-        # Not nested around gpu.launch (which enters the stream itself): activation runs after the block.
-        with stream:
-            if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
-                _zero(stream, target)
-            elif state.paths["forward"] == "cudnn":
-                cudnn_handle = handle.cudnn(stream)
-                workspace, workspace_bytes = _workspace(handle, state)
-                d = state.descriptors
-                cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d["x"], input.data.ptr,
-                                          d["w"], filter.data.ptr, d["conv"], state.algorithms["forward"],
-                                          workspace, workspace_bytes, cudnn.scalar(dtype, 0), d["y"], target.data.ptr)
-            if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
-                cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors["bias"], bias.data.ptr,
-                                 cudnn.scalar(dtype, 1), state.descriptors["y"], target.data.ptr)
+        if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
+            _zero(stream, target)
+        elif state.paths["forward"] == "cudnn":
+            cudnn_handle = handle.cudnn(stream)
+            workspace, workspace_bytes = _workspace(handle, state)
+            d = state.descriptors
+            cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d["x"], input.data.ptr,
+                                      d["w"], filter.data.ptr, d["conv"], state.algorithms["forward"],
+                                      workspace, workspace_bytes, cudnn.scalar(dtype, 0), d["y"], target.data.ptr)
+        if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+            cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors["bias"], bias.data.ptr,
+                             cudnn.scalar(dtype, 1), state.descriptors["y"], target.data.ptr)
         if attrs.activation is not None:
             activation.gpu_forward(stream, attrs.activation, target, output)
     if attrs.activation is not None:
         state.saved["pre"] = target
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
                         bias_grad) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
@@ -779,7 +757,7 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     dtype = output_grad.dtype
     grad = output_grad
     if attrs.activation is not None:
-        grad = _buffer(stream, state, "pre_grad", output_grad)
+        grad = _buffer(state, "pre_grad", output_grad)
         activation.gpu_backward(stream, attrs.activation, state.saved["pre"], output_grad, grad)
     if bias_grad is not None and bias_grad.size:
         n, o, out_h, out_w = grad.shape
@@ -800,8 +778,7 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
         if wants_filter:
             _run_depthwise(stream, state, "filter", grad, input, filter, filter_grad)
         return
-    with stream:  # one buffer for every step below: they run one after another on the stream
-        workspace_array = handle.workspace(state.workspace_size)
+    workspace_array = handle.workspace(state.workspace_size)  # one buffer for every step below, in stream order
     workspace, workspace_bytes = workspace_array.data.ptr, workspace_array.nbytes
     arrays = {"input": input, "filter": filter, "grad": grad, "input_grad": input_grad, "filter_grad": filter_grad}
     if wants_input and state.paths["backward_data"] != "cudnn":
@@ -811,18 +788,17 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     if not ((wants_input and state.paths["backward_data"] == "cudnn")
             or (wants_filter and state.paths["backward_filter"] == "cudnn")):
         return
-    with stream:
-        cudnn_handle = handle.cudnn(stream)
-        d = state.descriptors
-        one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
-        if wants_input and state.paths["backward_data"] == "cudnn":
-            cudnn.convolution_backward_data(cudnn_handle, one, d["w"], filter.data.ptr, d["y"], grad.data.ptr,
-                                            d["conv"], state.algorithms["backward_data"], workspace, workspace_bytes,
-                                            zero, d["x"], input_grad.data.ptr)
-        if wants_filter and state.paths["backward_filter"] == "cudnn":
-            cudnn.convolution_backward_filter(cudnn_handle, one, d["x"], input.data.ptr, d["y"], grad.data.ptr,
-                                              d["conv"], state.algorithms["backward_filter"], workspace,
-                                              workspace_bytes, zero, d["w"], filter_grad.data.ptr)
+    cudnn_handle = handle.cudnn(stream)
+    d = state.descriptors
+    one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
+    if wants_input and state.paths["backward_data"] == "cudnn":
+        cudnn.convolution_backward_data(cudnn_handle, one, d["w"], filter.data.ptr, d["y"], grad.data.ptr,
+                                        d["conv"], state.algorithms["backward_data"], workspace, workspace_bytes,
+                                        zero, d["x"], input_grad.data.ptr)
+    if wants_filter and state.paths["backward_filter"] == "cudnn":
+        cudnn.convolution_backward_filter(cudnn_handle, one, d["x"], input.data.ptr, d["y"], grad.data.ptr,
+                                          d["conv"], state.algorithms["backward_filter"], workspace,
+                                          workspace_bytes, zero, d["w"], filter_grad.data.ptr)
 
 
 # --------------------------------------------------------------------------- dispatch

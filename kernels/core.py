@@ -350,6 +350,27 @@ def before_gpu_call(hook: Callable[[Any], None] | None) -> Iterator[None]:
         _GPU_CALL_HOOKS.hook = previous
 
 
+def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates every op's gpu_forward_kernel and gpu_backward_kernel: the call runs with its
+    stream's device and its stream current (a GpuStream is a context manager that makes both
+    current), so every CuPy operation, allocation and library call the kernel makes is enqueued
+    on the kernels' stream, whatever stream and device the caller has current. The thread's
+    before_gpu_call hook, if any, runs first. A stream that is not a GPU stream is passed through
+    to the kernel, whose checks refuse it."""
+
+    @functools.wraps(function)
+    def call(stream: Any, *args: Any, **kwargs: Any) -> Any:
+        hook = getattr(_GPU_CALL_HOOKS, "hook", None)
+        if not isinstance(getattr(stream, "device", None), int) or not hasattr(stream, "__enter__"):
+            return function(stream, *args, **kwargs)
+        if hook is not None:
+            hook(stream)
+        with stream:
+            return function(stream, *args, **kwargs)
+
+    return call
+
+
 def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any], stream_or_handle: Any,
              *args: Any, **kwargs: Any) -> Any:
     """Call the CPU or GPU twin of a kernel function, by the device of its stream or handle."""
@@ -357,9 +378,6 @@ def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[.
     if device == "cpu":
         return cpu_function(stream_or_handle, *args, **kwargs)
     if isinstance(device, int):
-        hook = getattr(_GPU_CALL_HOOKS, "hook", None)
-        if hook is not None:
-            hook(stream_or_handle)
         return gpu_function(stream_or_handle, *args, **kwargs)
     raise fail(DeviceError, op, "stream/handle", "a kernels CPU or GPU stream or handle", type(stream_or_handle).__name__)
 

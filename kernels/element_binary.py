@@ -385,6 +385,7 @@ def _vector_ok(*arrays: Any) -> np.int32:
     return _FLAGS[bits & 15 == 0]
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
     """output = lhs (op) rhs, one kernel enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
@@ -419,8 +420,7 @@ def _partials(stream, state, plan: GpuPlan, dtype: np.dtype) -> Any:
     """The buffer of partial sums, made on the stream at first need and kept in the state."""
     if "partials" not in state.saved:
         size = max(g.chunks * g.kept.count if g.chunks > 1 else 0 for g in plan.grads)
-        with stream:
-            state.saved["partials"] = gpu.cupy.empty(max(size, 1), dtype=dtype)
+        state.saved["partials"] = gpu.device_empty((max(size, 1),), dtype, state.device)
     return state.saved["partials"]
 
 
@@ -429,6 +429,7 @@ def _partials(stream, state, plan: GpuPlan, dtype: np.dtype) -> Any:
 _LHS, _RHS, _GRAD, _LHS_GRAD, _RHS_GRAD, _PARTIALS = range(6)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
     """Write lhs_grad and rhs_grad (those not None), reduced over broadcast dims without atomics."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)

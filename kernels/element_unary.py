@@ -265,6 +265,7 @@ def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, 
     return plan
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = f(input), enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -279,6 +280,7 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output, count_arg, scalar, aligned))
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = output_grad * f'(input), enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)

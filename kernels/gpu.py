@@ -9,6 +9,7 @@ through `name_expressions`.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from typing import Any, Sequence
@@ -51,15 +52,22 @@ def _require_cupy() -> None:
         raise DeviceError(f"GPU kernels are unavailable: {reason}")
 
 
+_ENTERED = threading.local()  # per host thread: the devices current before each GpuStream entered
+
+
 class GpuStream:
-    """A CUDA stream of one device; every GPU kernel enqueues its work on one."""
+    """A CUDA stream of one device; every GPU kernel enqueues its work on one.
+
+    As a context manager it makes its device and itself current (for CuPy) in the calling
+    thread, restoring both on exit; blocks may nest. Every GPU kernel call runs inside its
+    stream (core.gpu_kernel), so nothing a kernel does depends on what the caller has current.
+    """
 
     def __init__(self, device: int = 0):
         _require_cupy()
         self.device = int(device)
         with cupy.cuda.Device(self.device):
             self.cupy_stream = cupy.cuda.Stream(non_blocking=True)
-        self._entered: list[Any] = []
 
     @property
     def ptr(self) -> int:
@@ -69,32 +77,104 @@ class GpuStream:
         self.cupy_stream.synchronize()
 
     def __enter__(self) -> "GpuStream":
-        """Make this stream (and its device) current for CuPy calls in the block; blocks may nest."""
-        device = cupy.cuda.Device(self.device)
-        device.__enter__()
+        runtime = cupy.cuda.runtime
+        previous = runtime.getDevice()
+        if previous != self.device:
+            runtime.setDevice(self.device)
+        stack = getattr(_ENTERED, "devices", None)
+        if stack is None:
+            stack = _ENTERED.devices = []
+        stack.append(previous)
         self.cupy_stream.__enter__()
-        self._entered.append(device)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.cupy_stream.__exit__(*exc)
-        self._entered.pop().__exit__(*exc)
+        previous = _ENTERED.devices.pop()
+        if previous != self.device:
+            cupy.cuda.runtime.setDevice(previous)
 
     def __repr__(self) -> str:
         return f"GpuStream(device={self.device}, ptr={self.ptr:#x})"
 
 
-# cublasMath_t's CUBLAS_PEDANTIC_MATH (cublas_api.h); CuPy 14 does not name it.
-CUBLAS_PEDANTIC_MATH = 2
+# --------------------------------------------------------------------------- device memory of states and handles
+
+_ALLOCATIONS_LOCK = threading.Lock()
+_ALLOCATIONS = {"count": 0, "bytes": 0}
+
+
+class _Allocation:
+    """Device memory from cudaMalloc, outside CuPy's stream-ordered pool, freed with cudaFree when
+    the last array over it goes. cudaFree waits for the device, so the memory is never handed to
+    other work while some stream still reads or writes it; a pool block would be, to any work on
+    the stream that was current when it was allocated."""
+
+    __slots__ = ("ptr", "nbytes", "device")
+
+    def __init__(self, nbytes: int, device: int):
+        try:
+            with cupy.cuda.Device(device):
+                self.ptr = cupy.cuda.runtime.malloc(nbytes)
+        except cupy.cuda.runtime.CUDARuntimeError as error:
+            raise CudaError("CUDA", str(error).split(":")[0], f"cudaMalloc of {nbytes} bytes on GPU {device}") from error
+        self.nbytes, self.device = nbytes, device
+        with _ALLOCATIONS_LOCK:
+            _ALLOCATIONS["count"] += 1
+            _ALLOCATIONS["bytes"] += nbytes
+
+    def __del__(self) -> None:
+        ptr = getattr(self, "ptr", None)
+        if ptr is None:
+            return
+        try:
+            with cupy.cuda.Device(self.device):
+                cupy.cuda.runtime.free(ptr)
+        except Exception:  # interpreter shutdown: the driver frees the context's memory itself
+            return
+        with _ALLOCATIONS_LOCK:
+            _ALLOCATIONS["count"] -= 1
+            _ALLOCATIONS["bytes"] -= self.nbytes
+
+
+def device_empty(dims: Sequence[int], dtype: Any, device: int) -> Any:
+    """An uninitialised CuPy array on `device` for memory that a state or handle keeps across
+    calls (statistics, pre-activations, partial sums, workspaces): see _Allocation for why it
+    does not come from CuPy's pool. Made at init or on a state's first call, never after."""
+    dtype = np.dtype(dtype)
+    nbytes = max(math.prod(int(d) for d in dims) * dtype.itemsize, 1)
+    allocation = _Allocation(nbytes, int(device))
+    memory = cupy.cuda.UnownedMemory(allocation.ptr, nbytes, allocation, int(device))
+    return cupy.ndarray(tuple(dims), dtype, cupy.cuda.MemoryPointer(memory, 0))
+
+
+def live_allocations() -> dict[str, int]:
+    """How many device_empty allocations are alive, and their bytes (for leak tests)."""
+    with _ALLOCATIONS_LOCK:
+        return dict(_ALLOCATIONS)
+
+
+_HANDLES_LOCK = threading.Lock()
+_HANDLES = {"cudnn": 0, "cublas": 0}
+
+
+def live_library_handles() -> dict[str, int]:
+    """How many cuDNN and cuBLAS handles GpuHandles hold now (for leak tests)."""
+    with _HANDLES_LOCK:
+        return dict(_HANDLES)
+
+
+def _count_handle(library: str, change: int) -> None:
+    with _HANDLES_LOCK:
+        _HANDLES[library] += change
 
 
 class GpuHandle:
     """cuDNN and cuBLAS handles of one device and a workspace, made on first use.
 
-    A handle is not bound to a stream: each call binds its libraries to the stream
-    it is given (the binding is remembered, so asking again on the same stream costs
-    no library call). The cuBLAS handle reads alpha/beta from host memory
-    (CUBLAS_POINTER_MODE_HOST, set once). Close it (or use it as a context manager)
+    A handle serves one stream at a time (its workspace is shared by the calls it serves): give
+    each host thread its own. cuDNN is bound to the stream of each call when it changed;
+    cuBLAS is bound by kernels.cublas at every call. Close it (or use it as a context manager)
     to release everything.
     """
 
@@ -103,10 +183,8 @@ class GpuHandle:
         self.device = int(device)
         self._cudnn: Any = None
         self._cublas: int | None = None
-        self._cudnn_stream: int | None = None  # the stream pointer each library is bound to now
-        self._cublas_stream: int | None = None
+        self._cudnn_stream: int | None = None  # the stream pointer cuDNN is bound to now
         self._workspace: Any = None
-        self._lock = threading.Lock()
         self.closed = False
 
     def cudnn(self, stream: GpuStream) -> Any:
@@ -116,35 +194,33 @@ class GpuHandle:
         if self._cudnn is None:
             with cupy.cuda.Device(self.device):
                 self._cudnn = cudnn_module.create_handle()
-                self._cudnn_stream = None
+            _count_handle("cudnn", 1)
+            self._cudnn_stream = None
         ptr = stream.ptr
         if ptr != self._cudnn_stream:
             cudnn_module.set_stream(self._cudnn, ptr)
             self._cudnn_stream = ptr
         return self._cudnn
 
-    def cublas(self, stream: GpuStream) -> int:
-        """The cuBLAS handle, bound to `stream`, in pedantic math (no TF32, no reduced precision)."""
-        from cupy.cuda import cublas
-
+    def cublas(self) -> int:
+        """The cuBLAS handle (pedantic math, host pointer mode). Call cuBLAS through kernels.cublas,
+        which binds it to the call's stream."""
         if self._cublas is None:
-            with cupy.cuda.Device(self.device):
-                handle = cublas.create()
-                cublas.setMathMode(handle, CUBLAS_PEDANTIC_MATH)
-                cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-                self._cublas = handle
-                self._cublas_stream = None
-        ptr = stream.ptr
-        if ptr != self._cublas_stream:
-            cublas.setStream(self._cublas, ptr)
-            self._cublas_stream = ptr
+            from . import cublas as cublas_module
+
+            self._cublas = cublas_module.create_handle(self.device)
+            _count_handle("cublas", 1)
         return self._cublas
 
-    def workspace(self, nbytes: int) -> Any:
-        """A device buffer of at least `nbytes`, kept and grown across calls."""
+    def reserve(self, nbytes: int) -> None:
+        """Grow the workspace to at least `nbytes` now (init_kernel does, so that calls never allocate)."""
         if self._workspace is None or self._workspace.nbytes < nbytes:
-            with cupy.cuda.Device(self.device):
-                self._workspace = cupy.empty(max(int(nbytes), 1), dtype=np.uint8)
+            self._workspace = None  # freed first (cudaFree waits for the work that used it)
+            self._workspace = device_empty((max(int(nbytes), 1),), np.uint8, self.device)
+
+    def workspace(self, nbytes: int) -> Any:
+        """The workspace: a device buffer of at least `nbytes`, kept across calls."""
+        self.reserve(nbytes)
         return self._workspace
 
     def close(self) -> None:
@@ -155,14 +231,15 @@ class GpuHandle:
             from . import cudnn as cudnn_module
 
             cudnn_module.destroy_handle(self._cudnn)
+            _count_handle("cudnn", -1)
             self._cudnn = None
             self._cudnn_stream = None
         if self._cublas is not None:
-            from cupy.cuda import cublas
+            from . import cublas as cublas_module
 
-            cublas.destroy(self._cublas)
+            cublas_module.destroy_handle(self._cublas, self.device)
+            _count_handle("cublas", -1)
             self._cublas = None
-            self._cublas_stream = None
         self._workspace = None
 
     def __enter__(self) -> "GpuHandle":

@@ -172,12 +172,14 @@ def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
     return kernel, gpu.grid_for(count), scalar(count)
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs, enqueued on the stream."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     gpu_sum(stream, inputs, output, state.saved["gpu_plans"])
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
     """input_grads[i] = output_grad for each one that is not None: one read, up to 12 writes a launch."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)

@@ -113,9 +113,10 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 
 
 def _saved(state, name: str, xp: Any, dims: tuple[int, ...], dtype: Any) -> Any:
-    """A buffer the state keeps across calls (argmax taps, pre-activation), made on first use."""
+    """A buffer the state keeps across calls (argmax taps, pre-activation), made on first use
+    (on the GPU by gpu.device_empty: outside CuPy's pool, freed only once the device is done)."""
     if name not in state.saved:
-        state.saved[name] = xp.empty(dims, dtype=dtype)
+        state.saved[name] = np.empty(dims, dtype=dtype) if xp is np else gpu.device_empty(dims, dtype, state.device)
     return state.saved[name]
 
 
@@ -347,15 +348,15 @@ def _gpu_forward_setup(stream, state, attrs, output) -> tuple:
     """The forward's buffers (argmax taps, pre-activation; made on the stream's device, once)
     and launch plan, kept in the state: (kernel, grid, block, scalars, shared, taps, pooled), or
     None for an empty output."""
-    with stream:  # the state's buffers live on the stream's device
-        taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
-        pre = None if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
+    taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
+    pre = None if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
     if not output.size:
         return None
     shapes = state.shapes
     return _gpu_plan(attrs, "forward", output.dtype, shapes["input_shape"].dims, shapes["output_shape"].dims) + (taps, pre)
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = activation(pool(input)), enqueued on the stream; MAX saves the argmax taps."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -378,13 +379,13 @@ def _gpu_backward_setup(stream, state, attrs, output_grad) -> tuple:
     state: (kernel, grid, block, scalars, shared, pre_grad)."""
     pre_grad = None
     if attrs.activation is not None:
-        with stream:
-            pre_grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
+        pre_grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
     shapes = state.shapes
     return _gpu_plan(attrs, "backward", output_grad.dtype, shapes["input_shape"].dims,
                      shapes["output_shape"].dims) + (pre_grad,)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = the gather of output_grad to the windows' elements, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)

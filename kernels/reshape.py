@@ -90,12 +90,14 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 # --------------------------------------------------------------------------- GPU
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = input, a device-to-device copy enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
     gpu.copy_async(stream, output, input)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = output_grad, a device-to-device copy enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)

@@ -195,6 +195,7 @@ def _gpu_launch(state: core.KernelState, direction: str) -> tuple:
     return launch
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = softmax(input) along dim, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -204,6 +205,7 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     gpu.launch(stream, kernel, grid, block, (input, output) + sizes)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = output * (output_grad - sum(output_grad * output)) along dim, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)

@@ -95,12 +95,14 @@ def cpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, inp
 # --------------------------------------------------------------------------- GPU
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
     """outputs[i] = input's i-th slice, one launch per 12 outputs, enqueued on the stream."""
     outputs = _check_forward(stream, handle, state, attrs, input, outputs)
     gpu_cut(stream, state.saved["layout"], input, outputs)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
     """input_grad = concatenate(output_grads, axis), enqueued on the stream."""
     output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)

@@ -160,6 +160,7 @@ def _gpu_plans(state: core.KernelState) -> tuple:
     return state.saved["plans"]
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = input permuted, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -167,6 +168,7 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
         gpu_run_plan(stream, _gpu_plans(state)[0], input, output)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = output_grad permuted by the inverse permutation, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)

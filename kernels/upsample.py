@@ -254,6 +254,7 @@ def _pairs(attrs: UpsampleAttrs, array: Any) -> bool:
     return attrs.mode is UpsampleMode.NEAREST and attrs.scale_factor == 2 and _aligned_pair(array)
 
 
+@core.gpu_kernel
 def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     """output = input upsampled, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -268,6 +269,7 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output) + scalars)
 
 
+@core.gpu_kernel
 def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
     """input_grad = the gathered sum of output_grad over each input element's sources, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)

@@ -106,8 +106,8 @@ def device(monkeypatch):
         memsetAsync=lambda *args: recorder.calls.append(("memset",) + args),
         memcpyDeviceToDevice=3, CUDARuntimeError=RuntimeError)
     monkeypatch.setattr(gpu, "launch", recorder.launch)
-    monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime),
-                                                           empty=recorder.empty))
+    monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(gpu, "device_empty", lambda dims, dtype, device: recorder.empty(tuple(dims), dtype))
 
     def function(module, name, device=None):
         assert name in module.name_expressions, name

@@ -1,0 +1,221 @@
+"""Stream discipline: every GPU kernel call runs on its stream whatever the caller has
+current, two host threads with their own streams and handles give the serial bits, and
+1,000 init/forward/backward/cleanup cycles of every op leave no device memory, cuDNN
+descriptor or library handle behind.
+
+The schedules that catch work on the wrong stream (delayed, foreign current stream) run
+in every GPU conformance case (conformance/runner.py); the first tests here check the
+machinery itself without a device."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from conformance.cases import CASE_MODULES, all_cases
+from conformance.harness import Env
+from conformance.runner import produce
+from kernels import core
+
+from .conftest import require
+
+# --------------------------------------------------------------------------- without a device
+
+
+class RecordingStream:
+    """Stands in for a GpuStream: records when it is entered and left."""
+
+    device = 0
+
+    def __init__(self, log):
+        self.log = log
+
+    def synchronize(self):
+        pass
+
+    def __enter__(self):
+        self.log.append("enter")
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append("exit")
+
+
+def test_gpu_kernel_runs_inside_its_stream_after_the_hook():
+    log = []
+    stream = RecordingStream(log)
+
+    @core.gpu_kernel
+    def kernel(stream, value):
+        log.append(("kernel", value))
+        return value * 2
+
+    with core.before_gpu_call(lambda s: log.append(("hook", s is stream))):
+        assert kernel(stream, 21) == 42
+    assert log == [("hook", True), "enter", ("kernel", 21), "exit"]
+    log.clear()
+    assert kernel(stream, 1) == 2  # the hook is gone after its block
+    assert log == ["enter", ("kernel", 1), "exit"]
+
+
+def test_gpu_kernel_leaves_a_stream_when_the_kernel_raises():
+    log = []
+
+    @core.gpu_kernel
+    def kernel(stream):
+        raise core.ShapeError("bad")
+
+    with pytest.raises(core.ShapeError):
+        kernel(RecordingStream(log))
+    assert log == ["enter", "exit"]
+
+
+def test_gpu_kernel_passes_a_non_gpu_stream_to_the_kernels_checks():
+    seen = []
+
+    @core.gpu_kernel
+    def kernel(stream):
+        seen.append(stream)
+
+    cpu = core.cpu_stream()
+    with core.before_gpu_call(lambda s: seen.append("hook")):
+        kernel(cpu)
+    assert seen == [cpu]
+
+
+def test_before_gpu_call_is_per_thread():
+    seen = []
+    with core.before_gpu_call(lambda s: seen.append("main")):
+        other = []
+
+        def worker():
+            other.append(getattr(core._GPU_CALL_HOOKS, "hook", None))
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+    assert other == [None]
+
+
+def test_every_gpu_entry_point_is_wrapped():
+    import kernels
+
+    for name, module in kernels.OPS.items():
+        for function in ("gpu_forward_kernel", "gpu_backward_kernel"):
+            wrapped = getattr(getattr(module, function), "__wrapped__", None)
+            assert wrapped is not None, f"{name}.{function} does not run inside its stream (core.gpu_kernel)"
+
+
+# --------------------------------------------------------------------------- on the device
+
+
+def _gpu_cases():
+    return [c for c in all_cases() if "gpu" in c.extra.get("devices", ("gpu",))]
+
+
+@pytest.mark.gpu
+def test_two_threads_give_the_serial_bits(store):
+    """Two host threads, each with its own stream and handle (one Env per case), run different
+    cases at the same time under the delayed-foreign schedule; every tensor equals the serial run's."""
+    require("gpu")
+    cases = _gpu_cases()
+    serial = {c.key: produce(c, store.get(c), "gpu")[0] for c in cases}
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def worker(part):
+        try:
+            barrier.wait()
+            for case in part:
+                results[case.key] = produce(case, store.get(case), "gpu", schedule="foreign")[0]
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(cases[i::2],)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert results.keys() == serial.keys()
+    for key, tensors in serial.items():
+        for name, expected in tensors.items():
+            got = results[key][name]
+            assert got.dtype == expected.dtype and got.shape == expected.shape, (key, name)
+            assert got.tobytes() == expected.tobytes(), f"{key}: {name} differs between the threaded and serial runs"
+
+
+CYCLES = 1000
+
+
+def _device_state():
+    import cupy
+
+    from kernels import cudnn, gpu
+
+    gc.collect()
+    return {"pool bytes": cupy.get_default_memory_pool().used_bytes(), "allocations": gpu.live_allocations(),
+            "cudnn descriptors": cudnn.live_descriptors(), "library handles": gpu.live_library_handles()}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", sorted(CASE_MODULES))
+def test_a_thousand_cycles_leave_nothing_behind(op, store):
+    """1,000 init/forward/backward/cleanup cycles of the op's first case (its run function), on
+    one stream and handle: device memory (CuPy's pool and the states' own allocations), live
+    cuDNN descriptors and library handles are back where they started; the last cycle's
+    results still equal the first's."""
+    require("gpu")
+    case = next(c for c in CASE_MODULES[op].TABLE if "gpu" in c.extra.get("devices", ("gpu",)))
+    golden = store.get(case)
+    before = _device_state()
+    env = Env(case, golden, "gpu", "random")
+    first = None
+    for cycle in range(CYCLES):
+        env.writes.clear()
+        env.observed.clear()
+        CASE_MODULES[op].run(case, env)
+        if cycle in (0, CYCLES - 1):
+            env.stream.synchronize()
+            produced = {name: env.to_host(array) for name, array in env.writes.items()}
+            if first is None:
+                first = produced
+    env.stream.synchronize()
+    for name, expected in first.items():
+        assert produced[name].tobytes() == expected.tobytes(), f"{op}: {name} changed over {CYCLES} cycles"
+    env.close()
+    del env, produced
+    after = _device_state()
+    assert after == before, f"{op}: {before} before, {after} after {CYCLES} cycles"
+
+
+@pytest.mark.gpu
+def test_a_foreign_current_stream_and_device_context_are_left_as_they_were():
+    """A kernel call leaves CuPy's current stream and the current device as the caller had them."""
+    require("gpu")
+    import cupy
+
+    import kernels
+
+    stream, handle = kernels.gpu_stream(0), kernels.gpu_handle(0)
+    foreign = cupy.cuda.Stream(non_blocking=True)
+    attrs = kernels.BatchMatmulAttrs()
+    with stream:
+        lhs = cupy.arange(24, dtype=np.float32).reshape(2, 3, 4)
+        rhs = cupy.arange(40, dtype=np.float32).reshape(2, 4, 5)
+        output = cupy.full((2, 3, 5), np.nan, dtype=np.float32)
+    stream.synchronize()
+    state = kernels.batch_matmul.init_kernel(handle, attrs, kernels.TensorShape.of(lhs), kernels.TensorShape.of(rhs),
+                                            kernels.TensorShape.of(output))
+    with foreign:
+        kernels.batch_matmul.forward_kernel(stream, handle, state, attrs, lhs, rhs, output)
+        assert cupy.cuda.get_current_stream().ptr == foreign.ptr
+    stream.synchronize()
+    expected = np.arange(24, dtype=np.float32).reshape(2, 3, 4) @ np.arange(40, dtype=np.float32).reshape(2, 4, 5)
+    np.testing.assert_array_equal(cupy.asnumpy(output, stream=stream.cupy_stream), expected)
+    kernels.batch_matmul.cleanup_kernel(handle, state)
+    handle.close()
