@@ -1,33 +1,24 @@
-"""Ours beside PyTorch from a benchmark log (tests/bench/conftest.py's summary table):
-python3 tools/bench_table.py gpu_bench.log"""
+"""Ours beside PyTorch as Markdown, one table per op with its geometric-mean ratio, from the JSON
+that `pytest tests/bench --benchmark-only` writes (.benchmarks/summary.json, or $BENCH_SUMMARY_JSON)
+or from pytest-benchmark's --benchmark-json file:
+python3 tools/bench_table.py .benchmarks/summary.json"""
 
-import re
+import json
 import sys
+from pathlib import Path
 
-rows: dict[tuple[str, str], dict[str, tuple[float, float, float]]] = {}
-in_table = False
-for line in open(sys.argv[1], errors="replace"):
-    if "median time, achieved bandwidth" in line:
-        in_table = True
-        continue
-    if in_table and not line.strip():
-        break
-    match = re.match(r"^(.{44})(test_\w+)\[(ours|torch)-(cpu|gpu)-?(\S*)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
-    large = re.match(r"^(.{44})(test_large)\[(\w+)-(ours|torch)\]\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", line)
-    if in_table and match:
-        group, test, impl, device, _, median, gbps, tflops = match.groups()
-        rows.setdefault((group.strip(), f"{test}-{device}"), {})[impl] = (float(median), float(gbps), float(tflops))
-    elif in_table and large:
-        group, test, op, impl, median, gbps, tflops = large.groups()
-        rows.setdefault((f"bandwidth {op}", "test_large-gpu"), {})[impl] = (float(median), float(gbps), float(tflops))
-print(f"| {'group':<46} | ours us | torch us | ours/torch | ours GB/s | ours TFLOP/s |")
-print(f"|{'-' * 48}|---------|----------|------------|-----------|--------------|")
-for (group, test), impls in sorted(rows.items()):
-    ours, torch = impls.get("ours"), impls.get("torch")
-    if ours is None:
-        continue
-    ratio = f"{ours[0] / torch[0]:.2f}" if torch else "-"
-    torch_us = f"{torch[0]:.1f}" if torch else "-"
-    label = group + (" [" + test.rsplit("-", 1)[0] + "]" if "method" in test or "memcpy2d" in test else "")
-    print(f"| {label:<46} | {ours[0]:7.1f} | "
-          f"{torch_us:>8} | {ratio:>10} | {ours[1]:9.1f} | {ours[2]:12.2f} |")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.bench import summary  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    records = summary.records_from_json(json.loads(Path(argv[1]).read_text()))
+    print("\n".join(summary.format_markdown(summary.summarize(records))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -2,17 +2,26 @@
 and its PyTorch twin on the same device and shapes. GPU timings synchronize the
 stream after every call and leave compilation and init out (one warm-up call).
 
-`pytest tests/bench --benchmark-only` prints pytest-benchmark's table, then one
-of our own with the median, the bytes each call must move and the achieved GB/s.
+`pytest tests/bench --benchmark-only` prints pytest-benchmark's table, then our
+summary (tests/bench/summary.py): one row per benchmark with our median beside
+PyTorch's, the ratio, our GB/s (bytes each call must move) and TFLOP/s, and each
+op's geometric-mean ratio. It also writes the summary as JSON to
+$BENCH_SUMMARY_JSON or .benchmarks/summary.json; tools/bench_table.py reads it.
 """
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import kernels
 from conformance.harness import device_unavailable
+
+from . import summary
 
 IMPLS = [
     pytest.param(("ours", "cpu"), id="ours-cpu"),
@@ -88,22 +97,18 @@ def bench(request):
     b.close()
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's own tables
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After the run: our summary (tests/bench/summary.py), and the same as JSON in
+    $BENCH_SUMMARY_JSON or .benchmarks/summary.json for tools/bench_table.py."""
     session = getattr(config, "_benchmarksession", None)
-    if session is None or not getattr(session, "benchmarks", None):
+    records = summary.records_from_benchmarks(getattr(session, "benchmarks", None) or [])
+    if not records:
         return
-    rows = []
-    for bench in session.benchmarks:
-        if not bench.stats or not bench.stats.rounds:
-            continue
-        info = bench.extra_info
-        median = bench.stats.median
-        gbps = info.get("bytes", 0) / median / 1e9 if median else 0.0
-        tflops = info.get("flops", 0) / median / 1e12 if median else 0.0
-        rows.append((bench.group or "", bench.name, median * 1e6, gbps, tflops))
-    if not rows:
-        return
-    terminalreporter.write_sep("-", "median time, achieved bandwidth (bytes each call must move) and rate")
-    terminalreporter.write_line(f"{'group':<44}{'name':<44}{'median us':>12}{'GB/s':>10}{'TFLOP/s':>10}")
-    for group, name, us, gbps, tflops in sorted(rows):
-        terminalreporter.write_line(f"{group:<44.44}{name:<44.44}{us:>12.1f}{gbps:>10.1f}{tflops:>10.2f}")
+    terminalreporter.write_sep("-", summary.TITLE)
+    for line in summary.format_text(summary.summarize(records)):
+        terminalreporter.write_line(line)
+    path = Path(os.environ.get("BENCH_SUMMARY_JSON") or config.rootpath / ".benchmarks" / "summary.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary.to_json(records), indent=1) + "\n")
+    terminalreporter.write_line(f"summary JSON: {path} (python3 tools/bench_table.py {path})")

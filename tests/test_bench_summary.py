@@ -1,0 +1,147 @@
+"""The benchmark summary (tests/bench/summary.py) on synthetic records: rows, ratios, geomeans,
+the % of a device copy, full names, and tools/bench_table.py's Markdown from the JSON."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bench.summary import Record, Row, format_markdown, format_text, records_from_benchmarks, \
+    records_from_json, summarize, to_json, variant_of
+
+LONG = "concat forward 4 inputs -> (1, 1024, 160, 160) axis 1 (a group name well past forty-four characters)"
+SOFTMAX_F, SOFTMAX_B = "softmax forward (1, 5, 400, 400) dim -1", "softmax backward (1, 5, 400, 400) dim -1"
+CONV = "conv_2d forward 1x64x80x80 3x3 s1 p1 g1"
+COPY, ADD = "bandwidth copy (256 MB tensors)", "bandwidth add (256 MB tensors)"
+
+RECORDS = [
+    Record(SOFTMAX_F, "test_softmax[ours-cpu-psa_1x5x400x400_dim-1-forward]", "ours", "cpu", 200e-6, 6_400_000),
+    Record(SOFTMAX_F, "test_softmax[torch-cpu-psa_1x5x400x400_dim-1-forward]", "torch", "cpu", 100e-6, 6_400_000),
+    Record(SOFTMAX_B, "test_softmax[ours-cpu-psa_1x5x400x400_dim-1-backward]", "ours", "cpu", 50e-6, 9_600_000),
+    Record(SOFTMAX_B, "test_softmax[torch-cpu-psa_1x5x400x400_dim-1-backward]", "torch", "cpu", 100e-6, 9_600_000),
+    Record(LONG, "test_concat[ours-gpu-large-forward]", "ours", "gpu", 400e-6, 4_000_000),
+    Record(LONG, "test_concat[torch-gpu-large-forward]", "torch", "gpu", 200e-6, 4_000_000),
+    # the method variants have no twin of their own: compared with the group's one PyTorch record
+    Record(LONG, "test_concat_method[ours-gpu-large-forward-kernel]", "ours", "gpu", 100e-6, 4_000_000),
+    Record(LONG, "test_concat_method[ours-gpu-large-forward-memcpy2d]", "ours", "gpu", 200e-6, 4_000_000),
+    Record(CONV, "test_conv_2d_forward[ours-gpu-c3]", "ours", "gpu", 1e-3, 10**9, flops=2 * 10**9),
+    Record(CONV, "test_conv_2d_forward[torch-gpu-c3]", "torch", "gpu", 0.5e-3, 10**9, flops=2 * 10**9),
+    Record(CONV, "test_conv_2d_forward[ours-cpu-c3]", "ours", "cpu", 4e-3, 10**9, flops=2 * 10**9),  # no twin
+    Record(COPY, "test_large[copy-ours]", "ours", "gpu", 1e-3, 2 * 10**9),  # 2000 GB/s
+    Record(COPY, "test_large[copy-torch]", "torch", "gpu", 0.8e-3, 2 * 10**9),  # 2500 GB/s: the device copy
+    Record(ADD, "test_large[add-ours]", "ours", "gpu", 1.5e-3, 3 * 10**9),  # 2000 GB/s
+    Record(ADD, "test_large[add-torch]", "torch", "gpu", 1.2e-3, 3 * 10**9),
+]
+
+
+def approx_row(*fields):
+    return Row(*fields[:4], *(None if v is None else pytest.approx(v) for v in fields[4:]))
+
+
+def test_variant_drops_impl_and_device_only():
+    assert variant_of("test_softmax[ours-cpu-psa_1x5x400x400_dim-1-forward]", "ours", "cpu") == \
+        "test_softmax[psa_1x5x400x400_dim-1-forward]"
+    assert variant_of("test_large[copy-torch]", "torch", "gpu") == "test_large[copy]"
+    assert variant_of("test_plain", "ours", "cpu") == "test_plain"
+
+
+def test_rows_ratios_and_geomeans():
+    ops = {s.op: s for s in summarize(RECORDS)}
+    assert list(ops) == ["bandwidth", "concat", "conv_2d", "softmax"]
+
+    assert ops["softmax"].rows == [
+        approx_row("softmax", SOFTMAX_B, "test_softmax[psa_1x5x400x400_dim-1-backward]", "cpu",
+                   50.0, 100.0, 0.5, 192.0, None, None),
+        approx_row("softmax", SOFTMAX_F, "test_softmax[psa_1x5x400x400_dim-1-forward]", "cpu",
+                   200.0, 100.0, 2.0, 32.0, None, None),
+    ]
+    assert (ops["softmax"].geomean, ops["softmax"].count) == (pytest.approx(1.0), 2)
+
+    assert ops["concat"].rows == [
+        approx_row("concat", LONG, "test_concat[large-forward]", "gpu", 400.0, 200.0, 2.0, 10.0, None, None),
+        approx_row("concat", LONG, "test_concat_method[large-forward-kernel]", "gpu",
+                   100.0, 200.0, 0.5, 40.0, None, None),
+        approx_row("concat", LONG, "test_concat_method[large-forward-memcpy2d]", "gpu",
+                   200.0, 200.0, 1.0, 20.0, None, None),
+    ]
+    assert (ops["concat"].geomean, ops["concat"].count) == (pytest.approx(1.0), 3)
+
+    assert ops["conv_2d"].rows == [
+        approx_row("conv_2d", CONV, "test_conv_2d_forward[c3]", "cpu", 4000.0, None, None, 250.0, 0.5, None),
+        approx_row("conv_2d", CONV, "test_conv_2d_forward[c3]", "gpu", 1000.0, 500.0, 2.0, 1000.0, 2.0, None),
+    ]
+    assert (ops["conv_2d"].geomean, ops["conv_2d"].count) == (pytest.approx(2.0), 1)
+
+    # % of the faster device copy (2500 GB/s), on the bandwidth rows of that device
+    assert ops["bandwidth"].rows == [
+        approx_row("bandwidth", ADD, "test_large[add]", "gpu", 1500.0, 1200.0, 1.25, 2000.0, None, 80.0),
+        approx_row("bandwidth", COPY, "test_large[copy]", "gpu", 1000.0, 800.0, 1.25, 2000.0, None, 80.0),
+    ]
+    assert (ops["bandwidth"].geomean, ops["bandwidth"].count) == (pytest.approx(1.25), 2)
+
+
+def test_text_full_names_and_closing_lines():
+    lines = format_text(summarize(RECORDS))
+    width = len(LONG)  # the group column is as wide as the longest group
+    assert lines[0].split() == ["group", "variant", "device", "ours", "µs", "PyTorch", "µs", "ours/PyTorch",
+                                "GB/s", "TFLOP/s", "%", "copy"]
+    assert lines[0].startswith("group".ljust(width) + "  variant")
+    concat = [line for line in lines if line.startswith(LONG)]
+    assert len(concat) == 3
+    assert concat[1].split(LONG, 1)[1].split() == ["test_concat_method[large-forward-kernel]", "gpu",
+                                                   "100.0", "200.0", "0.50", "40.0", "-", "-"]
+    assert "bandwidth: geomean ours/PyTorch 1.25 over 2 rows" in lines
+    assert "concat: geomean ours/PyTorch 1.00 over 3 rows" in lines
+    assert "conv_2d: geomean ours/PyTorch 2.00 over 1 row (1 without a PyTorch twin)" in lines
+    assert lines[-1] == "softmax: geomean ours/PyTorch 1.00 over 2 rows"
+    # grouped by op: each op's rows, its closing line, a blank line
+    assert lines[1].startswith(ADD) and lines[3].startswith("bandwidth: geomean") and lines[4] == ""
+    assert len(lines) == 1 + len(RECORDS) - 6 + 4 * 2 - 1
+
+
+def test_text_without_copy_rows_has_no_copy_column():
+    lines = format_text(summarize(RECORDS[:4]))
+    assert lines == [
+        "group                                     variant                                       device  ours µs"
+        "  PyTorch µs  ours/PyTorch   GB/s  TFLOP/s",
+        "softmax backward (1, 5, 400, 400) dim -1  test_softmax[psa_1x5x400x400_dim-1-backward]  cpu        50.0"
+        "       100.0          0.50  192.0        -",
+        "softmax forward (1, 5, 400, 400) dim -1   test_softmax[psa_1x5x400x400_dim-1-forward]   cpu       200.0"
+        "       100.0          2.00   32.0        -",
+        "softmax: geomean ours/PyTorch 1.00 over 2 rows",
+    ]
+
+
+def test_markdown():
+    lines = format_markdown(summarize(RECORDS[:4]))
+    assert lines == [
+        "### softmax",
+        "",
+        "| group | variant | device | ours µs | PyTorch µs | ours/PyTorch | GB/s | TFLOP/s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+        f"| {SOFTMAX_B} | test_softmax[psa_1x5x400x400_dim-1-backward] | cpu | 50.0 | 100.0 | 0.50 | 192.0 | - |",
+        f"| {SOFTMAX_F} | test_softmax[psa_1x5x400x400_dim-1-forward] | cpu | 200.0 | 100.0 | 2.00 | 32.0 | - |",
+        "",
+        "softmax: geomean ours/PyTorch 1.00 over 2 rows",
+    ]
+
+
+def test_json_round_trip_and_bench_table(tmp_path, capsys):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(to_json(RECORDS)))
+    assert records_from_json(json.loads(path.read_text())) == RECORDS
+    # pytest-benchmark's own --benchmark-json layout reads the same
+    pb = {"benchmarks": [{"group": r.group, "name": r.name, "stats": {"median": r.median_s},
+                          "extra_info": {"impl": r.impl, "device": r.device, "bytes": r.bytes, "flops": r.flops}}
+                         for r in RECORDS]}
+    assert records_from_benchmarks(pb["benchmarks"]) == RECORDS
+
+    spec = importlib.util.spec_from_file_location("bench_table", Path(__file__).parents[1] / "tools" / "bench_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["bench_table.py", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == format_markdown(summarize(RECORDS))
+    assert f"| {ADD} | test_large[add] | gpu | 1500.0 | 1200.0 | 1.25 | 2000.0 | - | 80 |" in out
+    assert "concat: geomean ours/PyTorch 1.00 over 3 rows" in out
