@@ -24,7 +24,21 @@ from .cases import CASE_MODULES, all_cases
 
 SCHEMA_VERSION = 1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The one committed copy, at the root of a checkout; the generator writes it.
 DEFAULT_PATH = os.path.join(ROOT, "goldens.h5")
+# Where an installed package (pip install ., a wheel) has it: setup.py copies DEFAULT_PATH there
+# at build time, so there is no second copy to keep in step.
+PACKAGE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "goldens.h5")
+
+
+def golden_candidates() -> list[str]:
+    """Where the golden file is looked for, in order: a checkout's root, then the installed package."""
+    return [DEFAULT_PATH, PACKAGE_PATH]
+
+
+def find_goldens() -> str | None:
+    """The golden file of this checkout or installed package, or None where there is none."""
+    return next((path for path in golden_candidates() if os.path.isfile(path)), None)
 
 
 def program_text(module: Any) -> str:
@@ -159,11 +173,13 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) ->
 
 
 class GoldenStore:
-    """Read access to goldens.h5, loaded once."""
+    """Read access to goldens.h5, loaded once (by default the one find_goldens finds)."""
 
-    def __init__(self, path: str = DEFAULT_PATH):
+    def __init__(self, path: str | None = None):
         import h5py
 
+        if path is None:
+            path = find_goldens() or DEFAULT_PATH
         self.path = path
         self.goldens: dict[str, Golden] = {}
         self.attrs: dict[str, Any] = {}
