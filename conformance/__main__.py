@@ -1,61 +1,185 @@
-"""`python -m conformance`: run every case on every device and print, per op and
-device, how many passed, failed and were skipped; exit 1 on any failure."""
+"""`python -m conformance`: run the conformance cases on the devices asked for, print
+per op and device how many passed, failed and were skipped, and optionally write
+JUnit XML and JSON reports. Exit status: 0 when no case failed, 1 when one did, 2
+when the run could not start (see DESCRIPTION)."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import fnmatch
+import json
+import os
+import re
 import sys
+import textwrap
+import time
+import xml.etree.ElementTree as ET
 
-from .cases import all_cases
-from .golden import DEFAULT_PATH, GoldenStore
-from .runner import DEVICES, run_case
+from .case import Case
+from .cases import CASE_MODULES, all_cases
+from .golden import GoldenStore, find_goldens, golden_candidates
+from .harness import device_unavailable
+from .runner import DEVICES, Result, run_case
+
+DESCRIPTION = """\
+Run the conformance suite: every case that conformance/cases declares, checked
+against its golden (made by PyTorch, stored in goldens.h5) on every device, and
+print per op and device how many cases passed, failed and were skipped, then
+each failure with where it differs.
+
+Exit status: 0 when no case failed; 1 when one did; 2 when the run could not
+start (a bad option, an unknown op, a device asked for that cannot run here, a
+missing or stale golden file)."""
+
+EPILOG = f"""\
+devices:
+  cpu, gpu (CUDA device 0), gpu:N (CUDA device N; only gpu:0 runs for now).
+  Without --device every device runs, and one that cannot run here (no CUDA
+  device, no CuPy) is skipped with the reason. A device named with --device
+  that cannot run here is an error.
+
+ops:
+{textwrap.fill(", ".join(sorted(CASE_MODULES)), 78, initial_indent="  ", subsequent_indent="  ")}
+
+examples:
+  python -m conformance                          every case, every device
+  python -m conformance --device cpu --op softmax -v
+                                                 one op on the CPU, each case's result
+  python -m conformance -k 'conv_2d/*depthwise*' cases by op/name glob or substring
+  python -m conformance --device gpu --junit-xml report.xml --json report.json
+                                                 the GPU only, with reports for CI
+  python -m conformance --goldens /path/to/goldens.h5
+"""
+
+
+def runner_device(name: str) -> str:
+    """The runner's device for a --device name: cpu, gpu, or gpu:N (N a CUDA ordinal)."""
+    if name in DEVICES:
+        return name
+    match = re.fullmatch(r"gpu:(\d+)", name)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid device {name!r}: expected cpu, gpu or gpu:N (N a CUDA ordinal)")
+    if int(match.group(1)) != 0:
+        # The runner runs GPU cases on CUDA device 0; once it takes gpu:N, pass the name through.
+        raise argparse.ArgumentTypeError(f"{name}: GPU cases run on CUDA device 0 only for now (gpu or gpu:0)")
+    return "gpu"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", action="append", type=runner_device, metavar="DEVICE",
+                        help="only this device: cpu, gpu or gpu:N (repeatable; default: every device)")
+    parser.add_argument("--op", action="append", metavar="OP", help="only this op (repeatable; default: every op)")
+    parser.add_argument("-k", dest="pattern", metavar="PATTERN",
+                        help="only cases whose op/name (say conv_2d/depthwise_3x3) matches this glob or contains it")
+    parser.add_argument("--goldens", metavar="FILE",
+                        help="the golden file (default: goldens.h5 at the root of this checkout, "
+                             "else the copy installed with the package)")
+    parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
+    return parser
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _unknown_op(op: str) -> str:
+    known = sorted(CASE_MODULES)
+    nearest = difflib.get_close_matches(op, known, n=1)
+    hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+    return f"unknown op {op!r}{hint}; the ops are: {', '.join(known)}"
+
+
+def _golden_path(requested: str | None) -> tuple[str | None, str | None]:
+    """(the golden file to read, None) or (None, why there is none)."""
+    if requested is not None:
+        if not os.path.isfile(requested):
+            return None, f"--goldens {requested}: no such file"
+        return requested, None
+    found = find_goldens()
+    if found is None:
+        looked = " and ".join(golden_candidates())
+        return None, (f"no golden file: looked for {looked}. Pass --goldens FILE, or, in a checkout of the "
+                      "repository, make it with `python generate_goldens.py`")
+    return found, None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=DEVICES, action="append", help="only this device (repeatable)")
-    parser.add_argument("--op", action="append", help="only this op (repeatable)")
-    parser.add_argument("-k", dest="pattern", help="only cases whose op/name matches this glob or substring")
-    parser.add_argument("--goldens", default=DEFAULT_PATH, help="the golden file (default: goldens.h5)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
-    arguments = parser.parse_args(argv)
+    """The command line, `argv` without the program name; returns the exit status."""
+    arguments = _parser().parse_args(argv)
+    # A repeated --op or --device runs once, in the order first given.
+    ops = list(dict.fromkeys(arguments.op or []))
+    devices = list(dict.fromkeys(arguments.device or DEVICES))
 
-    store = GoldenStore(arguments.goldens)
-    devices = arguments.device or list(DEVICES)
-    cases = [c for c in all_cases() if not arguments.op or c.op in arguments.op]
+    for op in ops:
+        if op not in CASE_MODULES:
+            return _error(_unknown_op(op))
+    for device in devices if arguments.device else []:
+        reason = device_unavailable(device)
+        if reason is not None:
+            return _error(f"--device {device} cannot run here: {reason}")
+
+    path, why_not = _golden_path(arguments.goldens)
+    if path is None:
+        return _error(why_not)
+    store = GoldenStore(path)
+    cases = [c for c in all_cases() if not ops or c.op in ops]
     for op in sorted({c.op for c in cases}):
         stale = store.staleness(op)
         if stale:
-            print(f"error: {stale}", file=sys.stderr)
-            return 2
+            return _error(stale)
     if arguments.pattern:
         p = arguments.pattern
         cases = [c for c in cases if p in c.key or fnmatch.fnmatch(c.key, p)]
-    if not cases:
-        print("error: no case matches the filters", file=sys.stderr)
-        return 2
+        if not cases:
+            return _error(f"no case of {', '.join(ops) or 'any op'} matches -k {p!r} (a glob or a substring of op/name)")
 
+    results, seconds = _run(store, cases, devices, arguments.verbose)
+    _print_summary(results)
+    if arguments.junit_xml:
+        write_junit_xml(arguments.junit_xml, results, seconds)
+    if arguments.json:
+        write_json(arguments.json, results, path)
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: bool) -> tuple[list[Result], list[float]]:
+    """Every case on every device, with progress on stderr; the results and each one's seconds."""
     total = len(cases) * len(devices)
-    results = []
+    results: list[Result] = []
+    seconds: list[float] = []
     for device in devices:
         for case in cases:
+            start = time.perf_counter()
             result = run_case(case, store.get(case), device)
+            seconds.append(time.perf_counter() - start)
             results.append(result)
             if sys.stderr.isatty():
                 print(f"\r[{len(results)}/{total}] {result.key:<70.70}", end="", file=sys.stderr, flush=True)
             elif len(results) % 50 == 0 or len(results) == total:
                 print(f"[{len(results)}/{total}] {result.key}", file=sys.stderr, flush=True)
-            if arguments.verbose:
+            if verbose:
                 print(f"{result.status.upper():7} {result.key}" + (f"  ({result.message})" if result.status == "skipped" else ""))
     if sys.stderr.isatty():
         print(file=sys.stderr)
+    return results, seconds
 
+
+def _counts(results: list[Result]) -> dict[str, int]:
+    counts = {status: sum(r.status == status for r in results) for status in ("passed", "failed", "skipped")}
+    counts["total"] = len(results)
+    return counts
+
+
+def _print_summary(results: list[Result]) -> None:
     for result in results:
         if result.status == "failed":
             print(f"FAILED {result.key}\n{result.message}\n")
-    skipped_reasons = sorted({f"{r.device}: {r.message}" for r in results if r.status == "skipped"})
-
     table: dict[tuple[str, str], dict[str, int]] = {}
     for result in results:
         row = table.setdefault((result.op, result.device), {"passed": 0, "failed": 0, "skipped": 0})
@@ -63,13 +187,51 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'op':<22}{'device':<8}{'passed':>8}{'failed':>8}{'skipped':>9}")
     for (op, device), row in sorted(table.items()):
         print(f"{op:<22}{device:<8}{row['passed']:>8}{row['failed']:>8}{row['skipped']:>9}")
-    for reason in skipped_reasons:
+    for reason in sorted({f"{r.device}: {r.message}" for r in results if r.status == "skipped"}):
         print(f"skipped {reason}")
-    passed = sum(r.status == "passed" for r in results)
-    failed = sum(r.status == "failed" for r in results)
-    skipped = sum(r.status == "skipped" for r in results)
-    print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    return 1 if failed else 0
+    counts = _counts(results)
+    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+
+
+# Characters XML 1.0 cannot hold (a traceback could carry one); replaced so the report stays readable.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _NOT_XML.sub("?", text)
+
+
+def write_junit_xml(path: str, results: list[Result], seconds: list[float]) -> None:
+    """One testsuite `conformance`, one testcase per (op, case, device): classname conformance.<op>,
+    name <case>[<device>], with a failure (its message) or skipped (the reason) element."""
+    counts = _counts(results)
+    root = ET.Element("testsuites")
+    suite = ET.SubElement(root, "testsuite", name="conformance", tests=str(counts["total"]),
+                          failures=str(counts["failed"]), errors="0", skipped=str(counts["skipped"]),
+                          time=f"{sum(seconds):.3f}")
+    for result, elapsed in zip(results, seconds):
+        testcase = ET.SubElement(suite, "testcase", classname=f"conformance.{result.op}",
+                                 name=f"{result.case}[{result.device}]", time=f"{elapsed:.3f}")
+        message = _xml_text(result.message)
+        if result.status == "failed":
+            # The attribute holds the first line (CI lists show it); the text, the whole report.
+            failure = ET.SubElement(testcase, "failure", message=message.splitlines()[0] if message else "failed")
+            failure.text = message
+        elif result.status == "skipped":
+            ET.SubElement(testcase, "skipped", message=message)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def write_json(path: str, results: list[Result], goldens: str) -> None:
+    """{"summary": {passed, failed, skipped, total, goldens}, "results": [{op, case, device, status, message}]}."""
+    report = {
+        "summary": {**_counts(results), "goldens": goldens},
+        "results": [{"op": r.op, "case": r.case, "device": r.device, "status": r.status, "message": r.message}
+                    for r in results],
+    }
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(report, file, indent=1)
+        file.write("\n")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Layout::
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import os
@@ -23,15 +24,68 @@ from .cases import CASE_MODULES, all_cases
 
 SCHEMA_VERSION = 1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The one committed copy, at the root of a checkout; the generator writes it.
 DEFAULT_PATH = os.path.join(ROOT, "goldens.h5")
+# Where an installed package (pip install ., a wheel) has it: setup.py copies DEFAULT_PATH there
+# at build time, so there is no second copy to keep in step.
+PACKAGE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "goldens.h5")
+
+
+def golden_candidates() -> list[str]:
+    """Where the golden file is looked for, in order: a checkout's root, then the installed package."""
+    return [DEFAULT_PATH, PACKAGE_PATH]
+
+
+def find_goldens() -> str | None:
+    """The golden file of this checkout or installed package, or None where there is none."""
+    return next((path for path in golden_candidates() if os.path.isfile(path)), None)
+
+
+def program_text(module: Any) -> str:
+    """What a case module's code says, without its comments and docstrings: a canonical dump of its
+    syntax tree, less its harness `run` (which calls the kernels and never feeds a golden)."""
+    tree = ast.parse(inspect.getsource(module))
+    tree.body = [node for node in tree.body if _defined_name(node) != "run"]
+    return _canonical(tree)
+
+
+def _defined_name(node: ast.AST) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
+
+
+def _canonical(node: Any) -> str:
+    # Not ast.dump: its text changes between Python versions (3.13 leaves out empty fields, 3.12
+    # added type_params), and the digest must not depend on the Python that computes it. Positions
+    # are left out, and so are string statements (docstrings), which do nothing.
+    if isinstance(node, ast.AST):
+        fields = []
+        for name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                value = [item for item in value if not _is_string_statement(item)]
+            if value is None or value == []:
+                continue
+            fields.append(f"{name}={_canonical(value)}")
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ", ".join(_canonical(item) for item in node) + "]"
+    return repr(node)
+
+
+def _is_string_statement(node: Any) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def cases_digest(modules: Iterable[Any] | None = None) -> str:
-    """SHA-256 over every declaration: each case module's source and each case's content."""
+    """SHA-256 over what makes the goldens: each case module's code (see program_text: comments,
+    docstrings and the harness `run` left out) and each case's content."""
     digest = hashlib.sha256()
     for op, module in sorted((modules or CASE_MODULES).items()):
         digest.update(op.encode())
-        digest.update(inspect.getsource(module).encode())
+        digest.update(program_text(module).encode())
         for case in module.TABLE:
             digest.update(f"{case.name}|{case.attrs_json()}|{case.dtype.name}|{case.tolerance_json()}".encode())
             for name in sorted(case.inputs):
@@ -119,11 +173,13 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) ->
 
 
 class GoldenStore:
-    """Read access to goldens.h5, loaded once."""
+    """Read access to goldens.h5, loaded once (by default the one find_goldens finds)."""
 
-    def __init__(self, path: str = DEFAULT_PATH):
+    def __init__(self, path: str | None = None):
         import h5py
 
+        if path is None:
+            path = find_goldens() or DEFAULT_PATH
         self.path = path
         self.goldens: dict[str, Golden] = {}
         self.attrs: dict[str, Any] = {}

@@ -2,13 +2,14 @@
 declarations, and regenerating it reproduces the committed bytes."""
 
 import filecmp
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-from conformance.cases import CASE_MODULES, all_cases
+from conformance.cases import CASE_MODULES, all_cases, softmax
 from conformance.golden import DEFAULT_PATH, GoldenStore, cases_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,3 +47,52 @@ def test_regeneration_is_byte_identical(tmp_path):
     subprocess.run([sys.executable, os.path.join(ROOT, "generate_goldens.py"), "--output", path], check=True, cwd=ROOT)
     assert filecmp.cmp(path, DEFAULT_PATH, shallow=False), (
         "regenerated goldens differ from goldens.h5; run `python generate_goldens.py` and commit the result")
+
+
+# --------------------------------------------------------------------------- what the digest covers
+
+
+def _edited_softmax(tmp_path, old, new):
+    """conformance/cases/softmax.py with `old` replaced by `new`, imported as a module of its own."""
+    source = open(softmax.__file__).read()
+    assert old in source, f"the test's anchor {old!r} is gone from softmax.py"
+    path = tmp_path / "softmax_edited.py"
+    path.write_text(source.replace(old, new, 1))
+    spec = importlib.util.spec_from_file_location("conformance.cases.softmax_edited", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _digest(module):
+    return cases_digest({"softmax": module})
+
+
+PROGRAM = "    input = tensors[\"input\"].requires_grad_()\n"
+
+
+@pytest.mark.parametrize("old, new", [
+    (PROGRAM, "    # a comment in the PyTorch program\n" + PROGRAM),
+    (PROGRAM, PROGRAM + "    # trailing\n\n"),
+    ('"""softmax cases:', '"""The softmax cases (a reworded module docstring):'),
+    ("def torch_program(case, tensors):\n", "def torch_program(case, tensors):\n    \"\"\"A new docstring.\"\"\"\n"),
+    ("TABLE = CaseTable(\"softmax\")", "TABLE = CaseTable(  \"softmax\"  )  # spacing and a comment"),
+    # The harness calls the kernels and never feeds a golden.
+    ("    run_unary(softmax, case, env)", "    env.note = 1\n    run_unary(softmax, case, env)"),
+])
+def test_digest_ignores_comments_docstrings_and_the_harness(tmp_path, old, new):
+    assert _digest(_edited_softmax(tmp_path, old, new)) == _digest(softmax)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("torch.softmax(input, case.attrs.dim)", "torch.softmax(input * 1, case.attrs.dim)"),
+    ("torch.softmax(input, case.attrs.dim)", "torch.log_softmax(input, case.attrs.dim)"),
+    ('"output": output', '"output": output.detach()'),
+])
+def test_digest_follows_the_torch_program(tmp_path, old, new):
+    assert _digest(_edited_softmax(tmp_path, old, new)) != _digest(softmax)
+
+
+def test_digest_follows_a_case_declaration(tmp_path):
+    edited = _edited_softmax(tmp_path, 'description="DFL decode:', 'description="DFL:')
+    assert _digest(edited) != _digest(softmax)
