@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from .case import Case
 from .cases import CASE_MODULES, all_cases
 from .golden import GoldenStore, find_goldens, golden_candidates
-from .harness import device_unavailable
+from .harness import SCHEDULES, device_unavailable, release_gpu_memory
 from .runner import DEVICES, Result, run_case
 
 DESCRIPTION = """\
@@ -38,6 +38,13 @@ devices:
   Without --device every device runs, and one that cannot run here (no CUDA
   device, no CuPy) is skipped with the reason. A device named with --device
   that cannot run here is an error.
+
+GPU schedules (every GPU case runs under each, with both poisons):
+  plain     as a user would call the kernels
+  delayed   a 2 ms spin kernel on the kernels' stream before the case's first
+            transfer and before every kernel call: work a kernel puts on any
+            other stream runs out of order and the results show it
+  foreign   delayed, and CuPy's current stream is another non-blocking stream
 
 ops:
 {textwrap.fill(", ".join(sorted(CASE_MODULES)), 78, initial_indent="  ", subsequent_indent="  ")}
@@ -77,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--goldens", metavar="FILE",
                         help="the golden file (default: goldens.h5 at the root of this checkout, "
                              "else the copy installed with the package)")
+    parser.add_argument("--schedule", action="append", choices=SCHEDULES["gpu"], metavar="SCHEDULE",
+                        help="only this GPU schedule: plain, delayed (the kernels' stream held back before each "
+                             "call) or foreign (delayed, and another CuPy current stream) (repeatable; default: all)")
     parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
@@ -139,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if not cases:
             return _error(f"no case of {', '.join(ops) or 'any op'} matches -k {p!r} (a glob or a substring of op/name)")
 
-    results, seconds = _run(store, cases, devices, arguments.verbose)
+    results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule)
+    release_gpu_memory()  # so that a leak check at exit sees only what is still held
     _print_summary(results)
     if arguments.junit_xml:
         write_junit_xml(arguments.junit_xml, results, seconds)
@@ -148,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
-def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: bool) -> tuple[list[Result], list[float]]:
+def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: bool,
+         schedules: list[str] | None = None) -> tuple[list[Result], list[float]]:
     """Every case on every device, with progress on stderr; the results and each one's seconds."""
     total = len(cases) * len(devices)
     results: list[Result] = []
@@ -156,7 +168,7 @@ def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: boo
     for device in devices:
         for case in cases:
             start = time.perf_counter()
-            result = run_case(case, store.get(case), device)
+            result = run_case(case, store.get(case), device, schedules)
             seconds.append(time.perf_counter() - start)
             results.append(result)
             if sys.stderr.isatty():

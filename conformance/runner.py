@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -64,9 +65,9 @@ def _check_once(case: Case, golden: Golden, device: str, poison: str, schedule: 
     return problems
 
 
-def run_case(case: Case, golden: Golden, device: str) -> Result:
-    """Run a case on a device with both poisons under every schedule of the device; passed,
-    failed (with where) or skipped (with why)."""
+def run_case(case: Case, golden: Golden, device: str, schedules: Sequence[str] | None = None) -> Result:
+    """Run a case on a device with both poisons under every schedule of the device (or those of
+    `schedules` that apply to it); passed, failed (with where) or skipped (with why)."""
     reason = device_unavailable(device)
     if reason is not None:
         return Result(case.op, case.name, device, "skipped", reason)
@@ -74,7 +75,7 @@ def run_case(case: Case, golden: Golden, device: str) -> Result:
     if devices is not None and device not in devices:
         return Result(case.op, case.name, device, "skipped", f"declared for {', '.join(devices)} only")
     problems: list[str] = []
-    for schedule in SCHEDULES[device]:
+    for schedule in SCHEDULES[device] if schedules is None else [s for s in SCHEDULES[device] if s in schedules]:
         for poison in POISONS:
             try:
                 problems += _check_once(case, golden, device, poison, schedule)
