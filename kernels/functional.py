@@ -800,7 +800,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, 
     shapes = ([TensorShape.of(a) for a in inputs], TensorShape(dims, inputs[0].dtype))
     _run_forward(env, op, concat, attrs, shapes,
                  lambda state: concat.forward_kernel(env.stream, env.handle, state, attrs, inputs, output), ctx, False,
-                 shapes=[(tuple(a.shape), a.dtype) for a in inputs])
+                 piece_shapes=[(tuple(a.shape), a.dtype) for a in inputs])
     return env.out(output)
 
 
@@ -810,7 +810,7 @@ def cat_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[bool] | N
     op = "cat_backward"
     env, saved = _begin_backward(op, ctx, grad_output, stream)
     g = env.array("grad_output", grad_output)
-    shapes = saved["shapes"]
+    shapes = saved["piece_shapes"]
     if needs is not None and len(needs) != len(shapes):
         raise fail(AttrsError, op, "needs", f"{len(shapes)} flags, one per tensor", len(needs))
     grads = [env.empty(dims, dtype) if needs is None or needs[i] else None for i, (dims, dtype) in enumerate(shapes)]
@@ -1104,7 +1104,7 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     shapes = ([TensorShape.of(a) for a in inputs], TensorShape.of(inputs[0]))
     _run_forward(env, op, gradient_reduction_op, attrs, shapes,
                  lambda state: gradient_reduction_op.forward_kernel(env.stream, env.handle, state, attrs, inputs, output),
-                 ctx, False, shapes=[(tuple(a.shape), a.dtype) for a in inputs])
+                 ctx, False, piece_shapes=[(tuple(a.shape), a.dtype) for a in inputs])
     return env.out(output)
 
 
@@ -1114,7 +1114,7 @@ def gradient_reduction_backward(grad_output: Tensor, ctx: Context, *, retain: bo
     op = "gradient_reduction_backward"
     env, saved = _begin_backward(op, ctx, grad_output, stream)
     g = env.array("grad_output", grad_output)
-    grads = [env.empty(dims, dtype) for dims, dtype in saved["shapes"]]
+    grads = [env.empty(dims, dtype) for dims, dtype in saved["piece_shapes"]]
     with env.active():
         gradient_reduction_op.backward_kernel(env.stream, env.handle, ctx.state, ctx.state.attrs, None, g, None, grads)
     _finish_backward(ctx, retain)
