@@ -485,7 +485,7 @@ def test_context_keeps_its_forward(dev, monkeypatch):
     and the states come back to the cache for the next step."""
     F.clear_cache()
     inits = _count_inits(monkeypatch, kernels.pool_2d)
-    for step in range(2):
+    for _ in range(2):
         a, b = distinct(2, 3, 6, 4), -distinct(2, 3, 6, 4)
         ctx_a, ctx_b = F.Context(), F.Context()
         F.max_pool2d(dev.array(a), 2, ctx=ctx_a, stream=dev.stream)
