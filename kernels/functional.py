@@ -199,7 +199,8 @@ def _gpu_runtime(stream: Any) -> _Runtime:
         runtime = _GPU_RUNTIMES.get(stream)
         if runtime is None:
             runtime = _GPU_RUNTIMES[stream] = _Runtime(gpu.gpu_handle(stream.device))
-            weakref.finalize(stream, runtime.close)  # the stream's states and handle go with it
+            # The stream's states and handle go with it; not at exit, where CUDA may already be torn down.
+            weakref.finalize(stream, runtime.close).atexit = False
         return runtime
 
 
