@@ -3,7 +3,8 @@ backward, on the CPU (NumPy) and the GPU (CUDA through NVRTC/CuPy, cuDNN, cuBLAS
 
 Each op is a module with the same functions in the same argument order:
 ``init_kernel``, ``forward_kernel``, ``backward_kernel``, ``cleanup_kernel`` and
-their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3.
+their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3. ``kernels.functional`` is the
+layer above them: one torch.nn.functional-like call per op, outputs allocated, states cached.
 """
 
 # Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
@@ -15,6 +16,7 @@ from . import (
     conv_2d,
     element_binary,
     element_unary,
+    functional,  # the layer above the ops: imports them itself
     gradient_reduction,
     pool_2d,
     reshape,
@@ -51,6 +53,28 @@ from .split import SplitAttrs
 from .transpose import TransposeAttrs
 from .upsample import UpsampleAttrs, UpsampleMode
 
+
+def _version() -> str:
+    """The installed distribution's version, else (a source tree not installed) pyproject.toml's."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("yolov10-kernels")
+    except metadata.PackageNotFoundError:
+        import os
+        import re
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+        try:
+            with open(path, encoding="utf-8") as file:
+                match = re.search(r'^version\s*=\s*"([^"]+)"', file.read(), re.MULTILINE)
+        except OSError:
+            match = None
+        return match.group(1) if match else "0+unknown"
+
+
+__version__ = _version()
+
 OPS = {
     "conv_2d": conv_2d,
     "batch_norm": batch_norm,
@@ -68,6 +92,7 @@ OPS = {
 }
 
 __all__ = [
+    "__version__", "functional",
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
     "OPS", "transpose", "TransposeAttrs",

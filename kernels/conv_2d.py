@@ -88,8 +88,23 @@ class Conv2DAttrs:
         core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
 
 
+def _check_extent(attrs: Conv2DAttrs, dims: tuple[int, ...]) -> None:
+    """An NCHW input whose padded H and W hold one dilated kernel (so the output is not empty)."""
+    if len(dims) != 4:
+        raise fail(ShapeError, OP, "input_shape", "rank 4 (N, C, H, W)", f"rank {len(dims)} {tuple(dims)}")
+    for size, kernel, padding, dilation, what in ((dims[2], attrs.kernel_h, attrs.padding_h, attrs.dilation_h, "H"),
+                                                  (dims[3], attrs.kernel_w, attrs.padding_w, attrs.dilation_w, "W")):
+        extent = dilation * (kernel - 1) + 1
+        if size + 2 * padding < extent:
+            raise fail(ShapeError, OP, "input_shape",
+                       f"{what} + 2 * padding >= the dilated kernel ({extent}), so that the output is not empty",
+                       tuple(dims))
+
+
 def output_dims(attrs: Conv2DAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
-    """(N, out_channels, Ho, Wo) of an NCHW input, by the convolution formula."""
+    """(N, out_channels, Ho, Wo) of an NCHW input, by the convolution formula; ShapeError where the input
+    is not rank 4 or its padded H or W is smaller than the dilated kernel (the formula would give Ho < 1)."""
+    _check_extent(attrs, dims)
     n, _, h, w = dims
     out_h = (h + 2 * attrs.padding_h - attrs.dilation_h * (attrs.kernel_h - 1) - 1) // attrs.stride_h + 1
     out_w = (w + 2 * attrs.padding_w - attrs.dilation_w * (attrs.kernel_w - 1) - 1) // attrs.stride_w + 1
@@ -145,16 +160,10 @@ def init_kernel(handle: Any, attrs: Conv2DAttrs, input_shape: TensorShape, outpu
                             input_shape=input_shape, output_shape=output_shape)
     core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
     core.check_rank(OP, "input_shape", input_shape, rank=4)
-    _, channels, height, width = input_shape.dims
+    channels = input_shape.dims[1]
     if channels % attrs.groups:
         raise fail(ShapeError, OP, "input_shape", f"channels divisible by groups ({attrs.groups})", input_shape.dims)
-    for size, kernel, padding, dilation, what in ((height, attrs.kernel_h, attrs.padding_h, attrs.dilation_h, "H"),
-                                                  (width, attrs.kernel_w, attrs.padding_w, attrs.dilation_w, "W")):
-        extent = dilation * (kernel - 1) + 1
-        if size + 2 * padding < extent:
-            raise fail(ShapeError, OP, "input_shape",
-                       f"{what} + 2 * padding >= the dilated kernel ({extent}), so that the output is not empty",
-                       input_shape.dims)
+    _check_extent(attrs, input_shape.dims)
     core.check_rank(OP, "output_shape", output_shape, rank=4)
     core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")

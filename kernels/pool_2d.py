@@ -69,8 +69,22 @@ class Pool2DAttrs:
         core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
 
 
+def _check_window(attrs: Pool2DAttrs, dims: tuple[int, ...]) -> None:
+    """An NCHW input whose padded H and W hold one window (so the output is not empty)."""
+    if len(dims) != 4:
+        raise fail(ShapeError, OP, "input_shape", "rank 4 (N, C, H, W)", f"rank {len(dims)} {tuple(dims)}")
+    for size, kernel, padding, what in ((dims[2], attrs.kernel_h, attrs.padding_h, "H"),
+                                        (dims[3], attrs.kernel_w, attrs.padding_w, "W")):
+        smallest = max(1, kernel - 2 * padding)
+        if size < smallest:
+            raise fail(ShapeError, OP, "input_shape", f"{what} >= {smallest} (a window inside the padded input)",
+                       tuple(dims))
+
+
 def output_dims(attrs: Pool2DAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
-    """(N, C, out_h, out_w) of an NCHW input, by floor((size + 2 * padding - kernel) / stride) + 1."""
+    """(N, C, out_h, out_w) of an NCHW input, by floor((size + 2 * padding - kernel) / stride) + 1; ShapeError
+    where the input is not rank 4 or a window does not fit in the padded input (out_h or out_w would be < 1)."""
+    _check_window(attrs, dims)
     n, c, h, w = dims
     return (n, c, (h + 2 * attrs.padding_h - attrs.kernel_h) // attrs.stride_h + 1,
             (w + 2 * attrs.padding_w - attrs.kernel_w) // attrs.stride_w + 1)
@@ -86,13 +100,7 @@ def init_kernel(handle: Any, attrs: Pool2DAttrs, input_shape: TensorShape, outpu
     state = core.make_state(OP, handle, attrs, Pool2DAttrs, input_shape=input_shape, output_shape=output_shape)
     core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
     core.check_rank(OP, "input_shape", input_shape, rank=4)
-    _, _, height, width = input_shape.dims
-    for size, kernel, padding, what in ((height, attrs.kernel_h, attrs.padding_h, "H"),
-                                        (width, attrs.kernel_w, attrs.padding_w, "W")):
-        smallest = max(1, kernel - 2 * padding)
-        if size < smallest:
-            raise fail(ShapeError, OP, "input_shape", f"{what} >= {smallest} (a window inside the padded input)",
-                       input_shape.dims)
+    _check_window(attrs, input_shape.dims)
     core.check_rank(OP, "output_shape", output_shape, rank=4)
     core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")

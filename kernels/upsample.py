@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import core, gpu
-from .core import FLOAT_DTYPES, MOVABLE_DTYPES, TensorShape
+from .core import FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
 
@@ -49,6 +49,9 @@ class UpsampleAttrs:
 
 
 def output_dims(attrs: UpsampleAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """(N, C, H * scale, W * scale) of an NCHW input; ShapeError for any other rank."""
+    if len(dims) != 4:
+        raise fail(ShapeError, OP, "input_shape", "rank 4 (N, C, H, W)", f"rank {len(dims)} {tuple(dims)}")
     n, c, h, w = dims
     return (n, c, h * attrs.scale_factor, w * attrs.scale_factor)
 

@@ -1,0 +1,662 @@
+"""kernels.functional against torch.nn.functional: every op, forward and backward, on every device.
+
+Inputs are float64, non-square, batch > 1, with small dyadic values (multiples of 1/4 or
+1/2) and varied output gradients (never all ones), so that results are exact wherever the
+math allows. Comparison: `exact` (equal values), or `ulp(n)` (conformance.compare: at most n
+ulps from torch, or n ulps of the tensor's largest magnitude near zero, where a cancelling
+sum is only as accurate as its largest terms); elementwise math functions use
+np.testing.assert_array_max_ulp. Each bound says why it is not exact.
+
+GPU variants carry the `gpu` marker and skip with the reason where there is no CUDA
+device or CuPy (tests/conftest.py's `device` fixture). On the GPU every call is given the
+test's stream, so inputs (made on it), outputs (allocated on it) and the copies back to the
+host (cupy.asnumpy on it) are ordered on one stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import kernels
+import kernels.functional as F
+from conformance.case import EXACT, ulp
+from conformance.compare import compare
+
+rng = np.random.default_rng(20261130)
+
+
+def dyadic(*dims, scale=0.25, low=-8, high=9):
+    """Small multiples of `scale`: exact in float64 and in every sum of a few products."""
+    return rng.integers(low, high, dims).astype(np.float64) * scale
+
+
+def distinct(*dims, scale=0.25):
+    """Dyadic values with no repeats (no ties for max pooling's argmax)."""
+    count = int(np.prod(dims))
+    return (rng.permutation(count) - count // 2).reshape(dims).astype(np.float64) * scale
+
+
+def check(got, expected, tolerance=EXACT, what=""):
+    got = np.asarray(got)
+    expected = np.asarray(expected)
+    report = compare(got, expected, tolerance)
+    assert report is None, f"{what}: {report}"
+
+
+def t(array, grad=False):
+    return torch.tensor(array, dtype=torch.float64, requires_grad=grad)
+
+
+def run(dev, forward, backward, torch_forward, inputs, tolerance=EXACT, grad_tolerance=None, **tolerances):
+    """Forward and backward of one functional op on `dev` against torch autograd in float64.
+
+    `inputs`: host arrays, the op's tensors in the order its backward returns their gradients.
+    """
+    ctx = F.Context()
+    device_inputs = [dev.array(a) for a in inputs]
+    output = forward(*device_inputs, ctx=ctx, stream=dev.stream)
+    tensors = [t(a, grad=True) for a in inputs]
+    expected = torch_forward(*tensors)
+    check(dev.host(output), expected.detach().numpy(), tolerance, "output")
+    grad_output = dyadic(*expected.shape, scale=0.5)
+    expected.backward(t(grad_output))
+    grads = backward(dev.array(grad_output), ctx, stream=dev.stream)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    assert len(grads) == len(tensors)
+    for i, (got, tensor) in enumerate(zip(grads, tensors)):
+        tol = tolerances.get(f"grad{i}", grad_tolerance if grad_tolerance is not None else tolerance)
+        check(dev.host(got), tensor.grad.numpy(), tol, f"grad {i}")
+    with pytest.raises(kernels.StateError, match="released"):  # backward released the context
+        backward(dev.array(grad_output), ctx, stream=dev.stream)
+
+
+# --------------------------------------------------------------------------- conv2d
+
+
+CONV_CASES = [
+    # name, input dims, weight dims, keywords
+    ("stride2_pad1_bias", (2, 3, 9, 6), (4, 3, 3, 2), dict(stride=2, padding=1), True),
+    ("stride_pair_pad_pair", (3, 2, 7, 5), (5, 2, 3, 3), dict(stride=(2, 1), padding=(1, 0)), True),
+    ("groups2_dilation2", (2, 4, 8, 7), (6, 2, 2, 3), dict(padding=(2, 1), dilation=2, groups=2), False),
+    ("depthwise_3x3_stride2", (2, 5, 7, 6), (5, 1, 3, 3), dict(stride=2, padding=1, groups=5), False),
+    ("pointwise", (2, 3, 4, 5), (4, 3, 1, 1), dict(), True),
+    ("same", (2, 3, 6, 5), (2, 3, 3, 5), dict(padding="same"), True),
+    ("valid", (2, 3, 6, 5), (2, 3, 3, 5), dict(padding="valid"), False),
+]
+
+
+@pytest.mark.parametrize("name, input_dims, weight_dims, keywords, with_bias", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv2d(dev, name, input_dims, weight_dims, keywords, with_bias):
+    inputs = [dyadic(*input_dims), dyadic(*weight_dims, scale=0.5)]
+    if with_bias:
+        inputs.append(dyadic(weight_dims[0]))
+
+        def torch_forward(x, w, b):
+            return TF.conv2d(x, w, b, **keywords)
+
+        def forward(x, w, b, **kw):
+            return F.conv2d(x, w, b, **keywords, **kw)
+
+        def backward(g, ctx, **kw):
+            return F.conv2d_backward(g, ctx, **kw)
+    else:
+        def torch_forward(x, w):
+            return TF.conv2d(x, w, **keywords)
+
+        def forward(x, w, **kw):
+            return F.conv2d(x, w, **keywords, **kw)
+
+        def backward(g, ctx, **kw):
+            grads = F.conv2d_backward(g, ctx, **kw)
+            assert grads.bias is None  # no bias, no bias gradient
+            return grads[:2]
+    run(dev, forward, backward, torch_forward, inputs)  # integer sums of dyadic products: exact
+
+
+def test_conv2d_positional_order_matches_torch(dev):
+    x, w, b = dyadic(2, 4, 6, 5), dyadic(4, 2, 3, 3), dyadic(4)
+    got = F.conv2d(dev.array(x), dev.array(w), dev.array(b), 1, 1, 1, 2, stream=dev.stream)
+    check(dev.host(got), TF.conv2d(t(x), t(w), t(b), 1, 1, 1, 2).numpy())
+
+
+@pytest.mark.parametrize("activation, torch_activation, ulps", [
+    ("RELU", TF.relu, 0),
+    # SiLU, sigmoid, tanh, GELU: f and f' are evaluated at the kept pre-activation by
+    # NumPy/CUDA exp, tanh and our erf (within 2 ulps); torch's formulas differ in order.
+    ("SILU", TF.silu, 4),
+    ("SIGMOID", torch.sigmoid, 4),
+    ("TANH", torch.tanh, 4),
+    ("GELU", TF.gelu, 4),
+])
+def test_conv2d_fused_activation(dev, activation, torch_activation, ulps):
+    inputs = [dyadic(2, 3, 7, 6), dyadic(4, 3, 3, 3, scale=0.125), dyadic(4, scale=0.5)]
+    tolerance = EXACT if ulps == 0 else ulp(ulps)
+    run(dev, lambda x, w, b, **kw: F.conv2d(x, w, b, padding=1, activation=activation, **kw),
+        F.conv2d_backward, lambda x, w, b: torch_activation(TF.conv2d(x, w, b, padding=1)), inputs, tolerance)
+
+
+def test_conv2d_needs_skips_gradients(dev):
+    x, w = dev.array(dyadic(2, 3, 6, 5)), dev.array(dyadic(4, 3, 3, 3))
+    ctx = F.Context()
+    y = F.conv2d(x, w, ctx=ctx, stream=dev.stream)
+    grads = F.conv2d_backward(dev.array(dyadic(*y.shape)), ctx, needs=("weight",), stream=dev.stream)
+    assert grads.input is None and grads.bias is None and grads.weight.shape == (4, 3, 3, 3)
+
+
+# --------------------------------------------------------------------------- batch_norm
+
+
+# invstd = 1/sqrt(var + eps) is rounded and torch orders the normalization's operations
+# differently ((x * invstd * w) + (b - mean * invstd * w)), so outputs and gradients are a
+# few ulps off; input_grad cancels (g - mean(g) - xhat * mean(g * xhat)), so near-zero
+# elements are as accurate as the largest (the floor). The running variance is divided by
+# count - 1 and mixed with momentum 0.03: 1 ulp.
+BN_TOLERANCE = ulp(4)
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_batch_norm_training_two_steps(dev, affine):
+    channels, eps, momentum = 3, 1e-3, 0.03
+    mean, var = np.zeros(channels), np.ones(channels)
+    running_mean, running_var = dev.array(mean), dev.array(var)
+    torch_mean, torch_var = t(mean), t(var)
+    weight = dyadic(channels, scale=0.5, low=1) if affine != "none" else None
+    bias = dyadic(channels) if affine == "both" else None
+    for step in range(2):
+        x = dyadic(2, channels, 5, 3)
+        inputs = [x] + [a for a in (weight, bias) if a is not None]
+        ctx = F.Context()
+        output = F.batch_norm(*[dev.array(a) for a in (x,)], running_mean, running_var,
+                              dev.array(weight) if weight is not None else None,
+                              dev.array(bias) if bias is not None else None, True, momentum, eps, ctx=ctx,
+                              stream=dev.stream)
+        tensors = [t(a, grad=True) for a in inputs]
+        tw = tensors[1] if weight is not None else None
+        tb = tensors[2] if bias is not None else None
+        expected = TF.batch_norm(tensors[0], torch_mean, torch_var, tw, tb, True, momentum, eps)
+        check(dev.host(output), expected.detach().numpy(), BN_TOLERANCE, f"output step {step}")
+        check(dev.host(running_mean), torch_mean.numpy(), ulp(1), "running_mean")  # updated in place
+        check(dev.host(running_var), torch_var.numpy(), ulp(1), "running_var")
+        grad_output = dyadic(*x.shape, scale=0.5)
+        expected.backward(t(grad_output))
+        grads = F.batch_norm_backward(dev.array(grad_output), ctx, stream=dev.stream)
+        check(dev.host(grads.input), tensors[0].grad.numpy(), BN_TOLERANCE, "input grad")
+        if weight is not None:
+            check(dev.host(grads.weight), tw.grad.numpy(), BN_TOLERANCE, "weight grad")
+        else:
+            assert grads.weight is None
+        if bias is not None:
+            check(dev.host(grads.bias), tb.grad.numpy(), EXACT, "bias grad")  # a sum of dyadic values
+        else:
+            assert grads.bias is None
+
+
+def test_batch_norm_inference_and_silu(dev):
+    x, weight, bias = dyadic(3, 4, 3, 5), dyadic(4, scale=0.5, low=1), dyadic(4)
+    mean, var = dyadic(4), dyadic(4, low=1, scale=0.5)
+    inputs = [x, weight, bias]
+    # The inference path: invstd from the running variance (rounded); SiLU at the kept pre-activation.
+    run(dev, lambda x, w, b, **kw: F.batch_norm(x, dev.array(mean), dev.array(var), w, b, False, 0.1, 1e-3,
+                                                activation="SILU", **kw),
+        F.batch_norm_backward,
+        lambda x, w, b: TF.silu(TF.batch_norm(x, t(mean), t(var), w, b, False, 0.1, 1e-3)), inputs, BN_TOLERANCE)
+
+
+def test_batch_norm_training_without_running_stats(dev):
+    x = dyadic(4, 3, 2, 5)
+    got = F.batch_norm(dev.array(x), None, None, training=True, stream=dev.stream)
+    check(dev.host(got), TF.batch_norm(t(x), None, None, training=True).numpy(), BN_TOLERANCE)
+
+
+def test_batch_norm_inference_needs_running_stats(dev):
+    with pytest.raises(kernels.ShapeError, match=r"batch_norm: running_mean: expected an array"):
+        F.batch_norm(dev.array(dyadic(2, 3, 4)), None, None, stream=dev.stream)
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+@pytest.mark.parametrize("kernel_size, stride, padding", [
+    (3, None, 1), ((3, 2), (2, 1), (1, 0)), (5, 1, 2), (2, 2, 0),
+])
+def test_max_pool2d(dev, kernel_size, stride, padding):
+    run(dev, lambda x, **kw: F.max_pool2d(x, kernel_size, stride, padding, **kw), F.max_pool2d_backward,
+        lambda x: TF.max_pool2d(x, kernel_size, stride, padding), [distinct(2, 3, 9, 7)])
+
+
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("kernel_size, stride, padding", [((2, 2), (2, 1), 1), (4, 2, (2, 0))])
+def test_avg_pool2d(dev, kernel_size, stride, padding, count_include_pad):
+    # Divisors 1, 2, 4, 8 and 16 (power-of-two windows and their clipped parts): exact.
+    run(dev, lambda x, **kw: F.avg_pool2d(x, kernel_size, stride, padding, count_include_pad=count_include_pad, **kw),
+        F.avg_pool2d_backward,
+        lambda x: TF.avg_pool2d(x, kernel_size, stride, padding, count_include_pad=count_include_pad),
+        [dyadic(2, 3, 8, 7)])
+
+
+def test_max_pool2d_fused_relu(dev):
+    run(dev, lambda x, **kw: F.max_pool2d(x, 3, 2, 1, activation="RELU", **kw), F.max_pool2d_backward,
+        lambda x: TF.relu(TF.max_pool2d(x, 3, 2, 1)), [distinct(2, 2, 7, 6)])
+
+
+def test_pooling_refuses_what_the_kernel_lacks(dev):
+    x = dev.array(dyadic(1, 1, 4, 4))
+    with pytest.raises(kernels.AttrsError, match="max_pool2d: ceil_mode"):
+        F.max_pool2d(x, 2, ceil_mode=True, stream=dev.stream)
+    with pytest.raises(kernels.AttrsError, match="avg_pool2d: divisor_override"):
+        F.avg_pool2d(x, 2, divisor_override=3, stream=dev.stream)
+    with pytest.raises(kernels.AttrsError, match="padding_h: expected at most half"):
+        F.max_pool2d(x, 2, padding=2, stream=dev.stream)
+
+
+# --------------------------------------------------------------------------- interpolate
+
+
+@pytest.mark.parametrize("keywords, tolerance", [
+    (dict(scale_factor=2), EXACT),
+    (dict(scale_factor=3), EXACT),
+    (dict(size=(10, 6)), EXACT),
+    (dict(scale_factor=2, mode="bilinear"), EXACT),  # weights 1/4 and 3/4: exact
+    # Weights in thirds round; torch's source index (dst + 0.5) * (1/3) - 0.5 rounds 1/3 first, so its
+    # values are off by up to ~2 ulps of the largest magnitude (ours are nearer the exact thirds).
+    (dict(scale_factor=3, mode="bilinear", align_corners=False), ulp(4)),
+])
+def test_interpolate(dev, keywords, tolerance):
+    run(dev, lambda x, **kw: F.interpolate(x, **keywords, **kw), F.interpolate_backward,
+        lambda x: TF.interpolate(x, **keywords), [dyadic(2, 3, 5, 3)], tolerance)
+
+
+def test_upsample_is_interpolate(dev):
+    x = dyadic(2, 2, 3, 4)
+    check(dev.host(F.upsample(dev.array(x), scale_factor=2, stream=dev.stream)),
+          TF.interpolate(t(x), scale_factor=2).numpy())
+
+
+# --------------------------------------------------------------------------- softmax
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_softmax(dev, dim):
+    # exp and the division round; torch and we subtract the max and divide the same way, but
+    # exp comes from different libraries (NumPy/CUDA vs ATen's vectorized exp): a few ulps.
+    run(dev, lambda x, **kw: F.softmax(x, dim, **kw), F.softmax_backward, lambda x: TF.softmax(x, dim),
+        [dyadic(3, 4, 5)], ulp(4))
+
+
+# --------------------------------------------------------------------------- data movement
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cat(dev, dim):
+    dims = [(2, 3, 4), (2, 3, 4), (2, 3, 4)]
+    dims = [tuple(s + i if axis == dim % 3 else s for axis, s in enumerate(d)) for i, d in enumerate(dims)]
+    arrays = [dyadic(*d) for d in dims]
+    ctx = F.Context()
+    got = F.cat([dev.array(a) for a in arrays], dim, ctx=ctx, stream=dev.stream)
+    tensors = [t(a, grad=True) for a in arrays]
+    expected = torch.cat(tensors, dim)
+    check(dev.host(got), expected.detach().numpy())
+    grad = dyadic(*expected.shape)
+    expected.backward(t(grad))
+    grads = F.cat_backward(dev.array(grad), ctx, needs=[True, False, True], stream=dev.stream)
+    assert grads[1] is None
+    for i in (0, 2):
+        check(dev.host(grads[i]), tensors[i].grad.numpy())
+
+
+@pytest.mark.parametrize("sections, dim", [(2, 1), ([1, 3, 2], -1), ([3, 0, 1], 0)])
+def test_split(dev, sections, dim):
+    x = dyadic(4, 5, 6)
+    ctx = F.Context()
+    pieces = F.split(dev.array(x), sections, dim, ctx=ctx, stream=dev.stream)
+    tx = t(x, grad=True)
+    expected = torch.split(tx, sections, dim)
+    assert len(pieces) == len(expected)
+    grads = []
+    for got, want in zip(pieces, expected):
+        check(dev.host(got), want.detach().numpy())
+        grads.append(dyadic(*want.shape))
+    torch.autograd.backward(expected, [t(g) for g in grads])
+    grads[0] = None  # None stands for zeros
+    input_grad = F.split_backward([None if g is None else dev.array(g) for g in grads], ctx, stream=dev.stream)
+    expected_grad = tx.grad.numpy().copy()
+    expected_grad[(slice(None),) * (dim % 3) + (slice(0, expected[0].shape[dim]),)] = 0
+    check(dev.host(input_grad), expected_grad)
+
+
+def test_reshape(dev):
+    run(dev, lambda x, **kw: F.reshape(x, (4, -1, 3), **kw), F.reshape_backward,
+        lambda x: torch.reshape(x, (4, -1, 3)), [dyadic(2, 6, 5)])
+
+
+def test_permute(dev):
+    run(dev, lambda x, **kw: F.permute(x, (2, 0, 3, 1), **kw), F.permute_backward,
+        lambda x: torch.permute(x, (2, 0, 3, 1)), [dyadic(2, 3, 4, 5)])
+
+
+def test_transpose(dev):
+    run(dev, lambda x, **kw: F.transpose(x, -1, -2, **kw), F.transpose_backward,
+        lambda x: torch.transpose(x, -1, -2), [dyadic(2, 3, 4, 5)])
+
+
+def test_matmul(dev):
+    run(dev, F.matmul, F.matmul_backward, torch.matmul, [dyadic(2, 3, 4, 5), dyadic(2, 3, 5, 6)])
+
+
+def test_gradient_reduction(dev):
+    arrays = [dyadic(3, 4, 5) for _ in range(3)]
+    ctx = F.Context()
+    got = F.gradient_reduction([dev.array(a) for a in arrays], ctx=ctx, stream=dev.stream)
+    check(dev.host(got), arrays[0] + arrays[1] + arrays[2])
+    grad = dyadic(3, 4, 5)
+    for g in F.gradient_reduction_backward(dev.array(grad), ctx, stream=dev.stream):
+        check(dev.host(g), grad)
+
+
+# --------------------------------------------------------------------------- elementwise binary
+
+
+BINARY = [
+    ("add", F.add, F.add_backward, torch.add, EXACT),
+    ("sub", F.sub, F.sub_backward, torch.sub, EXACT),
+    ("mul", F.mul, F.mul_backward, torch.mul, EXACT),
+    # x / y rounds; its gradients (-g * ((x / y) / y) here, -g * x / y^2 in torch) round differently.
+    ("div", F.div, F.div_backward, torch.div, ulp(2)),
+    ("maximum", F.maximum, F.maximum_backward, torch.maximum, EXACT),  # ties: g / 2 each side, as torch
+    ("minimum", F.minimum, F.minimum_backward, torch.minimum, EXACT),
+]
+
+
+@pytest.mark.parametrize("lhs_dims, rhs_dims", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (3, 1)), ((1, 4), (2, 3, 1))])
+@pytest.mark.parametrize("name, forward, backward, torch_forward, tolerance", BINARY, ids=[b[0] for b in BINARY])
+def test_binary(dev, name, forward, backward, torch_forward, tolerance, lhs_dims, rhs_dims):
+    rhs = dyadic(*rhs_dims, low=1) if name == "div" else dyadic(*rhs_dims, low=-3, high=4)  # ties for max/min
+    run(dev, forward, backward, torch_forward, [dyadic(*lhs_dims, low=-3, high=4), rhs], tolerance)
+
+
+@pytest.mark.parametrize("name, forward, backward, torch_forward, tolerance", BINARY[:4], ids=[b[0] for b in BINARY[:4]])
+def test_binary_with_a_number(dev, name, forward, backward, torch_forward, tolerance):
+    x, grad, number = dyadic(3, 5), dyadic(3, 5, scale=0.5), 0.375
+    ctx = F.Context()
+    got = forward(dev.array(x), number, ctx=ctx, stream=dev.stream)
+    tx = t(x, grad=True)
+    expected = torch_forward(tx, number)
+    check(dev.host(got), expected.detach().numpy(), tolerance)
+    expected.backward(t(grad))
+    grads = backward(dev.array(grad), ctx, stream=dev.stream)
+    assert grads.other is None
+    check(dev.host(grads.input), tx.grad.numpy(), tolerance)
+
+
+# --------------------------------------------------------------------------- elementwise unary
+
+# (name, forward, backward, torch twin, max ulps forward, max ulps backward). relu is exact;
+# the others are math-library functions whose implementations differ (NumPy, CUDA, ATen's
+# vectorized ones; GELU's erf is ours, within 2 ulps): the forward is within 1 ulp on the
+# CPU (measured over 20 seeds), 2 allowed for CUDA's. The gradients g * f'(x) are compared
+# with the floor (n ulps of the largest magnitude): f' crosses zero (GELU near -0.75, SiLU
+# near -1.28) or cancels (1 - tanh^2), so elementwise ulps near those points say nothing;
+# measured 3 (tanh), allowed 4.
+UNARY = [
+    ("relu", F.relu, F.relu_backward, TF.relu, 0, 0),
+    ("sigmoid", F.sigmoid, F.sigmoid_backward, torch.sigmoid, 2, 4),
+    ("tanh", F.tanh, F.tanh_backward, torch.tanh, 2, 4),
+    ("elu", F.elu, F.elu_backward, TF.elu, 2, 4),
+    ("gelu", F.gelu, F.gelu_backward, TF.gelu, 2, 4),
+    ("silu", F.silu, F.silu_backward, TF.silu, 2, 4),
+    ("exp", F.exp, F.exp_backward, torch.exp, 2, 4),
+    ("sin", F.sin, F.sin_backward, torch.sin, 2, 4),
+    ("cos", F.cos, F.cos_backward, torch.cos, 2, 4),
+]
+
+
+@pytest.mark.parametrize("name, forward, backward, torch_forward, forward_ulps, backward_ulps", UNARY,
+                         ids=[u[0] for u in UNARY])
+def test_unary(dev, name, forward, backward, torch_forward, forward_ulps, backward_ulps):
+    x = dyadic(3, 4, 5)
+    x[x == 0] = 0.125  # keep zeros out: their ulps are not meaningful (relu'(0) = 0 is tested by the conv case)
+    ctx = F.Context()
+    got = forward(dev.array(x), ctx=ctx, stream=dev.stream)
+    tx = t(x, grad=True)
+    expected = torch_forward(tx)
+    if forward_ulps == 0:
+        check(dev.host(got), expected.detach().numpy(), EXACT, "output")
+    else:
+        np.testing.assert_array_max_ulp(dev.host(got), expected.detach().numpy(), maxulp=forward_ulps)
+    grad = dyadic(*x.shape, scale=0.5)
+    expected.backward(t(grad))
+    input_grad = backward(dev.array(grad), ctx, stream=dev.stream)
+    check(dev.host(input_grad), tx.grad.numpy(), EXACT if backward_ulps == 0 else ulp(backward_ulps), "grad")
+
+
+def test_rsqrt_and_pow(dev):
+    x = dyadic(3, 5, low=1)  # positive
+    for forward, backward, torch_forward in ((F.rsqrt, F.rsqrt_backward, torch.rsqrt),
+                                             (lambda a, **kw: F.pow(a, 3, **kw), F.pow_backward,
+                                              lambda a: torch.pow(a, 3))):
+        ctx = F.Context()
+        got = forward(dev.array(x), ctx=ctx, stream=dev.stream)
+        tx = t(x, grad=True)
+        expected = torch_forward(tx)
+        # rsqrt: 1/sqrt rounds twice; pow: x^3 of a dyadic is exact, its derivative 3x^2 too.
+        np.testing.assert_array_max_ulp(dev.host(got), expected.detach().numpy(), maxulp=2)
+        grad = dyadic(3, 5, low=1)
+        expected.backward(t(grad))
+        np.testing.assert_array_max_ulp(dev.host(backward(dev.array(grad), ctx, stream=dev.stream)),
+                                        tx.grad.numpy(), maxulp=4)
+
+
+# --------------------------------------------------------------------------- the state cache and contexts
+
+
+def _count_inits(monkeypatch, module):
+    counter = {"n": 0}
+    original = module.init_kernel
+
+    def counting(*args, **kwargs):
+        counter["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "init_kernel", counting)
+    return counter
+
+
+def test_repeated_calls_make_no_new_state(dev, monkeypatch):
+    F.clear_cache()
+    inits = _count_inits(monkeypatch, kernels.conv_2d)
+    x, w = dev.array(dyadic(2, 3, 6, 5)), dev.array(dyadic(4, 3, 3, 3))
+    for _ in range(3):
+        ctx = F.Context()
+        y = F.conv2d(x, w, padding=1, ctx=ctx, stream=dev.stream)
+        F.conv2d_backward(dev.array(dyadic(*y.shape)), ctx, stream=dev.stream)
+        F.conv2d(x, w, padding=1, stream=dev.stream)
+    assert inits["n"] == 1
+    F.conv2d(x, w, padding=2, stream=dev.stream)  # other attrs: another state
+    F.conv2d(dev.array(dyadic(3, 3, 6, 5)), w, padding=1, stream=dev.stream)  # other shape: another state
+    assert inits["n"] == 3
+    assert F.cache_info()["conv_2d"] == 3
+
+
+def test_context_keeps_its_forward(dev, monkeypatch):
+    """Two max pools of one shape in flight: each backward routes through its own forward's argmax,
+    and the states come back to the cache for the next step."""
+    F.clear_cache()
+    inits = _count_inits(monkeypatch, kernels.pool_2d)
+    for _ in range(2):
+        a, b = distinct(2, 3, 6, 4), -distinct(2, 3, 6, 4)
+        ctx_a, ctx_b = F.Context(), F.Context()
+        F.max_pool2d(dev.array(a), 2, ctx=ctx_a, stream=dev.stream)
+        F.max_pool2d(dev.array(b), 2, ctx=ctx_b, stream=dev.stream)
+        grad = dyadic(2, 3, 3, 2, low=1)
+        for ctx, x in ((ctx_a, a), (ctx_b, b)):
+            tx = t(x, grad=True)
+            TF.max_pool2d(tx, 2).backward(t(grad))
+            check(dev.host(F.max_pool2d_backward(dev.array(grad), ctx, stream=dev.stream)), tx.grad.numpy())
+        assert inits["n"] == 2  # two held at once; reused on the second step
+
+
+def test_context_misuse_raises(dev):
+    x = dev.array(dyadic(2, 3, 4, 5))
+    with pytest.raises(kernels.StateError, match="relu_backward: ctx: expected a context holding a relu forward"):
+        F.relu_backward(x, F.Context(), stream=dev.stream)
+    ctx = F.Context()
+    F.relu(x, ctx=ctx, stream=dev.stream)
+    with pytest.raises(kernels.StateError, match="sigmoid_backward: ctx: expected a context of sigmoid, found one of relu"):
+        F.sigmoid_backward(x, ctx, stream=dev.stream)
+    g = F.backward(ctx, x, retain=True, stream=dev.stream)  # any op's backward, kept for another
+    check(dev.host(F.relu_backward(x, ctx, stream=dev.stream)), dev.host(g))
+    with ctx:
+        pass
+    assert ctx.state is None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_kernel_larger_than_input_names_op_and_argument(dev):
+    x, w = dev.array(dyadic(2, 3, 3, 3)), dev.array(dyadic(4, 3, 5, 5))
+    with pytest.raises(kernels.ShapeError, match=r"conv_2d: input_shape: expected H \+ 2 \* padding >= the dilated "
+                                                 r"kernel \(5\).*found \(2, 3, 3, 3\)"):
+        F.conv2d(x, w, stream=dev.stream)
+
+
+def test_output_dims_raise_instead_of_negative_dims():
+    with pytest.raises(kernels.ShapeError, match=r"conv_2d: input_shape: expected W \+ 2 \* padding"):
+        kernels.conv_2d.output_dims(kernels.Conv2DAttrs(4, 1, 7), (2, 3, 5, 5))
+    with pytest.raises(kernels.ShapeError, match=r"pool_2d: input_shape: expected H >= 3"):
+        kernels.pool_2d.output_dims(kernels.Pool2DAttrs(5, 5, 1, 1, 1, 1, "MAX"), (2, 3, 2, 5))
+    with pytest.raises(kernels.ShapeError, match=r"upsample: input_shape: expected rank 4"):
+        kernels.upsample.output_dims(kernels.UpsampleAttrs(2), (2, 3, 4))
+    assert kernels.conv_2d.output_dims(kernels.Conv2DAttrs(4, 3, 3, padding_h=1), (2, 3, 1, 3)) == (2, 4, 1, 1)
+
+
+def test_kernel_errors_pass_through(dev):
+    with pytest.raises(kernels.ShapeError, match=r"conv_2d: filter: expected dims \(4, 3, 3, 3\)"):
+        F.conv2d(dev.array(dyadic(2, 3, 5, 5)), dev.array(dyadic(4, 2, 3, 3)), stream=dev.stream)
+    with pytest.raises(kernels.DTypeError, match="element_binary"):
+        F.add(dev.array(dyadic(2, 3)), dev.array(dyadic(2, 3).astype(np.float32)), stream=dev.stream)
+    with pytest.raises(kernels.ShapeError, match="add: other: expected dims that broadcast"):
+        F.add(dev.array(dyadic(2, 3)), dev.array(dyadic(4, 3)), stream=dev.stream)
+
+
+def test_version_and_marker():
+    import importlib.resources
+
+    assert kernels.__version__ and kernels.__version__[0].isdigit()
+    assert importlib.resources.files("kernels").joinpath("py.typed").is_file()
+
+
+# --------------------------------------------------------------------------- DLPack and array kinds
+
+
+def _torch_device(dev):
+    return "cpu" if dev.name == "cpu" else "cuda:0"
+
+
+def test_torch_tensors_in_and_out(dev):
+    if dev.name == "gpu" and not torch.cuda.is_available():
+        pytest.skip("gpu: this torch has no CUDA")
+    device = _torch_device(dev)
+    x = torch.tensor(dyadic(2, 3, 6, 5), device=device, requires_grad=True)  # detached by the layer
+    w = torch.tensor(dyadic(4, 3, 3, 3), device=device)
+    ctx = F.Context()
+    y = F.conv2d(x, w, padding=1, ctx=ctx, stream=dev.stream)
+    assert isinstance(y, torch.Tensor) and y.device == x.device and y.dtype == torch.float64
+    dev.stream.synchronize()
+    expected = TF.conv2d(x.detach(), w, padding=1)
+    assert torch.equal(y, expected)
+    grad = torch.tensor(dyadic(*y.shape), device=device)
+    grads = F.conv2d_backward(grad, ctx, stream=dev.stream)
+    dev.stream.synchronize()
+    assert isinstance(grads.input, torch.Tensor)
+    tx = x.detach().clone().requires_grad_(True)
+    TF.conv2d(tx, w, padding=1).backward(grad)
+    assert torch.equal(grads.input, tx.grad)
+
+
+def test_dlpack_input_is_not_copied(dev):
+    """A contiguous DLPack input is read in place: changing it between calls changes the result."""
+    if dev.name == "gpu" and not torch.cuda.is_available():
+        pytest.skip("gpu: this torch has no CUDA")
+    x = torch.tensor(dyadic(3, 4), device=_torch_device(dev))
+    ctx = F.Context()
+    F.relu(x, ctx=ctx, stream=dev.stream)
+    assert ctx.saved["input"].__array_interface__["data"][0] == x.data_ptr() if dev.name == "cpu" else \
+        ctx.saved["input"].data.ptr == x.data_ptr()
+
+
+def test_noncontiguous_inputs_are_copied(dev):
+    x = dyadic(4, 6)
+    if dev.name == "cpu":
+        view = x.T  # a NumPy view the kernels would refuse
+        torch_view = torch.tensor(x).T
+    else:
+        view = dev.array(x).T
+        torch_view = torch.tensor(x, device="cuda:0").T if torch.cuda.is_available() else None
+    got = F.relu(view, stream=dev.stream)
+    check(dev.host(got), np.maximum(x.T, 0))
+    if torch_view is not None:
+        got = F.relu(torch_view, stream=dev.stream)
+        dev.stream.synchronize()
+        check(got.cpu().numpy(), np.maximum(x.T, 0))
+
+
+def test_batch_norm_updates_torch_running_stats_in_place(dev):
+    if dev.name == "gpu" and not torch.cuda.is_available():
+        pytest.skip("gpu: this torch has no CUDA")
+    device = _torch_device(dev)
+    x = torch.tensor(dyadic(4, 3, 2, 2), device=device)
+    mean, var = torch.zeros(3, dtype=torch.float64, device=device), torch.ones(3, dtype=torch.float64, device=device)
+    strided = torch.ones(6, dtype=torch.float64, device=device)[::2]  # not contiguous: copied and written back
+    F.batch_norm(x, mean, strided, training=True, momentum=0.5, stream=dev.stream)
+    dev.stream.synchronize()
+    torch_mean, torch_var = torch.zeros_like(mean), torch.ones_like(var)
+    TF.batch_norm(x, torch_mean, torch_var, training=True, momentum=0.5)
+    check(mean.cpu().numpy(), torch_mean.cpu().numpy(), ulp(1))
+    check(strided.cpu().numpy(), torch_var.cpu().numpy(), ulp(1))
+
+
+def test_numpy_and_cupy_arrays_come_back_as_such(dev):
+    got = F.sigmoid(dev.array(dyadic(3, 2)), stream=dev.stream)
+    assert type(got) is type(dev.array(np.zeros(1)))
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def test_default_stream(dev):
+    """Without stream=, a call runs on the device's default stream (made once); copies back go on it too."""
+    x = dyadic(3, 4, 5)
+    if dev.name == "cpu":
+        got = F.relu(x)
+        check(got, np.maximum(x, 0))
+        assert F.default_stream("cpu") is F.default_stream("cpu")
+        return
+    import cupy
+
+    stream = F.default_stream(0)
+    assert stream is F.default_stream(0)
+    with stream:
+        device_x = cupy.asarray(x)
+    got = F.relu(device_x)
+    with stream:
+        host = cupy.asnumpy(got, stream=stream.cupy_stream)
+    stream.synchronize()
+    check(host, np.maximum(x, 0))
+
+
+@pytest.mark.gpu
+def test_gpu_stream_of_another_device_is_refused():
+    from tests.conftest import require
+
+    require("gpu")
+    with pytest.raises(kernels.DeviceError, match=r"relu: stream: expected a stream of the input's device \(cpu\)"):
+        F.relu(dyadic(2, 3), stream=kernels.gpu_stream(0))
+
+
+def test_cpu_input_with_a_foreign_object_is_refused():
+    with pytest.raises(kernels.DeviceError, match="relu: input: expected a NumPy or CuPy array or an object with __dlpack__"):
+        F.relu([1.0, 2.0])
