@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench.summary import Record, Row, format_markdown, format_text, records_from_benchmarks, \
-    records_from_json, summarize, to_json, variant_of
+from tests.bench.summary import (
+    Record,
+    Row,
+    format_markdown,
+    format_text,
+    records_from_benchmarks,
+    records_from_json,
+    summarize,
+    to_json,
+    variant_of,
+)
 
 LONG = "concat forward 4 inputs -> (1, 1024, 160, 160) axis 1 (a group name well past forty-four characters)"
 SOFTMAX_F, SOFTMAX_B = "softmax forward (1, 5, 400, 400) dim -1", "softmax backward (1, 5, 400, 400) dim -1"

@@ -202,7 +202,7 @@ def test_junit_xml_and_json_of_a_real_failure(capsys, tmp_path, tampered_goldens
 
 def test_junit_xml_of_skips_and_odd_characters(capsys, tmp_path, monkeypatch):
     """Skipped testcases carry the reason; a character XML cannot hold does not break the file."""
-    def fake_run_case(case, golden, device):
+    def fake_run_case(case, golden, device, schedules=None):
         if case.name == "2d_3x5":
             return Result(case.op, case.name, device, "failed", "bad\x00 value\nsecond line")
         return Result(case.op, case.name, device, "skipped", "no \x1b[1mdevice\x1b[0m here")
@@ -303,3 +303,20 @@ def test_json_report_values_are_plain(capsys, tmp_path):
         "summary": {"passed": 1, "failed": 0, "skipped": 0, "total": 1, "goldens": DEFAULT_PATH},
         "results": [{"op": "transpose", "case": "3d_cycle_201", "device": "cpu", "status": "passed", "message": ""}],
     }
+
+
+def test_schedule_filters_the_gpu_schedules(monkeypatch, capsys):
+    """--schedule reaches the runner; an unknown schedule is refused by argparse (exit 2)."""
+    seen = []
+
+    def fake_run_case(case, golden, device, schedules=None):
+        seen.append(schedules)
+        return Result(case.op, case.name, device, "passed")
+
+    monkeypatch.setattr(cli, "run_case", fake_run_case)
+    assert cli.main(["--device", "cpu", "--op", "reshape", "--schedule", "delayed", "--schedule", "plain"]) == 0
+    assert seen and all(s == ["delayed", "plain"] for s in seen)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--schedule", "sideways"])
+    assert exit_info.value.code == 2
+    assert "sideways" in capsys.readouterr().err
