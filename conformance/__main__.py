@@ -73,6 +73,14 @@ def runner_device(name: str) -> str:
     return "gpu"
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """--shard I/N as (I, N)."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, found {text!r}")
+    return int(match[1]), int(match[2])
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m conformance", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedule", action="append", choices=SCHEDULES["gpu"], metavar="SCHEDULE",
                         help="only this GPU schedule: plain, delayed (the kernels' stream held back before each "
                              "call) or foreign (delayed, and another CuPy current stream) (repeatable; default: all)")
+    parser.add_argument("--shard", type=_shard, metavar="I/N",
+                        help="only every N-th of the chosen cases, starting at the I-th (1 <= I <= N): N processes "
+                             "with shards 1/N .. N/N run every case once (tools/sanitize.sh does)")
     parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
@@ -148,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if p in c.key or fnmatch.fnmatch(c.key, p)]
         if not cases:
             return _error(f"no case of {', '.join(ops) or 'any op'} matches -k {p!r} (a glob or a substring of op/name)")
+    if arguments.shard:
+        index, count = arguments.shard
+        cases = cases[index - 1::count]
 
     results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule)
     release_gpu_memory()  # so that a leak check at exit sees only what is still held

@@ -320,3 +320,27 @@ def test_schedule_filters_the_gpu_schedules(monkeypatch, capsys):
         cli.main(["--schedule", "sideways"])
     assert exit_info.value.code == 2
     assert "sideways" in capsys.readouterr().err
+
+
+def test_shards_cover_every_case_once(monkeypatch):
+    """--shard 1/3 .. 3/3 run disjoint parts whose union is the unsharded run; bad shards exit 2."""
+    seen = []
+
+    def fake_run_case(case, golden, device, schedules=None):
+        seen.append(case.key)
+        return Result(case.op, case.name, device, "passed")
+
+    monkeypatch.setattr(cli, "run_case", fake_run_case)
+    assert cli.main(["--device", "cpu", "--op", "softmax"]) == 0
+    whole, seen[:] = list(seen), []
+    parts = []
+    for index in (1, 2, 3):
+        assert cli.main(["--device", "cpu", "--op", "softmax", "--shard", f"{index}/3"]) == 0
+        parts.append(list(seen))
+        seen.clear()
+    assert sorted(sum(parts, [])) == sorted(whole) and len(whole) > 3
+    assert all(parts) and not set(parts[0]) & set(parts[1])
+    for bad in ("0/3", "4/3", "x"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["--shard", bad])
+        assert exit_info.value.code == 2
