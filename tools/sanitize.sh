@@ -5,7 +5,8 @@
 # Usage (repository root, on a machine with a CUDA device):
 #   bash tools/sanitize.sh [conformance arguments, e.g. --op batch_matmul --schedule plain]
 # Shards per tool: SHARDS_MEMCHECK (default 16; memcheck is the slowest), SHARDS (default 3)
-# for the others. Logs go to $OUT (default /tmp/sanitize): <tool>.<shard>.log (the sanitizer's
+# for the others. SANITIZER_OPTIONS: more compute-sanitizer options for every tool.
+# Logs go to $OUT (default /tmp/sanitize): <tool>.<shard>.log (the sanitizer's
 # report) and <tool>.<shard>.out (that shard's conformance output). Exit status 0 when every
 # tool reports 0 errors (memcheck also 0 leaked bytes) and every shard's cases all passed.
 set -uo pipefail
@@ -23,7 +24,7 @@ for tool in "${tools[@]}"; do
     count=${shards[$tool]}
     for ((i = 1; i <= count; i++)); do
         # shellcheck disable=SC2086
-        compute-sanitizer --tool "$tool" ${options[$tool]} --print-limit 50 --log-file "$OUT/$tool.$i.log" \
+        compute-sanitizer --tool "$tool" ${options[$tool]} ${SANITIZER_OPTIONS:-} --print-limit 50 --log-file "$OUT/$tool.$i.log" \
             "$PYTHON" -m conformance --device gpu --shard "$i/$count" "$@" >"$OUT/$tool.$i.out" 2>&1 &
         pids+=($!)
     done
@@ -41,8 +42,8 @@ for tool in "${tools[@]}"; do
         errors=$(grep -ho "([0-9]* errors" "${logs[@]}" | tr -dc '0-9\n' | awk '{s += $1} END {print s + 0}')
         reports=$(grep -hc "RACECHECK SUMMARY" "${logs[@]}" | awk '{s += $1} END {print s + 0}')
     else  # "ERROR SUMMARY: N errors"
-        errors=$(grep -ho "ERROR SUMMARY: [0-9]*" "${logs[@]}" | tr -dc '0-9\n' | awk '{s += $1} END {print s + 0}')
-        reports=$(grep -hc "ERROR SUMMARY" "${logs[@]}" | awk '{s += $1} END {print s + 0}')
+        errors=$(grep -hoE "ERROR SUMMARY: [0-9]+ errors?$" "${logs[@]}" | tr -dc '0-9\n' | awk '{s += $1} END {print s + 0}')
+        reports=$(grep -hcE "ERROR SUMMARY: [0-9]+ errors?$" "${logs[@]}" | awk '{s += $1} END {print s + 0}')
     fi
     leaks=""
     if [ "$tool" = memcheck ]; then  # "LEAK SUMMARY: B bytes leaked in A allocations", where any leaked
