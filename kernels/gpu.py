@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +31,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # Largest grid x dimension and the block size used by the elementwise-style kernels.
 MAX_GRID_X = 2**31 - 1
 BLOCK = 256
+MAX_RANK = 12  # dims one `struct Ints` (common.cuh) carries by value; reaches CUDA as KERNELS_MAX_RANK
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: int) -> int:
+    """The device's number of streaming multiprocessors (132 on an H200), asked once."""
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -309,10 +316,16 @@ class CudaModule:
     NVRTC on first use on each device and caching it for the life of the process.
     """
 
-    def __init__(self, filename: str, name_expressions: Sequence[str], options: Sequence[str] = ()):
-        self.path = os.path.join(_HERE, filename)
+    def __init__(self, filename: str, name_expressions: Sequence[str], options: Sequence[str] = (),
+                 defines: Mapping[str, int] | None = None, directory: str = _HERE):
+        self.path = os.path.join(directory, filename)
         self.name_expressions = tuple(name_expressions)
-        self.options = ("--std=c++17", f"-I{_HERE}") + tuple(options)
+        # Constants that Python and CUDA share are defined here, once, and reach the source as -D
+        # options: KERNELS_MAX_RANK for every module, and the module's own `defines` (block sizes,
+        # unroll factors, op codes).
+        shared = {"KERNELS_MAX_RANK": MAX_RANK, **(defines or {})}
+        self.options = (("--std=c++17", f"-I{_HERE}") + tuple(options)
+                        + tuple(f"-D{name}={int(value)}" for name, value in sorted(shared.items())))
         self._functions: dict[tuple[str, int], Any] = {}
         MODULES.append(self)
 
@@ -398,7 +411,6 @@ def index_type(*counts: int) -> str:
     return "int" if max(counts, default=0) < 2**31 else "long long"
 
 
-MAX_RANK = 12  # KERNELS_MAX_RANK in common.cuh
 _INTS = np.dtype([("v", np.int64, (MAX_RANK,))])
 
 
