@@ -89,7 +89,7 @@ def release_gpu_memory() -> None:
     """Give back the blocks CuPy's memory pools keep for reuse (of arrays already freed), so that a
     leak check at exit (compute-sanitizer --leak-check full) reports only memory still held."""
     cupy = sys.modules.get("cupy")
-    if cupy is None:
+    if cupy is None or kernels.gpu_unavailable_reason() is not None:
         return
     gc.collect()
     cupy.get_default_memory_pool().free_all_blocks()
