@@ -71,14 +71,17 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
+                       lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
     """output = lhs @ rhs, batched over the leading dims."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
     if output.size:
         np.matmul(lhs, rhs, out=output)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
+                        output: core.Array | None, output_grad: core.Array, lhs: core.Array | None, lhs_grad: core.Array | None,
+                        rhs: core.Array | None, rhs_grad: core.Array | None) -> None:
     """lhs_grad = output_grad @ rhs^T; rhs_grad = lhs^T @ output_grad (None grads skipped)."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
     if lhs_grad is not None and lhs_grad.size:
@@ -164,14 +167,17 @@ def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
+                       lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
     """output = lhs @ rhs through cuBLAS strided batched GEMM, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
     _run(stream, handle, output.dtype, _plan(state, "forward"), rhs, lhs, output)
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
+                        output: core.Array | None, output_grad: core.Array, lhs: core.Array | None, lhs_grad: core.Array | None,
+                        rhs: core.Array | None, rhs_grad: core.Array | None) -> None:
     """lhs_grad = output_grad @ rhs^T, rhs_grad = lhs^T @ output_grad through cuBLAS, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
     if lhs_grad is not None:
@@ -180,24 +186,12 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, 
         _run(stream, handle, output_grad.dtype, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, lhs, rhs, output) -> None:
-    """Write output = lhs @ rhs (batched), on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, lhs, rhs, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
-    """Write lhs_grad and rhs_grad (each skipped when None), on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = lhs @ rhs (batched), on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write lhs_grad and rhs_grad (each skipped when None), on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -235,13 +235,16 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
+                       inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = concatenate(inputs, axis)."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     cpu_join(state.saved["layout"], inputs, output)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
+                        output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
+                        input_grads: Sequence[core.Array | None]) -> None:
     """input_grads[i] = output_grad's slice of input i along the axis (None ones skipped)."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
     cpu_cut(state.saved["layout"], output_grad, input_grads)
@@ -251,37 +254,28 @@ def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ConcatAttrs,
+                       inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = concatenate(inputs, axis), one launch per 12 inputs, enqueued on the stream."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     gpu_join(stream, state.saved["layout"], inputs, output)
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ConcatAttrs,
+                        output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
+                        input_grads: Sequence[core.Array | None]) -> None:
     """input_grads[i] = output_grad's slice of input i (None ones skipped), enqueued on the stream."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
     gpu_cut(stream, state.saved["layout"], output_grad, input_grads)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
-    """Write output = the inputs concatenated along the axis, on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, inputs, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
-    """Write each input_grads[i] that is not None from output_grad, on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, inputs, input_grads)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = the inputs concatenated along the axis, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write each input_grads[i] that is not None from output_grad, on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import inspect
 import math
 import sys
 import threading
@@ -60,6 +61,10 @@ def fail(error: type[KernelError], op: str, argument: str, expected: str, found:
 
 
 # --------------------------------------------------------------------------- shapes and dtypes
+
+# What a kernel reads and writes: a numpy.ndarray on the CPU, a cupy.ndarray on the GPU (CuPy is
+# optional, so the annotation cannot name it), C-contiguous, used in place.
+Array = Any
 
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -369,6 +374,38 @@ def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
             return function(stream, *args, **kwargs)
 
     return call
+
+
+def entry_point(op: str, name: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any],
+                doc: str) -> Callable[..., None]:
+    """An op's public forward_kernel or backward_kernel: calls cpu_function or gpu_function by the
+    device of the stream it is given (the twins' signature, shown by help(), is cpu_function's)."""
+
+    def kernel(stream: Any, *args: Any, **kwargs: Any) -> None:
+        device = getattr(stream, "device", None)
+        if device == "cpu":
+            return cpu_function(stream, *args, **kwargs)
+        if isinstance(device, int):
+            return gpu_function(stream, *args, **kwargs)
+        raise fail(DeviceError, op, "stream", "a kernels CPU or GPU stream (cpu_stream() or gpu_stream())",
+                   type(stream).__name__)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__module__ = cpu_function.__module__
+    kernel.__doc__ = doc
+    kernel.__signature__ = inspect.signature(cpu_function)  # type: ignore[attr-defined]
+    return kernel
+
+
+def cleanup_entry_point(op: str, doc: str = "Release everything the state holds (descriptors, device memory).") \
+        -> Callable[[Any, KernelState], None]:
+    """An op's public cleanup_kernel (the same on both devices)."""
+
+    def cleanup_kernel(handle: Any, state: KernelState) -> None:
+        cleanup_state(op, handle, state)
+
+    cleanup_kernel.__doc__ = doc
+    return cleanup_kernel
 
 
 def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any], stream_or_handle: Any,

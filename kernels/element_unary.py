@@ -158,7 +158,8 @@ def _pow(x: np.ndarray, exponent: float) -> np.ndarray:
     return np.power(x, x.dtype.type(exponent))
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = f(input), over cache-sized blocks."""
     _check_forward(stream, handle, state, attrs, input, output)
     activation.blockwise(lambda x, out: _cpu_forward(attrs, x, out), input, output)
@@ -197,7 +198,9 @@ def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) ->
         raise AssertionError(op)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = output_grad * f'(input), over cache-sized blocks; output_grad and input are only read."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None:
@@ -266,7 +269,8 @@ def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, 
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = f(input), enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
     count = input.size
@@ -281,7 +285,9 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = output_grad * f'(input), enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None:
@@ -303,24 +309,12 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
 _COPY_BACKWARD = frozenset({UnaryOpType.IDENTITY, UnaryOpType.SCALAR_ADD, UnaryOpType.SCALAR_SUB})
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, input, output) -> None:
-    """Write output = f(input), on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
-    """Write input_grad = output_grad * f'(input), on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, input, input_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = f(input), on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad = output_grad * f'(input), on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

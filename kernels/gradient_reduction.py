@@ -9,7 +9,7 @@ like NumPy. Backward writes output_grad into every input_grads[i] that is not No
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -56,7 +56,8 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
+                       inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     np.copyto(output, inputs[0])
@@ -64,7 +65,9 @@ def cpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
         np.add(output, term, out=output)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
+                        output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
+                        input_grads: Sequence[core.Array | None]) -> None:
     """input_grads[i] = output_grad for each one that is not None."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
     for input_grad in input_grads:
@@ -173,38 +176,29 @@ def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
+                       inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs, enqueued on the stream."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     gpu_sum(stream, inputs, output, state.saved["gpu_plans"])
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
+                        output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
+                        input_grads: Sequence[core.Array | None]) -> None:
     """input_grads[i] = output_grad for each one that is not None: one read, up to 12 writes a launch."""
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
     gpu_fanout(stream, output_grad, [g for g in input_grads if g is not None], state.saved["gpu_plans"])
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, inputs, output) -> None:
-    """Write output = the sum of the inputs, on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, inputs, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, inputs, input_grads) -> None:
-    """Write output_grad into each input_grads[i] that is not None, on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, inputs, input_grads)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = the sum of the inputs, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write output_grad into each input_grads[i] that is not None, on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
 

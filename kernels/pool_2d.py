@@ -263,7 +263,8 @@ def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarr
     np.copyto(input_grad, padded[:, :, attrs.padding_h:attrs.padding_h + height, attrs.padding_w:attrs.padding_w + width])
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = activation(pool(input)); MAX saves the argmax taps, an activation its input."""
     _check_forward(stream, handle, state, attrs, input, output)
     taps = _saved(state, "taps", np, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
@@ -277,7 +278,9 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
             activation.cpu_forward(attrs.activation, pooled, output)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = the gather of output_grad (through the activation's derivative) to the windows' elements."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or not input_grad.size:
@@ -365,7 +368,8 @@ def _gpu_forward_setup(stream, state, attrs, output) -> tuple:
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = activation(pool(input)), enqueued on the stream; MAX saves the argmax taps."""
     _check_forward(stream, handle, state, attrs, input, output)
     saved = state.saved
@@ -394,7 +398,9 @@ def _gpu_backward_setup(stream, state, attrs, output_grad) -> tuple:
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = the gather of output_grad to the windows' elements, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or not input_grad.size:
@@ -411,24 +417,13 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     gpu.launch(stream, kernel, grid, block, arrays + scalars, shared_mem=shared)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, input, output) -> None:
-    """Write output = activation(pool(input)) on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
-    """Write input_grad from output_grad (MAX: to the saved argmax of each window) on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, input, input_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state and the buffers it saved."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = activation(pool(input)) on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad from output_grad (MAX: to the saved argmax of each window) "
+                                   "on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP, "Release the state and the buffers it saved.")
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

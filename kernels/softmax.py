@@ -110,7 +110,8 @@ def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray) -> None:
     np.multiply(y, dx, out=dx)
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = exp(input - max) / sum(exp(input - max)) along dim."""
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size == 0:
@@ -118,7 +119,9 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
     _cpu_blocks(state, _cpu_forward_block, input, output)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = output * (output_grad - sum(output_grad * output)) along dim."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
@@ -196,7 +199,8 @@ def _gpu_launch(state: core.KernelState, direction: str) -> tuple:
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = softmax(input) along dim, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size == 0:
@@ -206,7 +210,9 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = output * (output_grad - sum(output_grad * output)) along dim, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
@@ -215,24 +221,12 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     gpu.launch(stream, kernel, grid, block, (output, output_grad, input_grad) + sizes)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, input, output) -> None:
-    """Write output = softmax(input) along dim, on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
-    """Write input_grad from output and output_grad (input is not needed), on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, input, input_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = softmax(input) along dim, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad from output and output_grad (input is not needed), on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -8,9 +8,9 @@ backward and split backward is concat forward: both use the one implementation i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
-from . import core
+from . import core, gpu
 from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
@@ -79,13 +79,16 @@ def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, 
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
+                       input: core.Array, outputs: Sequence[core.Array]) -> None:
     """outputs[i] = input's i-th slice along the axis."""
     outputs = _check_forward(stream, handle, state, attrs, input, outputs)
     cpu_cut(state.saved["layout"], input, outputs)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
+                        outputs: Sequence[core.Array], output_grads: Sequence[core.Array], input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = concatenate(output_grads, axis)."""
     output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)
     if input_grad is not None:
@@ -96,38 +99,29 @@ def cpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, inp
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: SplitAttrs,
+                       input: core.Array, outputs: Sequence[core.Array]) -> None:
     """outputs[i] = input's i-th slice, one launch per 12 outputs, enqueued on the stream."""
     outputs = _check_forward(stream, handle, state, attrs, input, outputs)
     gpu_cut(stream, state.saved["layout"], input, outputs)
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: SplitAttrs,
+                        outputs: Sequence[core.Array], output_grads: Sequence[core.Array], input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = concatenate(output_grads, axis), enqueued on the stream."""
     output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)
     if input_grad is not None:
         gpu_join(stream, state.saved["layout"], output_grads, input_grad)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, input, outputs) -> None:
-    """Write every outputs[i] = the input's i-th piece along the axis, on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, outputs)
-
-
-def backward_kernel(stream, handle, state, attrs, outputs, output_grads, input, input_grad) -> None:
-    """Write input_grad = the output gradients joined along the axis, on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  outputs, output_grads, input, input_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write every outputs[i] = the input's i-th piece along the axis, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad = the output gradients joined along the axis, on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

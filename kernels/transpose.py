@@ -58,13 +58,16 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = input.transpose(permutation)."""
     _check_forward(stream, handle, state, attrs, input, output)
     np.copyto(output, input.transpose(attrs.permutation))
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = output_grad.transpose(inverse permutation)."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is not None:
@@ -161,7 +164,8 @@ def _gpu_plans(state: core.KernelState) -> tuple:
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: TransposeAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = input permuted, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size:
@@ -169,31 +173,21 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: TransposeAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = output_grad permuted by the inverse permutation, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is not None and input_grad.size:
         gpu_run_plan(stream, _gpu_plans(state)[1], output_grad, input_grad)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, input, output) -> None:
-    """Write output = input permuted, on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
-    """Write input_grad from output_grad (inverse permutation), on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, input, input_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = input permuted, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad from output_grad (inverse permutation), on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -183,7 +183,8 @@ def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
             input_grad[:, :, low:high, :] += weights_y[j, low:high, None] * sources
 
 
-def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = input upsampled by scale_factor (NEAREST or BILINEAR)."""
     _check_forward(stream, handle, state, attrs, input, output)
     if attrs.mode is UpsampleMode.NEAREST:
@@ -192,7 +193,9 @@ def cpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
         _cpu_bilinear_forward(input, output, attrs.scale_factor)
 
 
-def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = the sum of output_grad over each input element's sources, weighted for BILINEAR."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None:
@@ -258,7 +261,8 @@ def _pairs(attrs: UpsampleAttrs, array: Any) -> bool:
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
+def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
+                       input: core.Array, output: core.Array) -> None:
     """output = input upsampled, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
     if output.size == 0:
@@ -273,7 +277,9 @@ def gpu_forward_kernel(stream, handle, state, attrs, input, output) -> None:
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
+                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
+                        input_grad: core.Array | None) -> None:
     """input_grad = the gathered sum of output_grad over each input element's sources, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
@@ -287,24 +293,13 @@ def gpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (output_grad, input_grad) + scalars)
 
 
-# --------------------------------------------------------------------------- dispatch
+# --------------------------------------------------------------------------- entry points
 
-
-def forward_kernel(stream, handle, state, attrs, input, output) -> None:
-    """Write output = input upsampled by scale_factor, on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, output)
-
-
-def backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
-    """Write input_grad from output_grad (block sums for NEAREST, weighted for BILINEAR), on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs,
-                  output, output_grad, input, input_grad)
-
-
-def cleanup_kernel(handle, state) -> None:
-    """Release the state."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = input upsampled by scale_factor, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad from output_grad (block sums for NEAREST, weighted for BILINEAR), "
+                                   "on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP)
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
