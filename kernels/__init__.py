@@ -39,9 +39,8 @@ from .core import (
     ShapeError,
     StateError,
     TensorShape,
-    cpu_handle,
-    cpu_stream,
 )
+from .cpu import cpu_handle, cpu_stream
 from .element_binary import BinaryOpType, ElementBinaryAttrs
 from .element_unary import ElementUnaryAttrs, UnaryOpType
 from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason

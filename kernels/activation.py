@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import AttrsError, fail
 
 
@@ -115,7 +115,7 @@ BLOCK_ELEMENTS = 1 << 17
 def blockwise(function: Any, *arrays: np.ndarray) -> None:
     """Call function(*blocks) on successive flat blocks of same-shaped C-contiguous arrays (any
     may alias another), or once on the whole arrays where one is not contiguous. A loop over
-    cache-sized blocks, never over elements; the blocks are shared out to core.cpu_parallel's
+    cache-sized blocks, never over elements; the blocks are shared out to cpu.cpu_parallel's
     threads (NumPy's ufuncs release the GIL), each block's arithmetic being the same whichever
     thread runs it."""
     count = arrays[0].size
@@ -133,7 +133,7 @@ def blockwise(function: Any, *arrays: np.ndarray) -> None:
                 block = slice(start, start + BLOCK_ELEMENTS)
                 function(*(a[block] for a in flat))
 
-    core.cpu_parallel(run, -(-count // BLOCK_ELEMENTS))
+    cpu.cpu_parallel(run, -(-count // BLOCK_ELEMENTS))
 
 
 _SCRATCH = threading.local()

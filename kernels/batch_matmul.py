@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cublas, gpu
+from . import core, cpu, cublas, gpu
 from .core import FLOAT_DTYPES, ShapeError, TensorShape, fail
 
 OP = "batch_matmul"
@@ -71,7 +71,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
                        lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
     """output = lhs @ rhs, batched over the leading dims."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
@@ -79,7 +79,7 @@ def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: co
         np.matmul(lhs, rhs, out=output)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
                         output: core.Array | None, output_grad: core.Array, lhs: core.Array | None, lhs_grad: core.Array | None,
                         rhs: core.Array | None, rhs_grad: core.Array | None) -> None:
     """lhs_grad = output_grad @ rhs^T; rhs_grad = lhs^T @ output_grad (None grads skipped)."""

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import activation as activations
-from . import core, gpu
+from . import core, cpu, gpu
 from .activation import Activation
 from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 
@@ -279,7 +279,7 @@ CPU_BLOCK_ELEMENTS = 1 << 16
 
 def _cpu_blocks(layout: Layout, function: Any) -> None:
     """Call function((outer slice, stats slice, inner slice)) over cache-sized blocks of the (outer,
-    stats, inner) view, shared out to the cores (core.cpu_parallel): elementwise work only."""
+    stats, inner) view, shared out to the cores (cpu.cpu_parallel): elementwise work only."""
     if layout.inner >= CPU_BLOCK_ELEMENTS:
         stats_step, inner_step = 1, CPU_BLOCK_ELEMENTS
     else:
@@ -292,7 +292,7 @@ def _cpu_blocks(layout: Layout, function: Any) -> None:
         for block in blocks[first:last]:
             function(block)
 
-    core.cpu_parallel(run, len(blocks))
+    cpu.cpu_parallel(run, len(blocks))
 
 
 def cpu_backward_kernel(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,

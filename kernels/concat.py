@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "concat"
@@ -235,14 +235,14 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
                        inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = concatenate(inputs, axis)."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
     cpu_join(state.saved["layout"], inputs, output)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
                         output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
                         input_grads: Sequence[core.Array | None]) -> None:
     """input_grads[i] = output_grad's slice of input i along the axis (None ones skipped)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import FLOAT_DTYPES, ShapeError, TensorShape, fail
 
 OP = "element_binary"
@@ -114,10 +114,10 @@ _CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole cal
 def _cpu_elementwise(function: Any, output: np.ndarray, *operands: np.ndarray) -> None:
     """function(*operands, out=output) with the operands broadcast to the output, the output cut along
     its first axis at least as long as there are cores and the parts shared out to them
-    (core.cpu_parallel): elementwise, so every element gets the same arithmetic as in one call."""
+    (cpu.cpu_parallel): elementwise, so every element gets the same arithmetic as in one call."""
     shape = output.shape
     views = [np.broadcast_to(operand, shape) for operand in operands]
-    threads = core.cpu_threads()
+    threads = cpu.cpu_threads()
     axis = next((i for i, size in enumerate(shape) if size >= threads), None)
 
     def run(first: int, last: int) -> None:
@@ -129,7 +129,7 @@ def _cpu_elementwise(function: Any, output: np.ndarray, *operands: np.ndarray) -
         with np.errstate(all="ignore"):
             function(*views, out=output)
         return
-    core.cpu_parallel(run, shape[axis])
+    cpu.cpu_parallel(run, shape[axis])
 
 
 def _copy(source: np.ndarray, out: np.ndarray) -> None:

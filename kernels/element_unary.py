@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activation, core, gpu
+from . import activation, core, cpu, gpu
 from .activation import Activation
 from .core import FLOAT_DTYPES, AttrsError, TensorShape, fail
 
@@ -158,7 +158,7 @@ def _pow(x: np.ndarray, exponent: float) -> np.ndarray:
     return np.power(x, x.dtype.type(exponent))
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = f(input), over cache-sized blocks."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -198,7 +198,7 @@ def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) ->
         raise AssertionError(op)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = output_grad * f'(input), over cache-sized blocks; output_grad and input are only read."""

@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import batch_matmul, concat, conv_2d, core, element_binary, element_unary, pool_2d
+from . import batch_matmul, concat, conv_2d, core, cpu, element_binary, element_unary, pool_2d
 from . import batch_norm as batch_norm_op
 from . import gradient_reduction as gradient_reduction_op
 from . import reshape as reshape_op
@@ -174,7 +174,7 @@ _GPU_RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GpuStr
 def _cpu_runtime() -> _Runtime:
     with _LOCK:
         if "runtime" not in _CPU:
-            _CPU["stream"], _CPU["runtime"] = core.cpu_stream(), _Runtime(core.cpu_handle())
+            _CPU["stream"], _CPU["runtime"] = cpu.cpu_stream(), _Runtime(cpu.cpu_handle())
         return _CPU["runtime"]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import FLOAT_DTYPES, TensorShape
 
 OP = "gradient_reduction"
@@ -56,7 +56,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
                        inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
@@ -65,7 +65,7 @@ def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: co
         np.add(output, term, out=output)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
                         output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
                         input_grads: Sequence[core.Array | None]) -> None:
     """input_grads[i] = output_grad for each one that is not None."""

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activation, core, gpu
+from . import activation, core, cpu, gpu
 from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 
 OP = "pool_2d"
@@ -222,7 +222,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
     # A window's argmax stays in its (n, c) plane: planes are independent, so blocks of them
     # (cache-sized) are shared out to the cores, each block's sums in the same order as before.
     # Targets are offsets inside the block: plane + window origin (a table) + the tap's offset (a lookup).
-    planes = max(1, min(_CPU_BACKWARD_BLOCK // max(out_h * out_w, 1), -(-(n * c) // core.cpu_threads())))
+    planes = max(1, min(_CPU_BACKWARD_BLOCK // max(out_h * out_w, 1), -(-(n * c) // cpu.cpu_threads())))
     origin = ((np.arange(planes, dtype=np.intp) * height)[:, None, None]
               + (np.arange(out_h, dtype=np.intp) * attrs.stride_h - attrs.padding_h)[None, :, None]) * width \
         + (np.arange(out_w, dtype=np.intp) * attrs.stride_w - attrs.padding_w)[None, None, :]
@@ -243,7 +243,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             block.fill(0)
             np.add.at(block, target.reshape(-1), grad[start:stop].reshape(-1))
 
-    core.cpu_parallel(run, -(-(n * c) // planes))
+    cpu.cpu_parallel(run, -(-(n * c) // planes))
 
 
 def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:
@@ -263,7 +263,7 @@ def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarr
     np.copyto(input_grad, padded[:, :, attrs.padding_h:attrs.padding_h + height, attrs.padding_w:attrs.padding_w + width])
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = activation(pool(input)); MAX saves the argmax taps, an activation its input."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -278,7 +278,7 @@ def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: co
             activation.cpu_forward(attrs.activation, pooled, output)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = the gather of output_grad (through the activation's derivative) to the windows' elements."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
 OP = "reshape"
@@ -74,14 +74,14 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input.reshape(output dims), copied."""
     _check_forward(stream, handle, state, attrs, input, output)
     np.copyto(output, input.reshape(output.shape))
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = output_grad.reshape(input dims), copied."""

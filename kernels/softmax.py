@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import FLOAT_DTYPES, TensorShape
 
 OP = "softmax"
@@ -59,13 +59,13 @@ CPU_BLOCK_ELEMENTS = 1 << 17
 
 def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> None:
     """Call function(*views) on cache-sized blocks of whole softmax rows, shared out to the cores
-    (core.cpu_parallel). The tensor is seen as (outer, size) when dim is the last one, else as
+    (cpu.cpu_parallel). The tensor is seen as (outer, size) when dim is the last one, else as
     (outer, size, inner); dim is axis 1 of every block, and each block reduces over it exactly
     as a call on the whole tensor does (a row's arithmetic does not depend on its neighbours)."""
     dims = state.shapes["input_shape"].dims
     axis = _axis(state)
     outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
-    threads = core.cpu_threads()
+    threads = cpu.cpu_threads()
 
     def even(count: int, most: int) -> int:
         """Parts of about `most` items each, their number a multiple of the threads (balanced)."""
@@ -94,7 +94,7 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
         for block in blocks[first:last]:
             function(*(view[block] for view in views))
 
-    core.cpu_parallel(run, len(blocks))
+    cpu.cpu_parallel(run, len(blocks))
 
 
 def _cpu_forward_block(x: np.ndarray, y: np.ndarray) -> None:
@@ -110,7 +110,7 @@ def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray) -> None:
     np.multiply(y, dx, out=dx)
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = exp(input - max) / sum(exp(input - max)) along dim."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -119,7 +119,7 @@ def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: co
     _cpu_blocks(state, _cpu_forward_block, input, output)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = output * (output_grad - sum(output_grad * output)) along dim."""

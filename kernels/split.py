@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
@@ -79,14 +79,14 @@ def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, 
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
                        input: core.Array, outputs: Sequence[core.Array]) -> None:
     """outputs[i] = input's i-th slice along the axis."""
     outputs = _check_forward(stream, handle, state, attrs, input, outputs)
     cpu_cut(state.saved["layout"], input, outputs)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
                         outputs: Sequence[core.Array], output_grads: Sequence[core.Array], input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = concatenate(output_grads, axis)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import MOVABLE_DTYPES, AttrsError, TensorShape, fail
 
 OP = "transpose"
@@ -58,14 +58,14 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input.transpose(permutation)."""
     _check_forward(stream, handle, state, attrs, input, output)
     np.copyto(output, input.transpose(attrs.permutation))
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = output_grad.transpose(inverse permutation)."""

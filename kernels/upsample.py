@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, gpu
+from . import core, cpu, gpu
 from .core import FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
@@ -183,7 +183,7 @@ def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
             input_grad[:, :, low:high, :] += weights_y[j, low:high, None] * sources
 
 
-def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
+def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input upsampled by scale_factor (NEAREST or BILINEAR)."""
     _check_forward(stream, handle, state, attrs, input, output)
@@ -193,7 +193,7 @@ def cpu_forward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: co
         _cpu_bilinear_forward(input, output, attrs.scale_factor)
 
 
-def cpu_backward_kernel(stream: core.CpuStream, handle: core.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
+def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = the sum of output_grad over each input element's sources, weighted for BILINEAR."""

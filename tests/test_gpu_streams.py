@@ -19,6 +19,7 @@ from conformance.cases import CASE_MODULES, all_cases
 from conformance.harness import Env
 from conformance.runner import produce
 from kernels import core
+from kernels import cpu as kernels_cpu
 
 from .conftest import require
 
@@ -80,7 +81,7 @@ def test_gpu_kernel_passes_a_non_gpu_stream_to_the_kernels_checks():
     def kernel(stream):
         seen.append(stream)
 
-    cpu = core.cpu_stream()
+    cpu = kernels_cpu.cpu_stream()
     with core.before_gpu_call(lambda s: seen.append("hook")):
         kernel(cpu)
     assert seen == [cpu]
