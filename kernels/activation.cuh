@@ -14,12 +14,11 @@
 // __expf-style intrinsics, and NVRTC is not given -use_fast_math.
 #pragma once
 
-#define KERNELS_ACTIVATION_NONE -1
-#define KERNELS_ACTIVATION_RELU 0
-#define KERNELS_ACTIVATION_SIGMOID 1
-#define KERNELS_ACTIVATION_TANH 2
-#define KERNELS_ACTIVATION_GELU 3
-#define KERNELS_ACTIVATION_SILU 4
+// KERNELS_ACTIVATION_NONE, _RELU, _SIGMOID, _TANH, _GELU and _SILU are the codes of
+// kernels.activation.Activation, passed by CudaModule as -D options.
+#if !defined(KERNELS_ACTIVATION_NONE) || !defined(KERNELS_ACTIVATION_SILU)
+#error "the activation codes are defined by kernels/activation.py (CudaModule's -D options)"
+#endif
 
 namespace kernels_activation {
 

@@ -39,7 +39,10 @@ class Activation(enum.Enum):
     SILU = 4
 
 
-NONE_CODE = -1  # KERNELS_ACTIVATION_NONE in activation.cuh
+NONE_CODE = -1  # no activation
+# The codes reach activation.cuh (included by every op with a fused activation) as -D options.
+gpu.SHARED_DEFINES.update({"KERNELS_ACTIVATION_NONE": NONE_CODE,
+                           **{f"KERNELS_ACTIVATION_{a.name}": a.value for a in Activation}})
 
 
 def attr_activation(op: str, value: Any) -> Activation | None:

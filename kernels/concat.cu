@@ -9,7 +9,10 @@
 // otherwise split forward and concat backward (whole -> pieces).
 #include "common.cuh"
 
-#define CONCAT_UNROLL 4
+// CONCAT_UNROLL: concat.UNROLL, passed by CudaModule as a -D option.
+#ifndef CONCAT_UNROLL
+#error "CONCAT_UNROLL is defined by kernels/concat.py (CudaModule's -D options)"
+#endif
 
 // Where unit `index` of a piece sits in the whole. OneRow (outer == 1, YOLOv10's
 // channel concats at batch 1) is a plain offset, with no division.

@@ -96,17 +96,17 @@ GPU_METHOD = "auto"
 MEMCPY2D_MAX_PIECES = 4
 MEMCPY2D_MIN_BYTES = 16 << 20  # whole bytes from which a one-row join is bandwidth-bound (see above)
 MAX_PIECES = gpu.MAX_RANK  # pieces per launch: as many as one `struct Ints` holds
-UNROLL = 4  # CONCAT_UNROLL in concat.cu: units a thread moves per round
-# Blocks that keep every SM of the device busy (H200: 132 SMs, 8 resident blocks of 256 each):
-# below it one unit a thread, above it UNROLL units a thread, loads in flight before stores.
-FILL_BLOCKS = 1024
+UNROLL = 4  # units a thread moves per round (concat.cu's CONCAT_UNROLL)
+# Resident blocks of 256 threads an SM holds: below that many blocks on the device a grid moves
+# one unit a thread, above it UNROLL units a thread, loads in flight before stores.
+BLOCKS_PER_SM = 8
 # An index runs up to UNROLL grid strides past the count; 32-bit arithmetic must hold that too.
 _GRID_SPAN = UNROLL * 65536 * gpu.BLOCK
 
 _CUDA = gpu.CudaModule("concat.cu", [
     f"concat_copy<{bits}, {index}, {direction}>"
     for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES for direction in ("true", "false")
-])
+], defines={"CONCAT_UNROLL": UNROLL})
 
 
 def gpu_join(stream: Any, layout: PieceLayout, pieces: Sequence[Any], whole: Any, method: str | None = None) -> None:
@@ -119,8 +119,8 @@ def gpu_cut(stream: Any, layout: PieceLayout, whole: Any, pieces: Sequence[Any],
     _gpu_move(stream, layout, whole, pieces, False, method or GPU_METHOD)
 
 
-def _blocks(units: int) -> int:
-    return min(gpu.grid_for(units), max(gpu.grid_for(units, per_thread=UNROLL), FILL_BLOCKS))
+def _blocks(units: int, sm_count: int) -> int:
+    return min(gpu.grid_for(units), max(gpu.grid_for(units, per_thread=UNROLL), BLOCKS_PER_SM * sm_count))
 
 
 def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method: str) -> None:
@@ -138,7 +138,8 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
     key = (to_whole, method, present, bits & 15)
     plan = layout.plans.get(key)
     if plan is None:
-        plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, method, present, bits & 15)
+        plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, method, present, bits & 15,
+                                                  gpu.sm_count(stream.device))
     method, steps = plan
     if method == "memcpy2d":
         runtime = gpu.cupy.cuda.runtime
@@ -164,7 +165,8 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
         gpu.launch(stream, kernel, grid, gpu.BLOCK, (whole, tail[0], tail[1], pointers, tail[2], tail[3]))
 
 
-def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int) -> tuple:
+def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int,
+                   sm_count: int) -> tuple:
     """(method, steps): the launches (or 2D copies) of one direction, for the pieces in the `present`
     bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once."""
     widths, offsets = layout.piece_bytes, layout.offset_bytes
@@ -185,7 +187,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
     for start in range(0, len(active), MAX_PIECES):
         batch = tuple(active[start:start + MAX_PIECES])
         units = [widths[i] // unit for i in batch]
-        grid = (_blocks(layout.outer * max(units)), len(batch))
+        grid = (_blocks(layout.outer * max(units), sm_count), len(batch))
         tail = (scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.ints_arg(units),
                 gpu.ints_arg([offsets[i] // unit for i in batch]))
         plan.append((kernel, grid, batch, tail, [None]))

@@ -6,22 +6,11 @@
 // and 1/sqrt is IEEE sqrt then IEEE division (not rsqrt), so exact where the math is.
 #include "activation.cuh"
 
-#define OP_RELU 0
-#define OP_SIGMOID 1
-#define OP_TANH 2
-#define OP_ELU 3
-#define OP_GELU 4
-#define OP_SILU 5
-#define OP_EXP 6
-#define OP_IDENTITY 7
-#define OP_RSQRT 8
-#define OP_SIN 9
-#define OP_COS 10
-#define OP_POW 11
-#define OP_SCALAR_MULTIPLY 12
-#define OP_SCALAR_ADD 13
-#define OP_SCALAR_SUB 14
-#define OP_SCALAR_TRUE_DIV 15
+// OP_RELU .. OP_SCALAR_TRUE_DIV: the codes of kernels.element_unary.UnaryOpType, passed by
+// CudaModule as -D options.
+#if !defined(OP_RELU) || !defined(OP_SCALAR_TRUE_DIV)
+#error "the op codes are defined by kernels/element_unary.py (CudaModule's -D options)"
+#endif
 
 namespace element_unary_math {
 

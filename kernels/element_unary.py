@@ -249,7 +249,7 @@ def _cpu_backward(attrs: ElementUnaryAttrs, x: np.ndarray, dy: np.ndarray, input
 _CUDA = gpu.CudaModule("element_unary.cu", [
     f"element_unary_{direction}<{cuda_type}, {op_type.value}>"
     for direction in ("forward", "backward") for cuda_type in gpu.FLOAT_TYPES for op_type in UnaryOpType
-])
+], defines={f"OP_{op_type.name}": op_type.value for op_type in UnaryOpType})
 
 _PACK_BYTES = 16  # each thread moves 16-byte packs where every pointer allows it
 

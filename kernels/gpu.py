@@ -307,6 +307,8 @@ def bits_type(dtype: Any) -> str:
 
 
 MODULES: list["CudaModule"] = []  # every op's CUDA source, for the compile check
+# -D options of every module (see CudaModule.options); the activation module adds its codes.
+SHARED_DEFINES: dict[str, int] = {"KERNELS_MAX_RANK": MAX_RANK}
 
 
 class CudaModule:
@@ -320,14 +322,18 @@ class CudaModule:
                  defines: Mapping[str, int] | None = None, directory: str = _HERE):
         self.path = os.path.join(directory, filename)
         self.name_expressions = tuple(name_expressions)
-        # Constants that Python and CUDA share are defined here, once, and reach the source as -D
-        # options: KERNELS_MAX_RANK for every module, and the module's own `defines` (block sizes,
-        # unroll factors, op codes).
-        shared = {"KERNELS_MAX_RANK": MAX_RANK, **(defines or {})}
-        self.options = (("--std=c++17", f"-I{_HERE}") + tuple(options)
-                        + tuple(f"-D{name}={int(value)}" for name, value in sorted(shared.items())))
+        self._options = ("--std=c++17", f"-I{_HERE}") + tuple(options)
+        self._defines = dict(defines or {})
         self._functions: dict[tuple[str, int], Any] = {}
         MODULES.append(self)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """NVRTC's options. Constants that Python and CUDA share are defined in Python, once, and
+        reach the source as -D options: SHARED_DEFINES (for every module: KERNELS_MAX_RANK, the
+        activation codes) and the module's own `defines` (block sizes, unroll factors, op codes)."""
+        defines = {**SHARED_DEFINES, **self._defines}
+        return self._options + tuple(f"-D{name}={int(value)}" for name, value in sorted(defines.items()))
 
     def compile_ptx(self, arch: str = "compute_90") -> str:
         """Compile every instantiation to PTX with NVRTC, without a device: a check for tests and editors."""

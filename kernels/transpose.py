@@ -105,8 +105,9 @@ def _c_strides(dims: list[int]) -> list[int]:
     return strides[::-1]
 
 
-def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtype) -> tuple:
-    """How to run a permutation on the GPU: ('copy',), ('gather', ...) or ('tiled', ...)."""
+def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtype, sm_count: int) -> tuple:
+    """How to run a permutation on the GPU: ('copy',), ('gather', ...) or ('tiled', ...). `sm_count`,
+    the device's SMs, only steers the tile size (fewer, larger tiles only when they fill the device)."""
     in_dims, perm = _collapse(dims, permutation)
     rank, count = len(in_dims), int(np.prod(dims, dtype=np.int64))
     if perm == list(range(rank)):
@@ -129,20 +130,20 @@ def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtyp
             np.int32(len(batch)), gpu.ints_arg([out_dims[d] for d in batch]),
             gpu.ints_arg([in_strides[perm[d]] for d in batch]), gpu.ints_arg([out_strides[d] for d in batch]))
     tile = 64
-    if np.dtype(dtype).itemsize > 8 or -(-size_x // 64) * -(-size_a // 64) * batch_count < 4 * SM_COUNT:
+    if np.dtype(dtype).itemsize > 8 or -(-size_x // 64) * -(-size_a // 64) * batch_count < 4 * sm_count:
         tile = 32  # 16-byte elements (shared memory), or too few 64x64 tiles to fill the GPU (PSA: 70)
     tiles = -(-size_x // tile) * -(-size_a // tile)
     name = f"transpose_tiled<{gpu.bits_type(dtype)}, {index}, {tile}>"
-    return ("tiled", name, (tiles, min(batch_count, 65535)), (32, 8), args)  # THREADS_X, THREADS_Y
+    return ("tiled", name, (tiles, min(batch_count, 65535)), (THREADS_X, THREADS_Y), args)
 
 
-SM_COUNT = 132  # H200; only steers the choice of tile size
+THREADS_X, THREADS_Y = 32, 8  # a tiled block's threads (transpose.cu's THREADS_X, THREADS_Y)
 _CUDA = gpu.CudaModule("transpose.cu", [
     f"transpose_gather<{bits}, {index}>" for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
 ] + [
     f"transpose_tiled<{bits}, {index}, {tile}>" for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
     for tile in ((32,) if bits == "ulonglong2" else (32, 64))
-])
+], defines={"THREADS_X": THREADS_X, "THREADS_Y": THREADS_Y})
 
 
 def gpu_run_plan(stream, plan: tuple, source, destination) -> None:
@@ -158,8 +159,9 @@ def _gpu_plans(state: core.KernelState) -> tuple:
     if "plans" not in state.saved:
         shape = state.shapes["input_shape"]
         output = state.shapes["output_shape"]
-        state.saved["plans"] = (gpu_plan(shape.dims, state.attrs.permutation, shape.dtype),
-                                gpu_plan(output.dims, state.attrs.inverse, shape.dtype))
+        sm_count = gpu.sm_count(state.device)
+        state.saved["plans"] = (gpu_plan(shape.dims, state.attrs.permutation, shape.dtype, sm_count),
+                                gpu_plan(output.dims, state.attrs.inverse, shape.dtype, sm_count))
     return state.saved["plans"]
 
 

@@ -93,11 +93,18 @@ def test_attr_activation():
             activation.attr_activation("conv_2d", bad)
 
 
-def test_codes_match_activation_cuh():
+def test_codes_reach_every_cuda_module_as_options():
+    """The activation codes are defined in Python only and reach every CUDA module as -D options
+    (with KERNELS_MAX_RANK), so Python and CUDA cannot disagree; the header defines none itself."""
+    from kernels import gpu
+
+    expected = {f"-DKERNELS_ACTIVATION_{a.name}={int(activation.code(a))}" for a in Activation}
+    expected |= {"-DKERNELS_ACTIVATION_NONE=-1", f"-DKERNELS_MAX_RANK={gpu.MAX_RANK}"}
+    assert activation.code(None) == -1
+    for module in gpu.MODULES:
+        assert expected <= set(module.options), module.path
     with open(os.path.join(os.path.dirname(activation.__file__), "activation.cuh")) as source:
-        defines = dict(re.findall(r"#define KERNELS_ACTIVATION_(\w+) (-?\d+)", source.read()))
-    assert int(defines.pop("NONE")) == activation.code(None) == -1
-    assert {name: int(value) for name, value in defines.items()} == {a.name: int(activation.code(a)) for a in Activation}
+        assert not re.findall(r"#define KERNELS_ACTIVATION_\w+", source.read())
 
 
 @pytest.mark.gpu

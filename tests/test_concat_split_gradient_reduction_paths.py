@@ -124,6 +124,7 @@ def emulate(monkeypatch):
         monkeypatch.setattr(gpu, "launch", device.launch)
         monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
         monkeypatch.setattr(gpu.CudaModule, "function", function)
+        monkeypatch.setattr(gpu, "sm_count", lambda device: 132)  # an H200
         return device
 
     return make
@@ -152,10 +153,10 @@ def test_concat_split_host_side(case, misalign, method, emulate, store):
         output = device.array(dims=golden.expected["output"].shape, dtype=case.dtype)
         axis = case.attrs.axis % len(output.shape)
         layout = concat.piece_layout(TensorShape(output.shape, case.dtype), [x.shape[axis] for x in inputs], axis)
-        concat.gpu_join(types.SimpleNamespace(ptr=0), layout, inputs, output, method)
+        concat.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, inputs, output, method)
         grads = [None if i in case.extra["none_grads"] else device.array(dims=x.shape, dtype=case.dtype)
                  for i, x in enumerate(inputs)]
-        concat.gpu_cut(types.SimpleNamespace(ptr=0), layout, device.array(golden.inputs["output_grad"]), grads, method)
+        concat.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, device.array(golden.inputs["output_grad"]), grads, method)
         produced = {"output": output, **{f"input_grads.{i}": g for i, g in enumerate(grads) if g is not None}}
     else:
         input = device.array(golden.inputs["input"])
@@ -163,10 +164,10 @@ def test_concat_split_host_side(case, misalign, method, emulate, store):
         layout = concat.piece_layout(TensorShape(input.shape, case.dtype), case.attrs.splits, axis)
         outputs = [device.array(dims=golden.expected[f"outputs.{i}"].shape, dtype=case.dtype)
                    for i in range(len(case.attrs.splits))]
-        concat.gpu_cut(types.SimpleNamespace(ptr=0), layout, input, outputs, method)
+        concat.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, input, outputs, method)
         input_grad = device.array(dims=input.shape, dtype=case.dtype)
         output_grads = [device.array(golden.inputs[f"output_grads.{i}"]) for i in range(len(outputs))]
-        concat.gpu_join(types.SimpleNamespace(ptr=0), layout, output_grads, input_grad, method)
+        concat.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, output_grads, input_grad, method)
         produced = {"input_grad": input_grad, **{f"outputs.{i}": o for i, o in enumerate(outputs)}}
     _check(device, golden, produced)
 
@@ -193,9 +194,10 @@ def test_units_follow_sizes_and_addresses(emulate):
     layout = concat.piece_layout(TensorShape((2, 12, 4), np.float32), (4, 8), 1)  # rows of 64 and 128 bytes
     pieces = [device.array(dims=(2, 4, 4), dtype=np.float32), device.array(dims=(2, 8, 4), dtype=np.float32)]
     whole = device.array(dims=(2, 12, 4), dtype=np.float32)
-    concat.gpu_join(None, layout, pieces, whole)
+    concat.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, pieces, whole)
     device.misalign = 4
-    concat.gpu_join(None, layout, pieces[:1] + [device.array(dims=(2, 8, 4), dtype=np.float32)], whole)
+    stream = types.SimpleNamespace(ptr=0, device=0)
+    concat.gpu_join(stream, layout, pieces[:1] + [device.array(dims=(2, 8, 4), dtype=np.float32)], whole)
     assert device.launches == ["concat_copy<ulonglong2, int, true>", "concat_copy<unsigned int, int, true>"]
 
 
