@@ -46,6 +46,13 @@ GPU schedules (every GPU case runs under each, with both poisons):
             other stream runs out of order and the results show it
   foreign   delayed, and CuPy's current stream is another non-blocking stream
 
+red zones (every tensor, every run): a view inside a larger allocation, with
+  canary bytes (0xA5) around written tensors and NaN (integer maximum, True)
+  around read ones, checked unchanged. Layouts: aligned (each tensor at a
+  256-byte boundary), misaligned (each one element past it), staggered (every
+  other tensor one element past): on each device every layout with both
+  poisons, aligned also under every schedule, misaligned also under foreign.
+
 ops:
 {textwrap.fill(", ".join(sorted(CASE_MODULES)), 78, initial_indent="  ", subsequent_indent="  ")}
 

@@ -4,10 +4,12 @@ its tensors, and the harnesses shared by ops with the same signature.
 Each case module's ``run(case, env)`` calls the kernels. Through `env` it asks
 for the tensors it reads (``env.read``: copies of the golden inputs, checked
 unchanged afterwards) and the tensors it writes (``env.write``: poisoned buffers,
-compared with the golden afterwards). The runner runs every case twice: once
-with written tensors poisoned with random values and once with NaN (the largest
+compared with the golden afterwards). The runner runs every case several times (see
+`runs`): with written tensors poisoned with random values and with NaN (the largest
 value for integer dtypes), so that a kernel that reads what it should only write
-fails.
+fails; and with every tensor in red zones (conformance.red_zones) at aligned and
+misaligned offsets, so that a kernel that reads or writes past either end of a
+tensor fails, and both the 16-byte-pack and the element-wise GPU paths run.
 """
 
 from __future__ import annotations
@@ -22,9 +24,19 @@ import numpy as np
 import kernels
 from kernels import TensorShape
 
+from . import red_zones
 from .case import Case, Golden
 
 POISONS = ("random", "nan")
+
+# Where each tensor starts, in elements past a 256-byte boundary (red_zones.place). "aligned":
+# every tensor at 0, as a fresh allocation, so the GPU kernels' 16-byte-pack paths run.
+# "misaligned": every tensor one element past (4 bytes for float32, 8 for int64, 1 for uint8),
+# which fails every kernel's (ptr & 15) == 0 test, so the element-wise paths run. "staggered":
+# every other tensor, in the order the case asks for them, one element past, the others at 0 (the
+# first, third ... with the random poison; the second, fourth ... with NaN): a kernel that leaves
+# one of its pointers out of its alignment test takes a pack path through a misaligned tensor.
+LAYOUTS = ("aligned", "misaligned", "staggered")
 
 # How the GPU work of a case is scheduled. "plain": as a user would. "delayed": a spin kernel of
 # SPIN_NS on the kernels' stream before the case's first transfer and right before every kernel
@@ -34,6 +46,24 @@ POISONS = ("random", "nan")
 # for the whole case, so a kernel that relies on CuPy's current stream lands on the wrong one.
 SCHEDULES = {"cpu": ("plain",), "gpu": ("plain", "delayed", "foreign")}
 SPIN_NS = 2_000_000
+
+
+def runs(device: str) -> list[tuple[str, str, str]]:
+    """The (schedule, layout, poison) runs of every case on `device`, in order.
+
+    Aligned: every schedule with both poisons, as before red zones had layouts. The layout is about
+    addresses, the schedules about streams and the poisons about unwritten values: each new layout
+    runs with each poison once, the misaligned one also under the device's strictest schedule
+    (foreign on the GPU, where the element-wise paths' own work meets a held-back stream and a
+    foreign current stream), the rest plain, the cheapest. On the GPU: 10 runs, 4 of them new (3
+    plain); on the CPU: 6 runs, 4 new.
+    """
+    strictest = SCHEDULES[device][-1]
+    result = [(schedule, "aligned", poison) for schedule in SCHEDULES[device] for poison in POISONS]
+    result += [("plain", "misaligned", "random"), (strictest, "misaligned", "nan")]
+    result += [("plain", "staggered", poison) for poison in POISONS]
+    return result
+
 
 _SPIN_SOURCE = r"""
 extern "C" __global__ void conformance_spin(unsigned long long nanoseconds) {
@@ -99,8 +129,12 @@ def release_gpu_memory() -> None:
 class Env:
     """What a case's ``run`` sees: the device, its stream and handle, and tensor factories."""
 
-    def __init__(self, case: Case, golden: Golden, device: str, poison: str, schedule: str = "plain"):
+    def __init__(self, case: Case, golden: Golden, device: str, poison: str, schedule: str = "plain",
+                 layout: str = "aligned"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
         self.case, self.golden, self.device, self.poison, self.schedule = case, golden, device, poison, schedule
+        self.layout = layout
         self.attrs = case.attrs
         if device == "cpu":
             self.stream, self.handle = kernels.cpu_stream(), kernels.cpu_handle()
@@ -115,15 +149,40 @@ class Env:
         self.reads: dict[str, Any] = {}
         self.writes: dict[str, Any] = {}
         self.observed: dict[str, np.ndarray] = {}
+        # Each tensor's red zone, by role and name (a written tensor asked for again replaces its zone).
+        self.zones: dict[tuple[str, str], red_zones.RedZone] = {}
         self._seed = 0
+        self._placed = 0  # tensors placed so far: the staggered layout alternates over them
 
-    def _to_device(self, array: np.ndarray) -> Any:
+    def _shift(self) -> int:
+        """Elements past the 256-byte boundary for the next tensor, by the layout."""
+        index, self._placed = self._placed, self._placed + 1
+        if self.layout == "aligned":
+            return 0
+        if self.layout == "misaligned":
+            return 1
+        return int((index + POISONS.index(self.poison)) % 2 == 0)
+
+    def address(self, array: Any) -> int:
+        """The data pointer of a device array."""
+        return array.ctypes.data if self.device == "cpu" else array.data.ptr
+
+    def _place(self, name: str, values: np.ndarray, role: str) -> Any:
+        """A device copy of `values` in a red zone (red_zones.place); the view, C-contiguous."""
         if self.device == "cpu":
-            return array.copy()
-        # On the kernels' stream: a copy from pageable memory may still be in flight when asarray
-        # returns, and our non-blocking stream is not ordered after the legacy default stream.
-        with self.stream:
-            return self.xp.asarray(array)
+            zone, _ = red_zones.place(values, role, self._shift(), np.empty, self.address)
+        else:
+            # On the kernels' stream: a copy from pageable memory may still be in flight when the
+            # call returns, and our non-blocking stream is not ordered after the legacy default stream.
+            with self.stream:
+                zone, host = red_zones.place(values, role, self._shift(), self.xp.empty, self.address)
+                zone.buffer.set(host, stream=self.stream.cupy_stream)
+            zone.host = host
+        self.zones[(role, name)] = zone
+        view = zone.view
+        if not view.flags.c_contiguous:  # kernels refuse other arrays; a zone must never hand one out
+            raise AssertionError(f"{name}: red-zone view of shape {view.shape} is not C-contiguous")
+        return view
 
     def to_host(self, array: Any) -> np.ndarray:
         if self.device == "cpu":
@@ -132,9 +191,10 @@ class Env:
             return self.xp.asnumpy(array, stream=self.stream.cupy_stream)
 
     def read(self, name: str) -> Any:
-        """A device copy of golden input `name`; it must be unchanged when the case ends."""
+        """A device copy of golden input `name` between guard margins; it and they must be
+        unchanged when the case ends."""
         if name not in self.reads:
-            self.reads[name] = self._to_device(self.golden.inputs[name])
+            self.reads[name] = self._place(name, self.golden.inputs[name], "read")
         return self.reads[name]
 
     def reads_list(self, prefix: str) -> list[Any]:
@@ -143,14 +203,15 @@ class Env:
         return [self.read(f"{prefix}.{i}") for i in range(count)]
 
     def write(self, name: str, dims: tuple[int, ...] | None = None, dtype: Any = None) -> Any:
-        """A poisoned device buffer for written tensor `name`, shaped like its golden by default."""
+        """A poisoned device buffer for written tensor `name`, shaped like its golden by default,
+        between canary margins that must be unchanged when the case ends."""
         expected = self.golden.expected.get(name)
         if dims is None:
             dims = expected.shape
         if dtype is None:
             dtype = expected.dtype if expected is not None else self.case.dtype
         self._seed += 1
-        array = self._to_device(poison_array(tuple(dims), np.dtype(dtype), self.poison, self._seed))
+        array = self._place(name, poison_array(tuple(dims), np.dtype(dtype), self.poison, self._seed), "written")
         self.writes[name] = array
         return array
 
@@ -162,6 +223,18 @@ class Env:
         """Compare the current value of `array` (say, a running statistic) with golden `name`."""
         self.stream.synchronize()
         self.observed[name] = self.to_host(array)
+
+    def collect(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[tuple[str, str]]]:
+        """After the kernels' stream is synchronized: (written tensors, read tensors, margin
+        problems as (tensor, what changed)), from one host copy of each red zone's buffer."""
+        written: dict[str, np.ndarray] = {}
+        read: dict[str, np.ndarray] = {}
+        problems: list[tuple[str, str]] = []
+        for (role, name), zone in self.zones.items():
+            host_buffer = self.to_host(zone.buffer)
+            (written if role == "written" else read)[name] = zone.tensor_of(host_buffer)
+            problems += [(name, line) for line in zone.problems(host_buffer)]
+        return written, read, problems
 
     def shape(self, name: str) -> TensorShape:
         """The TensorShape of a golden input or expected tensor."""

@@ -1,5 +1,6 @@
-"""Running one case on one device against its golden: with both poisons, and on the GPU under
-every schedule (plain, delayed stream, foreign current stream)."""
+"""Running one case on one device against its golden: with both poisons, in red zones at aligned
+and misaligned offsets, and on the GPU under every schedule (plain, delayed stream, foreign
+current stream); harness.runs says which combinations run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from .case import Case, Golden
 from .cases import CASE_MODULES
 from .compare import compare
-from .harness import POISONS, SCHEDULES, Env, device_unavailable
+from .harness import Env, device_unavailable, runs
 
 DEVICES = ("cpu", "gpu")
 
@@ -30,26 +31,32 @@ class Result:
         return f"{self.op}/{self.case}[{self.device}]"
 
 
-def produce(case: Case, golden: Golden, device: str, poison: str = "random",
-            schedule: str = "plain") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Run a case once: (what it wrote and observed, what its read-only tensors hold afterwards),
-    copied to the host after the kernels' stream is synchronized."""
-    env = Env(case, golden, device, poison, schedule)
+def produce(case: Case, golden: Golden, device: str, poison: str = "random", schedule: str = "plain",
+            layout: str = "aligned") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[tuple[str, str]]]:
+    """Run a case once: (what it wrote and observed, what its read-only tensors hold afterwards,
+    what changed in the red zones' margins as (tensor, what)), copied to the host after the
+    kernels' stream is synchronized."""
+    env = Env(case, golden, device, poison, schedule, layout)
     try:
         with env.scheduled():
             CASE_MODULES[case.op].run(case, env)
         env.stream.synchronize()
-        produced = {name: env.to_host(array) for name, array in env.writes.items()}
+        produced, reads, margins = env.collect()
         produced.update(env.observed)
-        reads = {name: env.to_host(array) for name, array in env.reads.items()}
-        return produced, reads
+        return produced, reads, margins
     finally:
         env.close()
 
 
-def _check_once(case: Case, golden: Golden, device: str, poison: str, schedule: str) -> list[str]:
-    produced, reads = produce(case, golden, device, poison, schedule)
-    where = f"poison {poison}" + ("" if schedule == "plain" else f", schedule {schedule}")
+def where(poison: str, schedule: str, layout: str) -> str:
+    """How a run is named in a report: its poison, and its schedule and layout where not the default."""
+    return ", ".join([f"poison {poison}"] + ([] if schedule == "plain" else [f"schedule {schedule}"])
+                     + ([] if layout == "aligned" else [f"layout {layout}"]))
+
+
+def _check_once(case: Case, golden: Golden, device: str, poison: str, schedule: str, layout: str) -> list[str]:
+    produced, reads, margins = produce(case, golden, device, poison, schedule, layout)
+    run = where(poison, schedule, layout)
     problems = []
     for name, expected in golden.expected.items():
         if name not in produced:
@@ -57,17 +64,18 @@ def _check_once(case: Case, golden: Golden, device: str, poison: str, schedule: 
             continue
         report = compare(produced[name], expected, case.tolerance_for(name))
         if report:
-            problems.append(f"{name} ({where}): {report}")
+            problems.append(f"{name} ({run}): {report}")
     for name, after in reads.items():
         if not np.array_equal(after.view(np.uint8), golden.inputs[name].view(np.uint8)):
             changed = int(np.count_nonzero(after != golden.inputs[name]))
-            problems.append(f"{name} ({where}): a tensor the kernels only read was modified ({changed} values)")
+            problems.append(f"{name} ({run}): a tensor the kernels only read was modified ({changed} values)")
+    problems += [f"{name} ({run}): {what}" for name, what in margins]
     return problems
 
 
 def run_case(case: Case, golden: Golden, device: str, schedules: Sequence[str] | None = None) -> Result:
-    """Run a case on a device with both poisons under every schedule of the device (or those of
-    `schedules` that apply to it); passed, failed (with where) or skipped (with why)."""
+    """Run a case on a device in every run of `harness.runs` (only those under `schedules`, where
+    given): passed, failed (with where) or skipped (with why)."""
     reason = device_unavailable(device)
     if reason is not None:
         return Result(case.op, case.name, device, "skipped", reason)
@@ -75,13 +83,17 @@ def run_case(case: Case, golden: Golden, device: str, schedules: Sequence[str] |
     if devices is not None and device not in devices:
         return Result(case.op, case.name, device, "skipped", f"declared for {', '.join(devices)} only")
     problems: list[str] = []
-    for schedule in SCHEDULES[device] if schedules is None else [s for s in SCHEDULES[device] if s in schedules]:
-        for poison in POISONS:
-            try:
-                problems += _check_once(case, golden, device, poison, schedule)
-            except Exception:  # a kernel error is a failure of the case, reported with its traceback
-                problems.append(f"poison {poison}, schedule {schedule}: raised\n{traceback.format_exc(limit=6)}")
-                break
+    raised: set[tuple[str, str]] = set()
+    for schedule, layout, poison in runs(device):
+        if schedules is not None and schedule not in schedules:
+            continue
+        if (schedule, layout) in raised:
+            continue  # the other poison would raise the same way
+        try:
+            problems += _check_once(case, golden, device, poison, schedule, layout)
+        except Exception:  # a kernel error is a failure of the case, reported with its traceback
+            problems.append(f"{where(poison, schedule, layout)}: raised\n{traceback.format_exc(limit=6)}")
+            raised.add((schedule, layout))
     if problems:
         message = f"{case.op} / {case.name} / {device}:\n" + "\n".join(problems)
         return Result(case.op, case.name, device, "failed", message)

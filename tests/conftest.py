@@ -45,7 +45,7 @@ class Dev:
             self.stream, self.handle, self.xp = kernels.gpu_stream(0), kernels.gpu_handle(0), cupy
 
     def array(self, value, dtype=None):
-        """A device copy, made on the test's stream (see conformance.harness.Env._to_device for why)."""
+        """A device copy, made on the test's stream (see conformance.harness.Env._place for why)."""
         if self.xp is np:
             return np.array(value, dtype=dtype)
         with self.stream:

@@ -1,0 +1,161 @@
+"""Red zones (conformance/red_zones.py, DESIGN.md section 4 "Write-before-read"): deliberately
+broken kernels that read or write one element past a tensor fail their case with a report that
+says where, and the runs really place tensors at aligned and misaligned addresses."""
+
+import re
+
+import numpy as np
+import pytest
+
+from conformance import red_zones
+from conformance.cases import CASE_MODULES
+from conformance.harness import LAYOUTS, POISONS, Env, runs
+from conformance.runner import run_case
+from kernels import transpose
+
+from .conftest import DEVICE_PARAMS, require
+
+
+def _case(name):
+    return next(c for c in CASE_MODULES["transpose"].TABLE if c.name == name)
+
+
+def _widened(array, before=0, after=0):
+    """A 1-D view of the memory of `array` and of `before` elements before it and `after` past it,
+    through the allocation it is a view of (its base buffer)."""
+    buffer = array
+    while buffer.base is not None:
+        buffer = buffer.base
+    assert buffer.ndim == 1 and buffer.dtype == array.dtype, "red-zone views share their buffer's dtype"
+    start = (array.ctypes.data - buffer.ctypes.data) // array.itemsize
+    return buffer[start - before:start + array.size + after]
+
+
+def _run(case_name, store, monkeypatch, forward=None, backward=None):
+    """Run a transpose case on the CPU with its forward and/or backward replaced."""
+    if forward is not None:
+        monkeypatch.setattr(transpose, "cpu_forward_kernel", forward)
+    if backward is not None:
+        monkeypatch.setattr(transpose, "cpu_backward_kernel", backward)
+    case = _case(case_name)
+    return run_case(case, store.get(case), "cpu")
+
+
+ORIGINAL_FORWARD, ORIGINAL_BACKWARD = transpose.cpu_forward_kernel, transpose.cpu_backward_kernel
+
+
+def test_a_write_one_element_past_the_end_fails_with_a_canary_report(store, monkeypatch):
+    def forward(stream, handle, state, attrs, input, output):
+        ORIGINAL_FORWARD(stream, handle, state, attrs, input, output)
+        _widened(output, after=1)[-1] = 0  # one float32 past the end: 4 canary bytes
+
+    result = _run("2d_3x5", store, monkeypatch, forward=forward)
+    assert result.status == "failed"
+    assert result.message.startswith("transpose / 2d_3x5 / cpu:")
+    assert ("output (poison random): 4 bytes of the canary after the tensor changed, "
+            "first at byte offsets +0, +1, +2, +3 past its end") in result.message
+    for layout in LAYOUTS[1:]:
+        assert f"layout {layout}): 4 bytes of the canary after" in result.message
+    assert "before the tensor" not in result.message
+
+
+def test_a_write_one_element_before_the_start_fails_with_a_canary_report(store, monkeypatch):
+    def backward(stream, handle, state, attrs, output, output_grad, input, input_grad):
+        ORIGINAL_BACKWARD(stream, handle, state, attrs, output, output_grad, input, input_grad)
+        _widened(input_grad, before=1)[0] = 1  # float64: 8 bytes right before the first element
+
+    result = _run("3d_cycle_120_f64", store, monkeypatch, backward=backward)
+    assert result.status == "failed"
+    assert ("input_grad (poison nan): 8 bytes of the canary before the tensor changed, "
+            "nearest at byte offsets -1, -2, -3, -4, -5 from its start") in result.message
+    assert "output (" not in result.message  # the forward was left alone
+
+
+@pytest.mark.parametrize("case_name, guard", [("2d_3x5", "nan"), ("4d_1032_int32", "2147483647")])
+def test_a_read_one_element_past_the_end_shows_the_guard_in_the_output(store, monkeypatch, case_name, guard):
+    def forward(stream, handle, state, attrs, input, output):
+        ORIGINAL_FORWARD(stream, handle, state, attrs, input, output)
+        output.reshape(-1)[-1] = _widened(input, after=1)[-1]  # the last element read from past the end
+
+    result = _run(case_name, store, monkeypatch, forward=forward)
+    assert result.status == "failed"
+    assert "output (poison random): 1 of " in result.message
+    assert re.search(rf"got (np\.\w+\()?{guard}\b", result.message), result.message
+    assert "canary" not in result.message and "read-only margin" not in result.message
+
+
+def test_a_write_into_a_read_only_margin_fails(store, monkeypatch):
+    def backward(stream, handle, state, attrs, output, output_grad, input, input_grad):
+        ORIGINAL_BACKWARD(stream, handle, state, attrs, output, output_grad, input, input_grad)
+        # The second element past the end (bytes +4 .. +7): 1/3 (0x3eaaaaab) differs from NaN
+        # (0x7fc00000) in every byte.
+        _widened(output_grad, after=2)[-1] = 1 / 3
+
+    result = _run("2d_3x5", store, monkeypatch, backward=backward)
+    assert result.status == "failed"
+    assert ("output_grad (poison random): 4 bytes of the read-only margin after the tensor changed, "
+            "first at byte offsets +4, +5, +6, +7 past its end") in result.message
+
+
+def test_margins_are_a_pack_and_a_row_wide_on_each_side_and_hold_their_patterns(store):
+    case = _case("tile_edges_2x33x37")
+    for layout in LAYOUTS:
+        env = Env(case, store.get(case), "cpu", "random", layout=layout)
+        env.read("input"), env.write("output")
+        for (role, name), zone in env.zones.items():
+            raw = zone.buffer.view(np.uint8)
+            width = zone.buffer.itemsize
+            least = red_zones.PACK_BYTES + zone.shape[-1] * width
+            end = (zone.start + zone.count) * width
+            assert zone.start * width >= least and raw.size - end >= least, (layout, name)
+            if role == "written":
+                assert (raw[:zone.start * width] == red_zones.CANARY).all() and (raw[end:] == red_zones.CANARY).all()
+            else:
+                assert np.isnan(zone.buffer[:zone.start]).all() and np.isnan(zone.buffer[zone.start + zone.count:]).all()
+            view = zone.view
+            assert view.flags.c_contiguous and view.base is not None
+            offset = view.ctypes.data % red_zones.ALIGNMENT
+            assert offset in ((0,) if layout == "aligned" else (0, width)), (layout, name, offset)
+        env.close()
+
+
+def test_zero_size_tensors_are_contiguous_views_too(store):
+    case = _case("zero_size")
+    for layout in LAYOUTS:
+        env = Env(case, store.get(case), "cpu", "nan", layout=layout)
+        for view in (env.read("input"), env.write("output")):
+            assert view.size == 0 and view.flags.c_contiguous
+        env.close()
+
+
+def _address(array):
+    return array.ctypes.data if isinstance(array, np.ndarray) else array.data.ptr
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_the_runs_reach_aligned_misaligned_and_mixed_addresses(store, monkeypatch, device):
+    """Every tensor's address mod 16, per kernel call, across one case's runs: both 16-byte
+    boundaries (the pack paths) and 4 bytes past one (float32: the element-wise paths) occur,
+    for all tensors at once and for one tensor misaligned among aligned ones."""
+    require(device)
+    kernel = f"{device}_forward_kernel"
+    original = getattr(transpose, kernel)
+    seen = []
+
+    def forward(stream, handle, state, attrs, input, output):
+        assert input.flags.c_contiguous and output.flags.c_contiguous
+        seen.append((_address(input) % 16, _address(output) % 16))
+        return original(stream, handle, state, attrs, input, output)
+
+    monkeypatch.setattr(transpose, kernel, forward)
+    case = _case("yolov10_psa_last_two")
+    result = run_case(case, store.get(case), device)
+    assert result.status == "passed", result.message
+    assert len(seen) == len(runs(device))
+    assert {(0, 0), (4, 4), (4, 0), (0, 4)} <= set(seen), seen
+
+
+def test_every_layout_runs_with_every_poison_on_every_device():
+    for device in ("cpu", "gpu"):
+        done = {(layout, poison) for _, layout, poison in runs(device)}
+        assert done == {(layout, poison) for layout in LAYOUTS for poison in POISONS}, device
