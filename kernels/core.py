@@ -342,14 +342,20 @@ def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
 def entry_point(op: str, name: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any],
                 doc: str) -> Callable[..., None]:
     """An op's public forward_kernel or backward_kernel: calls cpu_function or gpu_function by the
-    device of the stream it is given (the twins' signature, shown by help(), is cpu_function's)."""
+    device of the stream it is given (the twins' signature, shown by help(), is cpu_function's).
+    The twins are looked up in the op's module at each call, by name (cpu_<name>, gpu_<name>), as
+    a call written out in the module would: replacing one there (a test's monkeypatch) takes effect."""
+    namespace = cpu_function.__globals__
+    cpu_name, gpu_name = "cpu_" + name, "gpu_" + name
+    if namespace.get(cpu_name) is not cpu_function or namespace.get(gpu_name) is not gpu_function:
+        raise KernelError(f"{op}: entry_point({name!r}) needs {cpu_name} and {gpu_name} of the op's module")
 
     def kernel(stream: Any, *args: Any, **kwargs: Any) -> None:
         device = getattr(stream, "device", None)
         if device == "cpu":
-            return cpu_function(stream, *args, **kwargs)
+            return namespace[cpu_name](stream, *args, **kwargs)
         if isinstance(device, int):
-            return gpu_function(stream, *args, **kwargs)
+            return namespace[gpu_name](stream, *args, **kwargs)
         raise fail(DeviceError, op, "stream", "a kernels CPU or GPU stream (cpu_stream() or gpu_stream())",
                    type(stream).__name__)
 
