@@ -40,7 +40,7 @@ struct ConvGeometry {
     long long v[13];
 };
 
-// The geometry's fields as named locals of index type I, in conv_2d.py's _make_geometry order.
+// The geometry's fields as named locals of index type I, in conv_2d/gpu.py's _make_geometry order.
 #define CONV_GEOMETRY_LOCALS(g)                                                                        \
     const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];   \
     const I out_w = (I)(g).v[4], kernel_h = (I)(g).v[5], kernel_w = (I)(g).v[6];                       \
