@@ -27,9 +27,12 @@ if TYPE_CHECKING:
 # The largest cuDNN workspace an algorithm may ask for; faster algorithms needing more are passed over.
 WORKSPACE_LIMIT = 256 * 2**20
 
-CONV_BIAS_GRAD_BLOCK = 512  # CONV_BIAS_GRAD_BLOCK in conv_2d.cu
-CONV_DEPTHWISE_FILTER_BLOCK = 256  # CONV_DEPTHWISE_FILTER_BLOCK in conv_2d.cu
-CONV_GEOMETRY_FIELDS = 13  # struct ConvGeometry in conv_2d.cu
+# Shared with conv_2d.cu, which gets them as -D options (CudaModule's defines): the block sizes of the
+# kernels that reduce in a shared-memory tree of that many doubles (powers of two), and the fields of
+# struct ConvGeometry (see _make_geometry for their order).
+CONV_BIAS_GRAD_BLOCK = 512
+CONV_DEPTHWISE_FILTER_BLOCK = 256
+CONV_GEOMETRY_FIELDS = 13
 
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
@@ -37,6 +40,8 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"conv_depthwise_forward<{t}, {i}>" for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES],
+    defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
+             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
 _GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
 _GEOMETRY = np.dtype([("v", np.int64, (CONV_GEOMETRY_FIELDS,))])  # struct ConvGeometry in conv_2d.cu
