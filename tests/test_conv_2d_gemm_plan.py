@@ -260,10 +260,10 @@ def test_depthwise_kernels_match_the_cpu(dims, attrs):
 def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
     dims, attrs = (3, 4, 8, 8), Conv2DAttrs(2, 3, 3, padding_h=1, padding_w=1)
     per_image = 4 * 9 * 64 * 4  # float32 columns of one image
-    monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", per_image - 1)
+    monkeypatch.setattr(conv_2d.plan, "COLUMN_LIMIT", per_image - 1)
     assert _state(dims, attrs, np.float32).paths["backward_data"] == "cudnn"
     partial = 2 * 4 * 9 * 4  # float32 filter gradient of one image
-    monkeypatch.setattr(conv_2d, "COLUMN_LIMIT", 2 * (per_image + partial) + 7)
+    monkeypatch.setattr(conv_2d.plan, "COLUMN_LIMIT", 2 * (per_image + partial) + 7)
     state = _state(dims, attrs, np.float32)
     assert state.paths["backward_filter"] == "columns" and state.chunk == 2
     assert conv_2d._chunks(state) == [(0, 2), (2, 3)]

@@ -49,8 +49,8 @@ for name, dims, out_c, k, s, p, g in SHAPES:
     for algo in (0, 1, 2):
         a = cudnn.Algorithm(algo, 3, 256 << 20)
         try:
-            host, total = timed(lambda: cudnn.convolution_forward(h, one, d["x"], x.data.ptr, d["w"], w.data.ptr,
-                                                                  d["conv"], a, ws.data.ptr, 256 << 20, zero, d["y"],
+            host, total = timed(lambda: cudnn.convolution_forward(h, one, d.x, x.data.ptr, d.w, w.data.ptr,
+                                                                  d.conv, a, ws.data.ptr, 256 << 20, zero, d.y,
                                                                   y.data.ptr))
             print(f"  fwd algo {algo}: host {host:7.1f} us, with device {total:7.1f} us")
         except Exception as error:
@@ -58,18 +58,18 @@ for name, dims, out_c, k, s, p, g in SHAPES:
     for algo in (0, 1):
         a = cudnn.Algorithm(algo, 3, 256 << 20)
         try:
-            host, total = timed(lambda: cudnn.convolution_backward_data(h, one, d["w"], w.data.ptr, d["y"], y.data.ptr,
-                                                                        d["conv"], a, ws.data.ptr, 256 << 20, zero,
-                                                                        d["x"], x.data.ptr))
+            host, total = timed(lambda: cudnn.convolution_backward_data(h, one, d.w, w.data.ptr, d.y, y.data.ptr,
+                                                                        d.conv, a, ws.data.ptr, 256 << 20, zero,
+                                                                        d.x, x.data.ptr))
             print(f"  bwd data algo {algo}: host {host:7.1f} us, with device {total:7.1f} us")
         except Exception as error:
             print(f"  bwd data algo {algo}: {str(error)[:80]}")
     for algo in (0, 1, 3):
         a = cudnn.Algorithm(algo, 3, 256 << 20)
         try:
-            host, total = timed(lambda: cudnn.convolution_backward_filter(h, one, d["x"], x.data.ptr, d["y"],
-                                                                          y.data.ptr, d["conv"], a, ws.data.ptr,
-                                                                          256 << 20, zero, d["w"], w.data.ptr))
+            host, total = timed(lambda: cudnn.convolution_backward_filter(h, one, d.x, x.data.ptr, d.y,
+                                                                          y.data.ptr, d.conv, a, ws.data.ptr,
+                                                                          256 << 20, zero, d.w, w.data.ptr))
             print(f"  bwd filter algo {algo}: host {host:7.1f} us, with device {total:7.1f} us")
         except Exception as error:
             print(f"  bwd filter algo {algo}: {str(error)[:80]}")

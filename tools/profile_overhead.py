@@ -94,9 +94,9 @@ def cudnn_calls():
     ws, wsb = k.conv_2d._workspace(handle, st)
     one, zero = cudnn.scalar(f32, 1), cudnn.scalar(f32, 0)
     yield "cudnnConvolutionForward 1x1", lambda: cudnn.convolution_forward(
-        h, one, d["x"], xi.data.ptr, d["w"], w.data.ptr, d["conv"], st.algorithms["forward"], ws, wsb, zero, d["y"],
+        h, one, d.x, xi.data.ptr, d.w, w.data.ptr, d.conv, st.algorithms["forward"], ws, wsb, zero, d.y,
         oo.data.ptr)
-    yield "cudnnAddTensor bias", lambda: cudnn.add_tensor(h, one, d["bias"], b.data.ptr, one, d["y"], oo.data.ptr)
+    yield "cudnnAddTensor bias", lambda: cudnn.add_tensor(h, one, d.bias, b.data.ptr, one, d.y, oo.data.ptr)
     yield "cudnnSetStream", lambda: handle.cudnn(stream)
     from kernels import cublas
 

@@ -2,7 +2,18 @@
 // cuBLAS GEMMs for groups == 1; both gradients of depthwise convolutions. The
 // rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu.
 
-#define CONV_BIAS_GRAD_BLOCK 512
+// Constants shared with kernels/conv_2d/gpu.py, defined there once and passed as -D options
+// (CudaModule's defines): the launch block sizes of the two shared-memory reductions (powers of
+// two; each block's shared array has one double per thread), and the fields of struct ConvGeometry.
+#ifndef CONV_BIAS_GRAD_BLOCK
+#error "CONV_BIAS_GRAD_BLOCK is defined by kernels/conv_2d/gpu.py (CudaModule's -D options)"
+#endif
+#ifndef CONV_DEPTHWISE_FILTER_BLOCK
+#error "CONV_DEPTHWISE_FILTER_BLOCK is defined by kernels/conv_2d/gpu.py (CudaModule's -D options)"
+#endif
+#ifndef CONV_GEOMETRY_FIELDS
+#error "CONV_GEOMETRY_FIELDS is defined by kernels/conv_2d/gpu.py (CudaModule's -D options)"
+#endif
 
 // bias_grad[c] = sum over n, and the spatial positions of output_grad (N, C, spatial).
 // One block per channel (grid-stride over channels): each thread sums a fixed
@@ -37,10 +48,11 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
 // consecutive threads write consecutive columns (coalesced). geometry:
 // {C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw}.
 struct ConvGeometry {
-    long long v[13];
+    long long v[CONV_GEOMETRY_FIELDS];
 };
+static_assert(CONV_GEOMETRY_FIELDS == 13, "CONV_GEOMETRY_LOCALS reads 13 fields: C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw");
 
-// The geometry's fields as named locals of index type I, in conv_2d.py's _make_geometry order.
+// The geometry's fields as named locals of index type I, in conv_2d/gpu.py's _make_geometry order.
 #define CONV_GEOMETRY_LOCALS(g)                                                                        \
     const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];   \
     const I out_w = (I)(g).v[4], kernel_h = (I)(g).v[5], kernel_w = (I)(g).v[6];                       \
@@ -151,8 +163,6 @@ __global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* _
         input_grad[index] = sum;
     }
 }
-
-#define CONV_DEPTHWISE_FILTER_BLOCK 256
 
 // filter_grad[o, 0, i, j] = sum over n, oh, ow of grad[n, o, oh, ow] * input[n, o / multiplier,
 // oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 in the padding). One block per filter element

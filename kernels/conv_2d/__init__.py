@@ -1,0 +1,321 @@
+"""conv_2d: 2-D cross-correlation of an NCHW input with an (O, C/groups, kh, kw) filter,
+plus an optional bias of (O,), then an optional fused activation (PyTorch's conv2d).
+
+The output is (N, O, Ho, Wo) with Ho = floor((H + 2 padding_h - dilation_h (kernel_h - 1) - 1)
+/ stride_h) + 1, likewise Wo; the padded input must hold one dilated kernel. Input
+channels C must divide into the groups, and so must O (an attrs check).
+
+Backward overwrites every gradient it is given (None skips it): input_grad,
+filter_grad and bias_grad (the sum of the pre-activation gradient over N, H, W).
+With a fused activation, the forward keeps the pre-activation in the state (like
+cuDNN's reserve space) and a backward without a forward before it raises StateError;
+without one, backward needs no forward.
+
+CPU: NumPy im2col through a strided view, one batched matmul over the groups;
+the input gradient scatters back tap by tap (a loop over the kh * kw taps, each a
+strided slice add). GPU, every path deterministic, a plain sum of products in FMA
+math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
+
+- groups == 1, a 1x1 kernel, stride 1, no padding ("pointwise"): cuBLAS GEMMs
+  (pedantic math) for the forward and both gradients, the filter gradient summed
+  over the batch one image at a time (beta 0, then 1) in a fixed order;
+- other groups == 1 convolutions ("columns"): the forward in cuDNN (IMPLICIT_GEMM
+  first), the filter gradient by im2col (conv_2d.cu) and one GEMM per image, the
+  input gradient by one batched GEMM into columns and a col2im gather (conv_2d.cu,
+  each input element sums its taps in a fixed order); the columns of one chunk of
+  images at a time live in the handle's workspace (at most COLUMN_LIMIT bytes), and
+  where one image's columns exceed that, the gradients fall back to cuDNN;
+- depthwise (groups == C > 1, any filters per channel): conv_2d.cu's own kernels:
+  the forward (one thread per output, the bias added after the taps), a per-element
+  gather for the input gradient, one block per filter element (a fixed tree in
+  double) for the filter's;
+- other groups > 1: cuDNN's legacy convolution API (kernels/cudnn.py) throughout.
+
+The cuDNN forward is IMPLICIT_GEMM where supported (the cheapest per call on the
+H200), otherwise the heuristics' deterministic choice; cuDNN's backward algorithms
+are the heuristics' deterministic ones.
+
+cudnnAddTensor adds the bias; conv_2d.cu sums the bias gradient. The GEMM and
+fold steps of each path are planned as data (plan_*), so their index math is
+checked on the CPU against NumPy (tests/test_conv_2d_gemm_plan.py).
+
+The package: this module holds the attrs, the state, init_kernel, the checks and
+the entry points (each checks, then calls its device's code); cpu.py the NumPy
+code; plan.py the device-free path choice and GEMM/fold plans; gpu.py the GPU
+code; conv_2d.cu the CUDA kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import activation, core
+from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from . import cpu, gpu
+
+# The plans and the names tests and tools read (tests/test_conv_2d_gemm_plan.py, tools/profile_overhead.py).
+from .gpu import _workspace  # noqa: F401
+from .plan import (  # noqa: F401
+    DIRECTIONS,
+    Direction,
+    Fold,
+    Gemm,
+    Path,
+    _chunks,
+    _sizes,
+    choose_paths,
+    depthwise,
+    plan_backward_data,
+    plan_backward_filter,
+    plan_forward,
+    pointwise,
+    workspace_elements,
+)
+
+OP = "conv_2d"
+
+
+@dataclass(frozen=True)
+class Conv2DAttrs:
+    out_channels: int
+    kernel_h: int
+    kernel_w: int
+    stride_h: int = 1
+    stride_w: int = 1
+    padding_h: int = 0
+    padding_w: int = 0
+    dilation_h: int = 1
+    dilation_w: int = 1
+    groups: int = 1
+    use_bias: bool = False
+    activation: activation.Activation | None = None  # applied after the bias
+
+    def __post_init__(self) -> None:
+        for name in ("out_channels", "kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w",
+                     "groups"):
+            core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=1))
+        for name in ("padding_h", "padding_w"):
+            core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=0))
+        if self.out_channels % self.groups:
+            raise fail(AttrsError, OP, "groups", f"a divisor of out_channels ({self.out_channels})", self.groups)
+        if not isinstance(self.use_bias, (bool, np.bool_)):
+            raise fail(AttrsError, OP, "use_bias", "a bool", repr(self.use_bias))
+        core.set_attr(self, "use_bias", bool(self.use_bias))
+        core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
+
+
+def _check_extent(attrs: Conv2DAttrs, dims: tuple[int, ...]) -> None:
+    """An NCHW input whose padded H and W hold one dilated kernel (so the output is not empty)."""
+    if len(dims) != 4:
+        raise fail(ShapeError, OP, "input_shape", "rank 4 (N, C, H, W)", f"rank {len(dims)} {tuple(dims)}")
+    for size, kernel, padding, dilation, what in ((dims[2], attrs.kernel_h, attrs.padding_h, attrs.dilation_h, "H"),
+                                                  (dims[3], attrs.kernel_w, attrs.padding_w, attrs.dilation_w, "W")):
+        extent = dilation * (kernel - 1) + 1
+        if size + 2 * padding < extent:
+            raise fail(ShapeError, OP, "input_shape",
+                       f"{what} + 2 * padding >= the dilated kernel ({extent}), so that the output is not empty",
+                       tuple(dims))
+
+
+def output_dims(attrs: Conv2DAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """(N, out_channels, Ho, Wo) of an NCHW input, by the convolution formula; ShapeError where the input
+    is not rank 4 or its padded H or W is smaller than the dilated kernel (the formula would give Ho < 1)."""
+    _check_extent(attrs, dims)
+    n, _, h, w = dims
+    out_h = (h + 2 * attrs.padding_h - attrs.dilation_h * (attrs.kernel_h - 1) - 1) // attrs.stride_h + 1
+    out_w = (w + 2 * attrs.padding_w - attrs.dilation_w * (attrs.kernel_w - 1) - 1) // attrs.stride_w + 1
+    return (n, attrs.out_channels, out_h, out_w)
+
+
+def filter_dims(attrs: Conv2DAttrs, in_channels: int) -> tuple[int, int, int, int]:
+    return (attrs.out_channels, in_channels // attrs.groups, attrs.kernel_h, attrs.kernel_w)
+
+
+def flops(attrs: Conv2DAttrs, input_dims: tuple[int, ...]) -> int:
+    """Multiply-adds of one forward, counted as 2 flops each."""
+    n, o, out_h, out_w = output_dims(attrs, input_dims)
+    return 2 * n * o * out_h * out_w * (input_dims[1] // attrs.groups) * attrs.kernel_h * attrs.kernel_w
+
+
+
+@dataclass(eq=False)
+class Conv2DDescriptors:
+    """The cuDNN descriptors of one GPU state (None where not made: a zero-size convolution, no bias),
+    owned by it until cleanup."""
+
+    x: Any = None  # the input
+    w: Any = None  # the filter
+    y: Any = None  # the output
+    bias: Any = None  # (1, O, 1, 1)
+    conv: Any = None  # the convolution
+
+    def destroy(self) -> list[core.KernelError]:
+        """Destroy every descriptor made, each once; return the failures (the others are destroyed anyway)."""
+        errors = []
+        for name in ("y", "bias", "x", "w", "conv"):
+            descriptor = getattr(self, name)
+            if descriptor is None:
+                continue
+            setattr(self, name, None)
+            try:
+                descriptor.destroy()
+            except core.KernelError as error:
+                errors.append(error)
+        return errors
+
+
+@dataclass(eq=False)
+class Conv2DState(core.KernelState):
+    """The state of one conv_2d: the pre-activation its last forward kept (a fused activation's
+    backward reads it); on the GPU also its cuDNN descriptors, the path and cuDNN algorithm of each
+    direction (chosen at init), the workspace they need, and what the calls make once and keep.
+    core.KernelState's `saved` dict is unused."""
+
+    # The forward's pre-activation, for the backward of a fused activation (None: no forward yet).
+    pre: Any = None
+    # GPU, made at init.
+    descriptors: Conv2DDescriptors = field(default_factory=Conv2DDescriptors)
+    algorithms: dict[Direction, Any] = field(default_factory=dict)  # cudnn.Algorithm of each direction
+    paths: dict[Direction, Path] = field(default_factory=dict)  # plan.choose_paths
+    workspace_size: int = 0  # bytes of the handle's workspace the calls use
+    chunk: int = 1  # images whose columns and per-image filter gradients the workspace holds at once
+    partials_at: int = 0  # where in the workspace (elements) the per-image filter gradients start
+    # GPU, made on first use and kept until cleanup: the shapes and attrs never change after init.
+    pre_buffer: Any = None  # the pre-activation (a fused activation's forward writes it, then output)
+    pre_grad_buffer: Any = None  # the pre-activation's gradient
+    geometry: Any = None  # struct ConvGeometry of conv_2d.cu (a NumPy scalar)
+    forward_plan: list[Gemm] | None = None
+    backward_data_plan: list[Gemm | Fold] | None = None
+    backward_filter_plan: list[Gemm | Fold] | None = None
+
+    def release(self) -> None:
+        errors = self.descriptors.destroy()  # destroy them all, then report the first failure
+        self.pre = self.pre_buffer = self.pre_grad_buffer = self.geometry = None
+        self.forward_plan = self.backward_data_plan = self.backward_filter_plan = None
+        self.algorithms.clear()
+        self.paths.clear()
+        super().release()
+        if errors:
+            raise errors[0]
+
+
+def init_kernel(handle: Any, attrs: Conv2DAttrs, input_shape: TensorShape, output_shape: TensorShape) -> Conv2DState:
+    """Check the shapes against the attrs and record them; on the GPU also make the cuDNN
+    descriptors, pick the algorithms from the shapes and size the workspace."""
+    state = core.make_state(OP, handle, attrs, Conv2DAttrs, Conv2DState,
+                            input_shape=input_shape, output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_rank(OP, "input_shape", input_shape, rank=4)
+    channels = input_shape.dims[1]
+    if channels % attrs.groups:
+        raise fail(ShapeError, OP, "input_shape", f"channels divisible by groups ({attrs.groups})", input_shape.dims)
+    _check_extent(attrs, input_shape.dims)
+    core.check_rank(OP, "output_shape", output_shape, rank=4)
+    core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    state.shapes["filter_shape"] = TensorShape(filter_dims(attrs, channels), input_shape.dtype)
+    state.shapes["bias_shape"] = TensorShape((attrs.out_channels,), input_shape.dtype)
+    if state.device != "cpu":
+        gpu.init(handle, state)
+    return state
+
+
+def _check_absent(name: str, array: Any, reason: str) -> None:
+    if array is not None:
+        raise fail(ShapeError, OP, name, f"None ({reason})", f"an array of dims {tuple(array.shape)}")
+
+
+def _check_forward(stream: Any, handle: Any, state: Any, attrs: Any, input: Any, filter: Any, bias: Any,
+                   output: Any) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("input", input, state.shapes["input_shape"], True),
+        ("filter", filter, state.shapes["filter_shape"], True),
+        ("bias", bias, state.shapes["bias_shape"], attrs.use_bias),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+    if not attrs.use_bias:
+        _check_absent("bias", bias, "use_bias is False")
+
+
+def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: Any, output_grad: Any, input: Any,
+                    input_grad: Any, filter: Any, filter_grad: Any, bias_grad: Any) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], filter_grad is not None),  # filter_grad reads it
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+        ("filter", filter, state.shapes["filter_shape"], input_grad is not None),  # input_grad reads it
+        ("filter_grad", filter_grad, state.shapes["filter_shape"], False),
+        ("bias_grad", bias_grad, state.shapes["bias_shape"], False),
+    ])
+    if not attrs.use_bias:
+        _check_absent("bias_grad", bias_grad, "use_bias is False")
+    if attrs.activation is not None and state.pre is None:
+        raise fail(StateError, OP, "state",
+                   f"a forward before the backward (it saves the pre-{attrs.activation.name} values)", "none")
+
+
+# --------------------------------------------------------------------------- entry points
+#
+# Arrays are NumPy arrays on the CPU and CuPy arrays on the GPU; None stands for an absent bias or an
+# unwanted gradient.
+
+
+def cpu_forward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray,
+                       filter: np.ndarray, bias: np.ndarray | None, output: np.ndarray) -> None:
+    """output = activation(conv(input, filter) + bias)."""
+    _check_forward(stream, handle, state, attrs, input, filter, bias, output)
+    cpu.forward(state, attrs, input, filter, bias, output)
+
+
+def cpu_backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, output: np.ndarray | None,
+                        output_grad: np.ndarray, input: np.ndarray | None, input_grad: np.ndarray | None,
+                        filter: np.ndarray | None, filter_grad: np.ndarray | None, bias_grad: np.ndarray | None) -> None:
+    """Write input_grad, filter_grad and bias_grad (those not None) from output_grad."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
+                    bias_grad)
+    cpu.backward(state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
+
+
+@core.gpu_kernel
+def gpu_forward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, input: Any, filter: Any,
+                       bias: Any, output: Any) -> None:
+    """output = activation(conv(input, filter) + bias), enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, input, filter, bias, output)
+    gpu.forward(stream, handle, state, attrs, input, filter, bias, output)
+
+
+@core.gpu_kernel
+def gpu_backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, output: Any,
+                        output_grad: Any, input: Any, input_grad: Any, filter: Any, filter_grad: Any,
+                        bias_grad: Any) -> None:
+    """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
+                    bias_grad)
+    gpu.backward(stream, handle, state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
+
+
+def forward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, input: Any, filter: Any,
+                   bias: Any, output: Any) -> None:
+    """Write output = activation(conv(input, filter) + bias), on the stream's device."""
+    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, filter, bias,
+                  output)
+
+
+def backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, output: Any, output_grad: Any,
+                    input: Any, input_grad: Any, filter: Any, filter_grad: Any, bias_grad: Any) -> None:
+    """Write input_grad, filter_grad and bias_grad (those not None) from output_grad, on the stream's device."""
+    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs, output, output_grad,
+                  input, input_grad, filter, filter_grad, bias_grad)
+
+
+def cleanup_kernel(handle: Any, state: Conv2DState) -> None:
+    """Destroy the state's cuDNN descriptors and drop its buffers."""
+    core.cleanup_state(OP, handle, state)
+
+
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

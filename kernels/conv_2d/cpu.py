@@ -1,0 +1,195 @@
+"""conv_2d on the CPU (NumPy): im2col through a strided view (or, for narrow outputs, through the
+stride phases of the padded input, one contiguous span a tap), one batched matmul over the groups;
+the input gradient scatters back tap by tap (a loop over the kh * kw taps, each a strided slice add).
+
+forward and backward run after the package's checks (cpu_forward_kernel, cpu_backward_kernel).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import activation
+
+if TYPE_CHECKING:
+    from . import Conv2DAttrs, Conv2DState
+
+
+# im2col of rows at least this long (output width) copies fast enough as a strided view; shorter
+# rows (SCDown's depthwise 40) go through the stride phases, one contiguous span a tap.
+WIDE_ROWS_BELOW = 64
+
+
+def _padded(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
+    if not attrs.padding_h and not attrs.padding_w:
+        return input
+    n, c, h, w = input.shape
+    padded = np.zeros((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), dtype=input.dtype)
+    padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w] = input
+    return padded
+
+
+def _taps(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> np.ndarray:
+    """A read-only (N, groups, C/groups, kh, kw, Ho, Wo) view: tap (i, j) of every output pixel's window."""
+    n, c = padded.shape[:2]
+    groups, group_channels = attrs.groups, c // attrs.groups
+    stride_n, stride_c, stride_y, stride_x = padded.strides
+    return np.lib.stride_tricks.as_strided(
+        padded, shape=(n, groups, group_channels, attrs.kernel_h, attrs.kernel_w, out_h, out_w),
+        strides=(stride_n, stride_c * group_channels, stride_c, stride_y * attrs.dilation_h,
+                 stride_x * attrs.dilation_w, stride_y * attrs.stride_h, stride_x * attrs.stride_w),
+        writeable=False)
+
+
+def _columns(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> np.ndarray:
+    """im2col: (N, groups, C/groups * kh * kw, Ho * Wo), so that filter rows times columns is NCHW."""
+    taps = _taps(padded, attrs, out_h, out_w)
+    n, groups, group_channels = taps.shape[:3]
+    return taps.reshape(n, groups, group_channels * attrs.kernel_h * attrs.kernel_w, out_h * out_w)
+
+
+def _grouped(array: np.ndarray, groups: int) -> np.ndarray:
+    """(N, O, H, W) as a (N, groups, O/groups, H * W) view."""
+    n, o, h, w = array.shape
+    return array.reshape(n, groups, o // groups, h * w)
+
+
+def _plain(attrs: Conv2DAttrs) -> bool:
+    """A 1x1 kernel, stride 1, no padding: the input is its own im2col matrix (a view)."""
+    return (attrs.kernel_h == attrs.kernel_w == 1 and attrs.stride_h == attrs.stride_w == 1
+            and attrs.padding_h == attrs.padding_w == 0)
+
+
+def _phase_layout(attrs: Conv2DAttrs, height: int, width: int) -> tuple[int, int]:
+    """(Hq, Wq): rows and columns of each stride phase of the zero-padded input (one spare zero row)."""
+    padded_h, padded_w = height + 2 * attrs.padding_h, width + 2 * attrs.padding_w
+    return -(-padded_h // attrs.stride_h) + 1, -(-padded_w // attrs.stride_w)
+
+
+def _phase_blocks(attrs: Conv2DAttrs, height: int, width: int) -> list[tuple[int, int, slice, slice, slice, slice]]:
+    """Per stride phase (a, b) holding input elements: (a, b, its input rows, input columns, phase rows, phase
+    columns). Padded row y + padding_h belongs to phase (y + padding_h) % stride_h, at row (y + padding_h) // stride_h."""
+    blocks = []
+    for a in range(attrs.stride_h):
+        first_row = (a - attrs.padding_h) % attrs.stride_h
+        rows = len(range(first_row, height, attrs.stride_h))
+        top = (first_row + attrs.padding_h) // attrs.stride_h
+        for b in range(attrs.stride_w):
+            first_column = (b - attrs.padding_w) % attrs.stride_w
+            columns = len(range(first_column, width, attrs.stride_w))
+            left = (first_column + attrs.padding_w) // attrs.stride_w
+            if rows and columns:
+                blocks.append((a, b, slice(first_row, height, attrs.stride_h), slice(first_column, width, attrs.stride_w),
+                               slice(top, top + rows), slice(left, left + columns)))
+    return blocks
+
+
+def _tap_spans(attrs: Conv2DAttrs, wide: int, out_h: int) -> list[tuple[int, int, int, int, slice]]:
+    """Per tap (i, j): (i, j, phase a, phase b, span). Tap (i, j) of every output pixel, in rows Wq wide (the
+    pixels x >= Wo of each row are spares), is the contiguous span of its flattened phase."""
+    spans = []
+    for i in range(attrs.kernel_h):
+        top, a = divmod(i * attrs.dilation_h, attrs.stride_h)
+        for j in range(attrs.kernel_w):
+            left, b = divmod(j * attrs.dilation_w, attrs.stride_w)
+            start = top * wide + left
+            spans.append((i, j, a, b, slice(start, start + out_h * wide)))
+    return spans
+
+
+def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
+    """The zero-padded input split by stride phase: (N, C, stride_h, stride_w, Hq * Wq); phase (a, b) holds
+    padded rows a::stride_h and columns b::stride_w, so that every tap is a contiguous span of one phase."""
+    n, c, height, width = input.shape
+    rows, wide = _phase_layout(attrs, height, width)
+    phases = np.zeros((n, c, attrs.stride_h, attrs.stride_w, rows, wide), dtype=input.dtype)
+    for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
+        phases[:, :, a, b, phase_rows, phase_columns] = input[:, :, input_rows, input_columns]
+    return phases.reshape(n, c, attrs.stride_h, attrs.stride_w, rows * wide)
+
+
+def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int) -> np.ndarray:
+    """im2col in rows Wq wide: (N, groups, C/groups * kh * kw, Ho * Wq), one contiguous copy a tap."""
+    n, c = phases.shape[:2]
+    columns = np.empty((n, c, attrs.kernel_h, attrs.kernel_w, out_h * wide), dtype=phases.dtype)
+    for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
+        columns[:, :, i, j] = phases[:, :, a, b, span]
+    return columns.reshape(n, attrs.groups, c // attrs.groups * attrs.kernel_h * attrs.kernel_w, out_h * wide)
+
+
+def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: np.ndarray, bias: np.ndarray | None,
+            output: np.ndarray) -> None:
+    """output = activation(conv(input, filter) + bias); with an activation, the pre-activation is kept
+    in state.pre for the backward."""
+    n, o, out_h, out_w = output.shape
+    groups = attrs.groups
+    target = np.empty_like(output) if attrs.activation is not None else output
+    if out_w >= WIDE_ROWS_BELOW or _plain(attrs):
+        columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
+        weights = filter.reshape(groups, o // groups, columns.shape[2])
+        # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
+        np.matmul(weights, columns, out=_grouped(target, groups))
+    else:
+        wide = _phase_layout(attrs, *input.shape[2:])[1]
+        columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
+        weights = filter.reshape(groups, o // groups, columns.shape[2])
+        # The same product in rows Wq wide: NCHW with spare columns.
+        np.copyto(target, np.matmul(weights, columns).reshape(n, o, out_h, wide)[..., :out_w])
+    if bias is not None:
+        target += bias.reshape(1, o, 1, 1)
+    if attrs.activation is not None:
+        activation.cpu_forward(attrs.activation, target, output)
+        state.pre = target
+
+
+def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, input: np.ndarray | None,
+             input_grad: np.ndarray | None, filter: np.ndarray | None, filter_grad: np.ndarray | None,
+             bias_grad: np.ndarray | None) -> None:
+    """Write input_grad, filter_grad and bias_grad (those not None) from output_grad (and, with an
+    activation, the pre-activation the forward kept)."""
+    grad = output_grad
+    if attrs.activation is not None:
+        grad = np.empty_like(output_grad)
+        activation.cpu_backward(attrs.activation, state.pre, output_grad, grad)
+    if bias_grad is not None:
+        # Summed in float64 and rounded once, as the GPU kernel does.
+        np.copyto(bias_grad, grad.sum(axis=(0, 2, 3), dtype=np.float64), casting="same_kind")
+    n, o, out_h, out_w = grad.shape
+    _, channels, height, width = state.shapes["input_shape"].dims
+    groups = attrs.groups
+    plain = _plain(attrs)
+    rows, wide = _phase_layout(attrs, height, width)
+    grad_wide = None
+    if not plain and (input_grad is not None or (filter_grad is not None and out_w < WIDE_ROWS_BELOW)):
+        # The gradient in rows Wq wide, zero in the spare columns: they then add exact zeros.
+        grad_wide = np.zeros((n, o, out_h, wide), dtype=grad.dtype)
+        grad_wide[..., :out_w] = grad
+        grad_wide = grad_wide.reshape(n, groups, o // groups, out_h * wide)
+    if filter_grad is not None:
+        if out_w >= WIDE_ROWS_BELOW or plain:
+            grad_rows, columns = _grouped(grad, groups), _columns(_padded(input, attrs), attrs, out_h, out_w)
+        else:
+            grad_rows, columns = grad_wide, _wide_columns(_phases(input, attrs), attrs, wide, out_h)
+        # (N, groups, O/groups, P) @ (N, groups, P, K), summed over N.
+        per_image = np.matmul(grad_rows, columns.transpose(0, 1, 3, 2))
+        np.copyto(filter_grad, per_image.sum(axis=0).reshape(filter_grad.shape))
+    if input_grad is None:
+        return
+    weights = filter.reshape(groups, o // groups, channels // groups * attrs.kernel_h * attrs.kernel_w).transpose(0, 2, 1)
+    if plain:  # what each pixel sends back is its input gradient
+        np.matmul(weights, _grouped(grad, groups), out=_grouped(input_grad, groups))
+        return
+    # (groups, K, O/groups) @ (N, groups, O/groups, Ho * Wq): what each tap of each window sends back
+    # (one output channel a group: a product, without BLAS's per-group overhead); then col2im,
+    # tap by tap in row-major order, each tap one contiguous span of its stride phase.
+    sent = (np.multiply(weights, grad_wide) if o == groups else np.matmul(weights, grad_wide)).reshape(
+        n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
+    phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
+    for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
+        phases[:, :, a, b, span] += sent[:, :, i, j]
+    phases = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
+    for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
+        input_grad[:, :, input_rows, input_columns] = phases[:, :, a, b, phase_rows, phase_columns]
+

@@ -1,0 +1,324 @@
+"""conv_2d on the GPU: the paths plan.choose_paths picks at init, each one deterministic, a plain
+sum of products in FMA math (no TF32, no FFT, no Winograd, no atomics):
+
+- "gemm" (pointwise): cuBLAS GEMMs (pedantic math) for the forward and both gradients;
+- "columns" (other groups == 1): the forward in cuDNN, both gradients by conv_2d.cu's im2col /
+  col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
+- "depthwise": conv_2d.cu's own kernels throughout;
+- "cudnn": cuDNN's legacy convolution API (kernels/cudnn.py).
+
+init, forward and backward run after the package's checks (init_kernel, gpu_forward_kernel,
+gpu_backward_kernel, which run inside their stream). Everything is enqueued on the given stream.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .. import activation, core, cublas, gpu
+from .plan import Fold, Gemm, choose_paths, plan_backward_data, plan_backward_filter, plan_forward, workspace_elements
+
+if TYPE_CHECKING:
+    from . import Conv2DState
+
+# The largest cuDNN workspace an algorithm may ask for; faster algorithms needing more are passed over.
+WORKSPACE_LIMIT = 256 * 2**20
+
+# Shared with conv_2d.cu, which gets them as -D options (CudaModule's defines): the block sizes of the
+# kernels that reduce in a shared-memory tree of that many doubles (powers of two), and the fields of
+# struct ConvGeometry (see _make_geometry for their order).
+CONV_BIAS_GRAD_BLOCK = 512
+CONV_DEPTHWISE_FILTER_BLOCK = 256
+CONV_GEOMETRY_FIELDS = 13
+
+_CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_TYPES] + [
+    f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
+    for i in gpu.INDEX_TYPES] + [
+    f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
+    for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
+    f"conv_depthwise_forward<{t}, {i}>" for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES],
+    defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
+             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
+    directory=os.path.dirname(os.path.abspath(__file__)))
+_GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
+_GEOMETRY = np.dtype([("v", np.int64, (CONV_GEOMETRY_FIELDS,))])  # struct ConvGeometry in conv_2d.cu
+
+
+class _QueryStream:
+    """Stands in for a stream where cuDNN is only asked (algorithm heuristics, workspace sizes):
+    binds the handle to the default stream, on which nothing is enqueued; every kernel call
+    binds it to its own stream again."""
+
+    ptr = 0
+
+
+def _convolvable(state: Conv2DState) -> bool:
+    """cuDNN cannot describe zero-size tensors: those convolutions are done without it."""
+    return all(state.shapes[name].numel > 0 for name in ("input_shape", "output_shape", "filter_shape"))
+
+
+def init(handle: Any, state: Conv2DState) -> None:
+    """Make the cuDNN descriptors, pick the paths and cuDNN's algorithms from the shapes, and reserve the
+    workspace in the handle (calls never allocate). On failure, release what was made and raise."""
+    import cupy
+
+    from .. import cudnn
+
+    attrs = state.attrs
+    dtype = state.shapes["input_shape"].dtype
+    output = state.shapes["output_shape"]
+    d = state.descriptors
+    try:
+        with cupy.cuda.Device(state.device):
+            if output.numel > 0:
+                d.y = cudnn.TensorDescriptor(output.dims, dtype)
+                if attrs.use_bias:
+                    d.bias = cudnn.TensorDescriptor((1, attrs.out_channels, 1, 1), dtype)
+            if _convolvable(state):
+                x = d.x = cudnn.TensorDescriptor(state.shapes["input_shape"].dims, dtype)
+                w = d.w = cudnn.FilterDescriptor(state.shapes["filter_shape"].dims, dtype)
+                conv = d.conv = cudnn.ConvolutionDescriptor(
+                    (attrs.padding_h, attrs.padding_w), (attrs.stride_h, attrs.stride_w),
+                    (attrs.dilation_h, attrs.dilation_w), attrs.groups, dtype)
+                y = d.y
+                found = cudnn.convolution_output_dims(conv, x, w)
+                if found != output.dims:
+                    raise core.CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH",
+                                         f"{state.op}: cuDNN computes output dims {found}, the formula {output.dims}")
+                cudnn_handle = handle.cudnn(_QueryStream)
+                for direction, descriptors, preferred in (
+                        ("forward", (x, w, y), cudnn.FWD_ALGO_IMPLICIT_GEMM), ("backward_data", (w, y, x), None),
+                        ("backward_filter", (x, y, w), None)):
+                    state.algorithms[direction] = cudnn.find_algorithm(direction, cudnn_handle, descriptors, conv,
+                                                                       dtype, WORKSPACE_LIMIT, preferred)
+                choose_paths(state)
+                sizes = [state.algorithms[direction].workspace for direction, path in state.paths.items()
+                         if path == "cudnn"]
+                sizes.append(workspace_elements(state) * dtype.itemsize)
+                state.workspace_size = max(sizes)
+                handle.reserve(state.workspace_size)  # calls never allocate
+    except BaseException:
+        state.release()
+        raise
+
+
+def _device_buffer(state: Conv2DState, like: Any) -> Any:
+    """A buffer the state keeps until cleanup (the pre-activation, its gradient), made on first use
+    (gpu.device_empty: outside CuPy's pool, freed only when the device is done with it)."""
+    return gpu.device_empty(like.shape, like.dtype, state.device)
+
+
+def _zero(stream: Any, array: Any) -> None:
+    if array.nbytes:
+        array.data.memset_async(0, array.nbytes, stream.cupy_stream)
+
+
+def _workspace(handle: Any, state: Conv2DState) -> tuple[int, int]:
+    """The handle's workspace (reserved by init_kernel): (pointer, bytes)."""
+    workspace = handle.workspace(state.workspace_size)
+    return workspace.data.ptr, workspace.nbytes
+
+
+def _run_gemm(stream: Any, handle: Any, state: Conv2DState, dtype: np.dtype, step: Gemm, pointers: dict[str, int]) -> None:
+    itemsize = dtype.itemsize
+    a, b, c = (pointers[buffer] + offset * itemsize for buffer, offset in (step.a, step.b, step.c))
+    cublas.gemm_strided_batched(stream, handle, dtype, step.trans_a, step.trans_b, step.m, step.n, step.k, a, step.lda,
+                                step.stride_a, b, step.ldb, step.stride_b, step.beta, c, step.ldc, step.stride_c,
+                                step.batch, state.op)
+
+
+# Made once per state, on first use: the shapes and attrs never change after init.
+
+
+def _forward_plan(state: Conv2DState) -> list[Gemm]:
+    if state.forward_plan is None:
+        state.forward_plan = plan_forward(state)
+    return state.forward_plan
+
+
+def _backward_data_plan(state: Conv2DState) -> list[Gemm | Fold]:
+    if state.backward_data_plan is None:
+        state.backward_data_plan = plan_backward_data(state)
+    return state.backward_data_plan
+
+
+def _backward_filter_plan(state: Conv2DState) -> list[Gemm | Fold]:
+    if state.backward_filter_plan is None:
+        state.backward_filter_plan = plan_backward_filter(state)
+    return state.backward_filter_plan
+
+
+def _geometry(state: Conv2DState) -> Any:
+    """struct ConvGeometry of conv_2d.cu, by value: C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw."""
+    if state.geometry is None:
+        state.geometry = _make_geometry(state)
+    return state.geometry
+
+
+def _make_geometry(state: Conv2DState) -> Any:
+    attrs = state.attrs
+    _, c, h, w = state.shapes["input_shape"].dims
+    _, _, out_h, out_w = state.shapes["output_shape"].dims
+    geometry = np.zeros((), dtype=_GEOMETRY)
+    geometry["v"] = (c, h, w, out_h, out_w, attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w,
+                     attrs.padding_h, attrs.padding_w, attrs.dilation_h, attrs.dilation_w)
+    return geometry[()]
+
+
+def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any], workspace: Any) -> None:
+    attrs = state.attrs
+    n, c, h, w = state.shapes["input_shape"].dims
+    _, o, out_h, out_w = state.shapes["output_shape"].dims
+    images = step.stop - step.first
+    dtype = state.shapes["input_shape"].dtype
+    if step.kind == "sum":
+        size = arrays["filter_grad"].size
+        partials = workspace[state.partials_at * dtype.itemsize:(state.partials_at + images * size) * dtype.itemsize]
+        gpu.launch(stream, _CUDA.function(f"conv_sum_images<{gpu.cuda_type(dtype)}>"), gpu.grid_for(size), gpu.BLOCK,
+                   (partials.view(dtype), arrays["filter_grad"], np.int64(images), np.int64(size),
+                    np.int32(step.first > 0)))
+        return
+    count = images * c * attrs.kernel_h * attrs.kernel_w * out_h * out_w
+    # Room for the grid-stride step past the last index too.
+    index = gpu.index_type(count + _GRID_SLACK, images * c * h * w + _GRID_SLACK)
+    index_scalar = np.int32 if index == "int" else np.int64
+    columns = workspace[:count * dtype.itemsize].view(dtype)  # the chunk's columns, at the workspace's start
+    if step.kind == "im2col":
+        images_array = arrays["input"][step.first:step.stop]
+        total = count
+    else:
+        images_array = arrays["input_grad"][step.first:step.stop]
+        total = images * c * h * w
+    kernel = _CUDA.function(f"conv_{step.kind}<{gpu.cuda_type(dtype)}, {index}>")
+    first, second = (images_array, columns) if step.kind == "im2col" else (columns, images_array)
+    gpu.launch(stream, kernel, gpu.grid_for(total), gpu.BLOCK, (first, second, index_scalar(images), _geometry(state)))
+
+
+def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "input", "filter"], grad: Any,
+                   input: Any, filter: Any, target: Any, bias: Any = None) -> None:
+    """conv_depthwise_forward (grad unused) or conv_depthwise_{input,filter}_grad of conv_2d.cu into
+    target, enqueued on the stream."""
+    attrs = state.attrs
+    n, c, h, w = state.shapes["input_shape"].dims
+    o = attrs.out_channels
+    dtype = state.shapes["input_shape"].dtype
+    index = gpu.index_type(n * c * h * w + _GRID_SLACK, state.shapes["output_shape"].numel + _GRID_SLACK,
+                           o * attrs.kernel_h * attrs.kernel_w + 65536)
+    index_scalar = np.int32 if index == "int" else np.int64
+    name = "forward" if which == "forward" else f"{which}_grad"
+    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
+    sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
+    if which == "forward":
+        gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK,
+                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None)) + sizes)
+    elif which == "input":
+        gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
+    else:
+        gpu.launch(stream, kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
+                   (grad, input, target) + sizes)
+
+
+def _run_plan(stream: Any, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
+              workspace: Any = None) -> None:
+    """Enqueue a plan's GEMMs (kernels.cublas) and folds on the stream."""
+    dtype = state.shapes["input_shape"].dtype
+    pointers = {name: array.data.ptr for name, array in arrays.items() if array is not None}
+    if workspace is not None:
+        pointers["workspace"] = workspace.data.ptr
+    for step in steps:
+        if isinstance(step, Gemm):
+            _run_gemm(stream, handle, state, dtype, step, pointers)
+        else:
+            _run_fold(stream, state, step, arrays, workspace)
+
+
+def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any, filter: Any, bias: Any,
+            output: Any) -> None:
+    """output = activation(conv(input, filter) + bias), enqueued on the stream; with an activation, the
+    pre-activation is kept in the state's buffer (state.pre) for the backward."""
+    from .. import cudnn
+
+    target = output
+    if attrs.activation is not None:
+        if state.pre_buffer is None:
+            state.pre_buffer = _device_buffer(state, output)
+        target = state.pre_buffer
+    if output.size:
+        dtype = output.dtype
+        if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
+            _run_depthwise(stream, state, "forward", None, input, filter, target, bias)
+        elif _convolvable(state) and state.paths["forward"] == "gemm":
+            _run_plan(stream, handle, state, _forward_plan(state), {"input": input, "filter": filter, "output": target})
+        if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
+            _zero(stream, target)
+        elif state.paths["forward"] == "cudnn":
+            cudnn_handle = handle.cudnn(stream)
+            workspace, workspace_bytes = _workspace(handle, state)
+            d = state.descriptors
+            cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d.x, input.data.ptr,
+                                      d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
+                                      workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
+        if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+            cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,
+                             cudnn.scalar(dtype, 1), state.descriptors.y, target.data.ptr)
+        if attrs.activation is not None:
+            activation.gpu_forward(stream, attrs.activation, target, output)
+    if attrs.activation is not None:
+        state.pre = target
+
+
+def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_grad: Any, input: Any, input_grad: Any,
+             filter: Any, filter_grad: Any, bias_grad: Any) -> None:
+    """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
+    from .. import cudnn
+
+    dtype = output_grad.dtype
+    grad = output_grad
+    if attrs.activation is not None:
+        if state.pre_grad_buffer is None:
+            state.pre_grad_buffer = _device_buffer(state, output_grad)
+        grad = state.pre_grad_buffer
+        activation.gpu_backward(stream, attrs.activation, state.pre, output_grad, grad)
+    if bias_grad is not None and bias_grad.size:
+        n, o, out_h, out_w = grad.shape
+        gpu.launch(stream, _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>"), min(o, 65535),
+                   CONV_BIAS_GRAD_BLOCK, (grad, bias_grad, np.int64(n), np.int64(o), np.int64(out_h * out_w)))
+    wants_input = input_grad is not None and input_grad.size > 0
+    wants_filter = filter_grad is not None and filter_grad.size > 0
+    if not (wants_input or wants_filter):
+        return
+    if not _convolvable(state):  # nothing flows through an empty convolution
+        for array in (input_grad, filter_grad):
+            if array is not None:
+                _zero(stream, array)
+        return
+    if state.paths["backward_data"] == "depthwise":  # both gradients by conv_2d.cu's depthwise kernels
+        if wants_input:
+            _run_depthwise(stream, state, "input", grad, input, filter, input_grad)
+        if wants_filter:
+            _run_depthwise(stream, state, "filter", grad, input, filter, filter_grad)
+        return
+    workspace_array = handle.workspace(state.workspace_size)  # one buffer for every step below, in stream order
+    workspace, workspace_bytes = workspace_array.data.ptr, workspace_array.nbytes
+    arrays = {"input": input, "filter": filter, "grad": grad, "input_grad": input_grad, "filter_grad": filter_grad}
+    if wants_input and state.paths["backward_data"] != "cudnn":
+        _run_plan(stream, handle, state, _backward_data_plan(state), arrays, workspace_array)
+    if wants_filter and state.paths["backward_filter"] != "cudnn":
+        _run_plan(stream, handle, state, _backward_filter_plan(state), arrays, workspace_array)
+    if not ((wants_input and state.paths["backward_data"] == "cudnn")
+            or (wants_filter and state.paths["backward_filter"] == "cudnn")):
+        return
+    cudnn_handle = handle.cudnn(stream)
+    d = state.descriptors
+    one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
+    if wants_input and state.paths["backward_data"] == "cudnn":
+        cudnn.convolution_backward_data(cudnn_handle, one, d.w, filter.data.ptr, d.y, grad.data.ptr,
+                                        d.conv, state.algorithms["backward_data"], workspace, workspace_bytes,
+                                        zero, d.x, input_grad.data.ptr)
+    if wants_filter and state.paths["backward_filter"] == "cudnn":
+        cudnn.convolution_backward_filter(cudnn_handle, one, d.x, input.data.ptr, d.y, grad.data.ptr,
+                                          d.conv, state.algorithms["backward_filter"], workspace,
+                                          workspace_bytes, zero, d.w, filter_grad.data.ptr)

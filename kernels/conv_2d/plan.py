@@ -1,0 +1,166 @@
+"""conv_2d's GPU paths worked out as data, pure and device-free: which path each direction takes
+(choose_paths), the workspace the GEMM paths need (workspace_elements) and their cuBLAS GEMM and
+fold steps (plan_*). gpu.py runs the plans; tests/test_conv_2d_gemm_plan.py runs them in NumPy.
+
+cuBLAS is column-major: a row-major (r, c) matrix is, to cuBLAS, its (c, r) transpose with
+leading dimension c. With P = Ho * Wo and K = C * kh * kw (K = C for a 1x1 kernel), in
+row-major terms per image n:
+  forward       Y[n] (O x P) = W (O x K) @ cols[n] (K x P)      -> Y^T = cols^T @ W^T: gemm(N, N, P, O, K)
+  input grad    dcols[n] (K x P) = W^T (K x O) @ dY[n] (O x P)  -> dcols^T = dY^T @ W: gemm(N, T, P, K, O)
+  filter grad   dW (O x K) = sum_n dY[n] (O x P) @ cols[n]^T    -> dW^T = cols @ dY^T: gemm(T, N, K, O, P)
+where cols[n] is the input image itself for a pointwise conv. A plan is a list of steps over named
+buffers, offsets in elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from . import Conv2DAttrs, Conv2DState
+
+# The most bytes of im2col columns held at once (a chunk of whole images); an image needing more
+# takes cuDNN's backward algorithms instead.
+COLUMN_LIMIT = 256 * 2**20
+
+# The three directions of a convolution; the state keeps a path (and on the GPU a cuDNN algorithm) for each.
+Direction = Literal["forward", "backward_data", "backward_filter"]
+DIRECTIONS: tuple[Direction, ...] = ("forward", "backward_data", "backward_filter")
+# "gemm": cuBLAS, no columns; "columns": im2col/col2im (conv_2d.cu) and cuBLAS; "depthwise": conv_2d.cu's
+# depthwise kernels; "cudnn": cuDNN's legacy convolution API.
+Path = Literal["gemm", "columns", "depthwise", "cudnn"]
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """Column-major C = op(A) @ op(B) + beta * C, `batch` times, each matrix `stride_*` elements on."""
+
+    trans_a: bool
+    trans_b: bool
+    m: int
+    n: int
+    k: int
+    a: tuple[str, int]  # (buffer, element offset)
+    lda: int
+    stride_a: int
+    b: tuple[str, int]
+    ldb: int
+    stride_b: int
+    beta: float
+    c: tuple[str, int]
+    ldc: int
+    stride_c: int
+    batch: int
+
+
+@dataclass(frozen=True)
+class Fold:
+    """im2col of images [first, stop) of "input" into the workspace's start; col2im of the workspace's
+    start into those images of "input_grad"; or "sum": filter_grad = (filter_grad if first > 0, else 0)
+    + the per-image filter gradients of those images (at state.partials_at), added in image order."""
+
+    kind: Literal["im2col", "col2im", "sum"]
+    first: int
+    stop: int
+
+
+def _sizes(state: Conv2DState) -> tuple[int, int, int, int, int]:
+    """(N, C, O, P = Ho * Wo, K = C * kh * kw) of a groups == 1 convolution."""
+    n, c = state.shapes["input_shape"].dims[:2]
+    _, o, out_h, out_w = state.shapes["output_shape"].dims
+    return n, c, o, out_h * out_w, c * state.attrs.kernel_h * state.attrs.kernel_w
+
+
+def pointwise(attrs: Conv2DAttrs) -> bool:
+    """A plain channel-mixing matrix product: groups 1, a 1x1 kernel, stride 1, no padding."""
+    return (attrs.groups == 1 and attrs.kernel_h == attrs.kernel_w == 1 and attrs.stride_h == attrs.stride_w == 1
+            and attrs.padding_h == attrs.padding_w == 0)
+
+
+def depthwise(attrs: Conv2DAttrs, channels: int) -> bool:
+    """One input channel per group (groups == C > 1), any number of filters per channel."""
+    return 1 < attrs.groups == channels
+
+
+def plan_forward(state: Conv2DState) -> list[Gemm]:
+    """The pointwise forward: Y[n] = W @ X[n] for every image, one batched GEMM (W shared: stride 0)."""
+    n, c, o, p, _ = _sizes(state)
+    return [Gemm(False, False, p, o, c, ("input", 0), p, c * p, ("filter", 0), c, 0, 0.0, ("output", 0), p, o * p,
+                 n)]
+
+
+def _chunks(state: Conv2DState) -> list[tuple[int, int]]:
+    n = state.shapes["input_shape"].dims[0]
+    return [(first, min(first + state.chunk, n)) for first in range(0, n, state.chunk)]
+
+
+def plan_backward_data(state: Conv2DState) -> list[Gemm | Fold]:
+    """input_grad: dX[n] = W^T @ dY[n] (pointwise), or dcols[n] = W^T @ dY[n] then col2im, a chunk of
+    images at a time."""
+    n, c, o, p, k = _sizes(state)
+    if state.paths["backward_data"] == "gemm":
+        return [Gemm(False, True, p, c, o, ("grad", 0), p, o * p, ("filter", 0), c, 0, 0.0, ("input_grad", 0), p,
+                     c * p, n)]
+    steps: list[Gemm | Fold] = []
+    for first, stop in _chunks(state):
+        steps.append(Gemm(False, True, p, k, o, ("grad", first * o * p), p, o * p, ("filter", 0), k, 0, 0.0,
+                          ("workspace", 0), p, k * p, stop - first))
+        steps.append(Fold("col2im", first, stop))
+    return steps
+
+
+def plan_backward_filter(state: Conv2DState) -> list[Gemm | Fold]:
+    """filter_grad: dW = sum over n of dY[n] @ cols[n]^T in a fixed order, no atomics; cols[n] is X[n]
+    (pointwise) or im2col's. One image at a time (chunk 1): one GEMM per image, beta 0 for the first and
+    1 after. Otherwise per chunk: one batched GEMM of the per-image gradients into the workspace, then
+    a kernel adding them in image order (onto the earlier chunks' sum)."""
+    n, c, o, p, k = _sizes(state)
+    columns = state.paths["backward_filter"] == "columns"
+    steps: list[Gemm | Fold] = []
+    for first, stop in _chunks(state):
+        if columns:
+            steps.append(Fold("im2col", first, stop))
+        image = ("workspace", 0) if columns else ("input", first * c * p)  # the chunk's first image
+        if state.chunk == 1:
+            steps.append(Gemm(True, False, k, o, p, image, p, 0, ("grad", first * o * p), p, 0,
+                              0.0 if first == 0 else 1.0, ("filter_grad", 0), k, 0, 1))
+        else:
+            steps.append(Gemm(True, False, k, o, p, image, p, k * p, ("grad", first * o * p), p, o * p, 0.0,
+                              ("workspace", state.partials_at), k, k * o, stop - first))
+            steps.append(Fold("sum", first, stop))
+    return steps
+
+
+def choose_paths(state: Conv2DState) -> None:
+    """Set state.paths, state.chunk and state.partials_at from the attrs and shapes (no device needed)."""
+    attrs = state.attrs
+    state.paths = dict.fromkeys(DIRECTIONS, "cudnn")
+    if depthwise(attrs, state.shapes["input_shape"].dims[1]):
+        state.paths = dict.fromkeys(DIRECTIONS, "depthwise")
+        return
+    if attrs.groups != 1:
+        return
+    n, _, o, p, k = _sizes(state)
+    itemsize = state.shapes["input_shape"].dtype.itemsize
+    if pointwise(attrs):
+        state.paths = dict.fromkeys(DIRECTIONS, "gemm")
+        state.chunk = max(1, min(n, COLUMN_LIMIT // max(o * k * itemsize, 1)))
+        state.partials_at = 0
+        return
+    if 0 < k * p * itemsize <= COLUMN_LIMIT:
+        state.paths["backward_data"] = state.paths["backward_filter"] = "columns"
+        # Each image of a chunk: its columns, and (chunk > 1) its filter gradient after all the columns.
+        state.chunk = max(1, min(n, COLUMN_LIMIT // ((k * p + o * k) * itemsize)))
+        state.partials_at = -(-state.chunk * k * p // 64) * 64  # 64 elements: aligned for cuBLAS
+
+
+def workspace_elements(state: Conv2DState) -> int:
+    """Elements of the workspace the GEMM paths use: a chunk's columns, then its per-image filter
+    gradients where a chunk holds more than one image."""
+    if "gemm" not in state.paths.values() and "columns" not in state.paths.values():
+        return 0
+    _, _, o, p, k = _sizes(state)
+    columns = state.chunk * k * p if state.paths["backward_data"] == "columns" else 0
+    partials = state.chunk * o * k if state.chunk > 1 else 0
+    return max(columns, state.partials_at + partials)
