@@ -83,7 +83,7 @@ _add("kernel_covers_input", (2, 2, 3, 4), _conv(3, (3, 4)), description="one out
 _add("f64_groups_2_dilation_2_stride_2_bias", (2, 4, 9, 10),
      _conv(4, (3, 3), (2, 2), (2, 1), (2, 2), groups=2, use_bias=True), dtype=np.float64)
 _add("f64_depthwise_k3_s2_p1", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4), dtype=np.float64)
-# The GPU's cuBLAS paths for groups == 1 (kernels/conv_2d.py): pointwise GEMMs, and im2col / col2im.
+# The GPU's cuBLAS paths for groups == 1 (kernels/conv_2d/): pointwise GEMMs, and im2col / col2im.
 _add("gemm_pointwise_batch_3_c64", (3, 64, 3, 5), _conv(9, (1, 1), use_bias=True),
      description="pointwise GEMM path: batch 3 (a strided batched GEMM, the filter gradient summed per image), "
                  "64 input channels")

@@ -298,24 +298,11 @@ def gpu_backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Con
     gpu.backward(stream, handle, state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
 
 
-def forward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, input: Any, filter: Any,
-                   bias: Any, output: Any) -> None:
-    """Write output = activation(conv(input, filter) + bias), on the stream's device."""
-    core.dispatch(OP, cpu_forward_kernel, gpu_forward_kernel, stream, handle, state, attrs, input, filter, bias,
-                  output)
-
-
-def backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, output: Any, output_grad: Any,
-                    input: Any, input_grad: Any, filter: Any, filter_grad: Any, bias_grad: Any) -> None:
-    """Write input_grad, filter_grad and bias_grad (those not None) from output_grad, on the stream's device."""
-    core.dispatch(OP, cpu_backward_kernel, gpu_backward_kernel, stream, handle, state, attrs, output, output_grad,
-                  input, input_grad, filter, filter_grad, bias_grad)
-
-
-def cleanup_kernel(handle: Any, state: Conv2DState) -> None:
-    """Destroy the state's cuDNN descriptors and drop its buffers."""
-    core.cleanup_state(OP, handle, state)
-
-
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = activation(conv(input, filter) + bias), on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad, filter_grad and bias_grad (those not None) from output_grad, "
+                                   "on the stream's device.")
+cleanup_kernel = core.cleanup_entry_point(OP, "Destroy the state's cuDNN descriptors and drop its buffers.")
 cpu_init_kernel = gpu_init_kernel = init_kernel
 cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
