@@ -13,7 +13,14 @@ from conformance.cases import element_binary as cases
 from conformance.compare import compare
 from conformance.golden import GoldenStore
 from kernels import BinaryOpType, ElementBinaryAttrs, TensorShape, cpu_handle, cpu_stream, element_binary
-from kernels.element_binary import Space, divider, gpu_plan
+from kernels.element_binary import Space, divider
+from kernels.element_binary import gpu_plan as device_gpu_plan
+
+H200_SMS = 132  # the plans are sized to the device (gpu.sm_count); these are an H200's
+
+
+def gpu_plan(lhs_dims, rhs_dims, out_dims):
+    return device_gpu_plan(lhs_dims, rhs_dims, out_dims, H200_SMS)
 
 # --------------------------------------------------------------------------- the emulation
 
@@ -222,3 +229,15 @@ def test_collapse_merges_and_drops_size_one_dims():
         assert np.array_equal(lo, np.broadcast_to(np.arange(np.prod(lhs)).reshape(lhs), out).reshape(-1)), (lhs, rhs)
         assert np.array_equal(ro, np.broadcast_to(np.arange(np.prod(rhs)).reshape(rhs), out).reshape(-1)), (lhs, rhs)
         assert index.size == plan.count
+
+
+def test_target_threads_follow_the_sm_count():
+    # An H200's 132 SMs give the 2**18 threads the plans had when they were sized by a constant;
+    # resident threads are rounded down to a power of two, so like-sized devices split alike.
+    assert element_binary.target_threads(H200_SMS) == 262144
+    assert element_binary.target_threads(128) == element_binary.target_threads(255) == 262144
+    assert element_binary.target_threads(108) == 131072
+    # A smaller device splits a reduction into fewer chunks: it has fewer warps to fill.
+    dims = ((1, 64, 400, 400), (64, 1, 1), (1, 64, 400, 400))
+    assert gpu_plan(*dims).grads[1].chunks == 125
+    assert device_gpu_plan(*dims, 16).grads[1].chunks == 16

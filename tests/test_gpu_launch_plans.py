@@ -108,6 +108,7 @@ def device(monkeypatch):
     monkeypatch.setattr(gpu, "launch", recorder.launch)
     monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(gpu, "device_empty", lambda dims, dtype, device: recorder.empty(tuple(dims), dtype))
+    monkeypatch.setattr(gpu, "sm_count", lambda device: 132)  # an H200's, for plans sized to the device
 
     def function(module, name, device=None):
         assert name in module.name_expressions, name
