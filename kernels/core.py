@@ -377,17 +377,6 @@ def cleanup_entry_point(op: str, doc: str = "Release everything the state holds 
     return cleanup_kernel
 
 
-def dispatch(op: str, cpu_function: Callable[..., Any], gpu_function: Callable[..., Any], stream_or_handle: Any,
-             *args: Any, **kwargs: Any) -> Any:
-    """Call the CPU or GPU twin of a kernel function, by the device of its stream or handle."""
-    device = getattr(stream_or_handle, "device", None)
-    if device == "cpu":
-        return cpu_function(stream_or_handle, *args, **kwargs)
-    if isinstance(device, int):
-        return gpu_function(stream_or_handle, *args, **kwargs)
-    raise fail(DeviceError, op, "stream/handle", "a kernels CPU or GPU stream or handle", type(stream_or_handle).__name__)
-
-
 def numel(dims: Sequence[int]) -> int:
     """The element count of dims (math.prod: NumPy's prod costs microseconds a call on the hot path)."""
     return math.prod(int(d) for d in dims)

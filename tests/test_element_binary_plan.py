@@ -222,3 +222,11 @@ def test_collapse_merges_and_drops_size_one_dims():
         assert np.array_equal(lo, np.broadcast_to(np.arange(np.prod(lhs)).reshape(lhs), out).reshape(-1)), (lhs, rhs)
         assert np.array_equal(ro, np.broadcast_to(np.arange(np.prod(rhs)).reshape(rhs), out).reshape(-1)), (lhs, rhs)
         assert index.size == plan.count
+
+
+def test_reduction_split_depends_on_the_shapes_alone():
+    """The split orders the sums, so it is the same on every GPU: 2**18 threads' worth of chunks."""
+    assert element_binary.REDUCTION_THREADS == 262144
+    dims = ((1, 64, 400, 400), (64, 1, 1), (1, 64, 400, 400))
+    assert gpu_plan(*dims).grads[1].chunks == 125
+

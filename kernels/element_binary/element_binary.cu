@@ -1,5 +1,5 @@
 // element_binary: output = lhs (op) rhs with broadcasting, and its gradients.
-// The host collapses dims first (element_binary.collapse); an index space is given
+// The host collapses dims first (collapse, in plan.py); an index space is given
 // as rank, sizes (innermost first), 32-bit division constants, and the output, lhs
 // and rhs strides of each dim (0 where that side is broadcast).
 //
@@ -8,13 +8,15 @@
 // that a second kernel adds in chunk order. The same shapes give the same bits.
 #include "common.cuh"
 
-// BinaryOpType values.
-#define OP_ADD 0
-#define OP_SUB 1
-#define OP_MUL 2
-#define OP_DIV 3
-#define OP_MAX 4
-#define OP_MIN 5
+// The op codes OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN are BinaryOpType's values and
+// EB_VECTOR_BYTES the width of a vector load, all defined once in Python (gpu.py) and passed
+// by CudaModule as -D options.
+#if !defined(OP_ADD) || !defined(OP_SUB) || !defined(OP_MUL) || !defined(OP_DIV) || !defined(OP_MAX) || !defined(OP_MIN)
+#error "OP_ADD ... OP_MIN are defined by kernels/element_binary/gpu.py (CudaModule's -D options)"
+#endif
+#ifndef EB_VECTOR_BYTES
+#error "EB_VECTOR_BYTES is defined by kernels/element_binary/gpu.py (CudaModule's -D options)"
+#endif
 
 // Correctly rounded arithmetic that the compiler may not contract into an FMA, so an
 // elementwise gradient has the bits NumPy gives it.
@@ -99,10 +101,10 @@ __device__ __forceinline__ void offsets(I index, int rank, const Ints& sizes, co
     }
 }
 
-// 16 bytes of T, for vector loads and stores where the host found every pointer aligned.
+// EB_VECTOR_BYTES (16) bytes of T, for vector loads and stores where the host found every pointer aligned.
 template <typename T>
-struct alignas(16) Vec {
-    T v[16 / sizeof(T)];
+struct alignas(EB_VECTOR_BYTES) Vec {
+    T v[EB_VECTOR_BYTES / sizeof(T)];
 };
 
 // --------------------------------------------------------------------------- forward
@@ -111,7 +113,7 @@ struct alignas(16) Vec {
 template <typename T, typename I>
 __global__ void binary_same(const T* __restrict__ lhs, const T* __restrict__ rhs, T* __restrict__ output,
                             I count, int op, int vectorized) {
-    constexpr int N = 16 / sizeof(T);
+    constexpr int N = EB_VECTOR_BYTES / sizeof(T);
     const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
     const I step = (I)gridDim.x * blockDim.x;
     DISPATCH_OP(op, {
@@ -156,7 +158,7 @@ __global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restr
                                      const T* __restrict__ output_grad, T* __restrict__ lhs_grad,
                                      T* __restrict__ rhs_grad, I count, int op, int want_lhs, int want_rhs,
                                      int need_lhs, int need_rhs, int vectorized) {
-    constexpr int N = 16 / sizeof(T);
+    constexpr int N = EB_VECTOR_BYTES / sizeof(T);
     const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
     const I step = (I)gridDim.x * blockDim.x;
     DISPATCH_OP(op, {

@@ -2,7 +2,7 @@
 // atomics, so that every run gives the same bits. Every arithmetic step uses
 // the explicitly rounded intrinsics (__dadd_rn, __dmul_rn, ...) so that no
 // multiply-add is contracted into an FMA: the GPU does the same operations as
-// the NumPy code of batch_norm.py, in the same order.
+// the NumPy code of batch_norm/cpu.py, in the same order.
 //
 // Layout: the input is (outer, stats, inner). SPATIAL: (N, C, H*W), one
 // statistic per channel, reduced by (part, channel) blocks over
@@ -18,7 +18,12 @@
 #include "common.cuh"
 #include "activation.cuh"
 
-#define BN_BLOCK 256
+// Every constant this source shares with Python is defined once there (plan.py, gpu.py) and
+// passed by CudaModule as a -D option: BN_BLOCK (threads of every block), BN_APPLY_UNROLL, and
+// the codes BN_PARTIALS_*, BN_STATS_* and BN_COEF_* below.
+#if !defined(BN_BLOCK) || !defined(BN_APPLY_UNROLL)
+#error "BN_BLOCK and BN_APPLY_UNROLL are defined by kernels/batch_norm/plan.py (CudaModule's -D options)"
+#endif
 
 // Sum of one value per thread, a fixed-order tree over the block (blockDim.x == BN_BLOCK).
 __device__ __forceinline__ double block_sum(double value, double* shared) {
@@ -52,9 +57,12 @@ __device__ __forceinline__ double inverse_std(double var, double eps) {
 
 // ----------------------------------------------------------------------------- SPATIAL statistics
 
-// What a bn_spatial_partials launch writes.
-#define BN_PARTIALS_SUMS 0     // sums of x
-#define BN_PARTIALS_SQUARES 1  // sums of (x - mean)^2, the mean from the sums of a launch before
+// What a bn_spatial_partials launch writes:
+//   BN_PARTIALS_SUMS     sums of x
+//   BN_PARTIALS_SQUARES  sums of (x - mean)^2, the mean from the sums of a launch before
+#if !defined(BN_PARTIALS_SUMS) || !defined(BN_PARTIALS_SQUARES)
+#error "BN_PARTIALS_* are defined by kernels/batch_norm/gpu.py (CudaModule's -D options)"
+#endif
 
 // The value a partial sum adds: x, or (x - mean)^2.
 template <typename T>
@@ -186,11 +194,14 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
 
 // ----------------------------------------------------------------------------- forward apply
 
-// Where bn_forward_apply takes the statistics from.
-#define BN_STATS_SAVED 0     // saved_mean / saved_invstd, written by a launch before (by feature, training)
-#define BN_STATS_RUNNING 1   // the running statistics (inference); written to saved_* for backward
-#define BN_STATS_PARTIALS 2  // the channel sums of bn_spatial_partials (SPATIAL training): saved_* and
-                             // the running statistics are written, once a channel, by block x 0
+// Where bn_forward_apply takes the statistics from:
+//   BN_STATS_SAVED     saved_mean / saved_invstd, written by a launch before (by feature, training)
+//   BN_STATS_RUNNING   the running statistics (inference); written to saved_* for backward
+//   BN_STATS_PARTIALS  the channel sums of bn_spatial_partials (SPATIAL training): saved_* and
+//                      the running statistics are written, once a channel, by block x 0
+#if !defined(BN_STATS_SAVED) || !defined(BN_STATS_RUNNING) || !defined(BN_STATS_PARTIALS)
+#error "BN_STATS_* are defined by kernels/batch_norm/gpu.py (CudaModule's -D options)"
+#endif
 
 // One element of the forward: output[index] = f((x - mean) * invstd * gamma[s] + beta[s]) (gamma and beta
 // null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation.
@@ -216,7 +227,6 @@ __device__ __forceinline__ void forward_one(T x, double mean, double invstd, con
 // bn_feature_stats), so every block and the saved copy agree to the bit.
 // A block covers BN_APPLY_UNROLL * BN_BLOCK columns of a row per step (the host picks
 // 64-bit I where base + step could pass 2^31).
-#define BN_APPLY_UNROLL 4
 template <typename T, typename I>
 __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, const double* __restrict__ partials,
                                  I parts, double count, double eps, double momentum, T* __restrict__ running_mean,
@@ -397,10 +407,13 @@ __global__ void bn_feature_grad(const T* __restrict__ output_grad, const T* __re
     }
 }
 
-// Where bn_backward_apply takes the coefficients of the input gradient from.
-#define BN_COEF_SAVED 0     // coef, written by a launch before (or none: after an inference forward)
-#define BN_COEF_PARTIALS 1  // the channel sums of bn_spatial_grad_partials (SPATIAL): grad_finalize's
-                            // operations, and its gamma_grad / beta_grad written once a channel by block x 0
+// Where bn_backward_apply takes the coefficients of the input gradient from:
+//   BN_COEF_SAVED     coef, written by a launch before (or none: after an inference forward)
+//   BN_COEF_PARTIALS  the channel sums of bn_spatial_grad_partials (SPATIAL): grad_finalize's
+//                     operations, and its gamma_grad / beta_grad written once a channel by block x 0
+#if !defined(BN_COEF_SAVED) || !defined(BN_COEF_PARTIALS)
+#error "BN_COEF_* are defined by kernels/batch_norm/gpu.py (CudaModule's -D options)"
+#endif
 
 // input_grad = ((g - grad_mean) - (x - mean) * k) * invstd * gamma after a training
 // forward, g * invstd * gamma after an inference one (gamma null when not affine),

@@ -1,0 +1,280 @@
+"""batch_norm: input (N, C, *spatial) -> output, normalized per channel (SPATIAL,
+statistics over N and every spatial dim, gamma/beta of shape (C,)) or per
+activation (PER_ACTIVATION, statistics over N only, gamma/beta of shape
+(C, *spatial)), optionally followed by a fused activation.
+
+Training (the default) normalizes with the batch's mean and biased variance and
+updates the running statistics held in the state, as PyTorch does::
+
+    running_mean = momentum * mean + (1 - momentum) * running_mean
+    running_var  = momentum * unbiased_var + (1 - momentum) * running_var
+
+with momentum None meaning the cumulative average (momentum = 1 / number of
+training steps so far). Inference (``training=False``) normalizes with the
+running statistics and updates nothing. Backward is the gradient of the forward
+before it on the same state: of the batch statistics after a training forward,
+of the fixed running statistics (``input_grad = g * gamma * invstd``) after an
+inference one.
+
+Precision: every statistic and every element is computed in float64 whatever
+the dtype (float32 values are widened, the result rounded once), with the same
+operations in the same order on the CPU and the GPU, so the two agree to the
+bit wherever the sums are exact and to an ulp or two elsewhere.
+
+A package: this module holds the attrs, the state, the checks and the entry points;
+cpu.py the NumPy code, plan.py the layout and the GPU plan (pure Python, no device),
+gpu.py the launches of batch_norm.cu.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import activation as activations
+from .. import core
+from ..activation import Activation
+from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from .plan import GpuPlan, Layout
+
+if TYPE_CHECKING:
+    from .gpu import GpuCalls
+
+OP = "batch_norm"
+
+
+class BatchNormMode(enum.Enum):
+    """SPATIAL: one statistic per channel (BatchNorm2d); PER_ACTIVATION: one per (c, h, w) (BatchNorm1d over N)."""
+
+    SPATIAL = "SPATIAL"
+    PER_ACTIVATION = "PER_ACTIVATION"
+
+
+def _attr_real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
+        raise fail(AttrsError, OP, name, "a finite real number", repr(value))
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BatchNormAttrs:
+    """affine: gamma and beta are given; eps > 0; 0 <= momentum <= 1, or None for the cumulative average."""
+
+    affine: bool = True
+    eps: float = 1e-5
+    momentum: float | None = 0.1
+    mode: BatchNormMode = BatchNormMode.SPATIAL
+    activation: Activation | None = None  # applied after the normalization, forward and backward
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.affine, (bool, np.bool_)):
+            raise fail(AttrsError, OP, "affine", "a bool", repr(self.affine))
+        core.set_attr(self, "affine", bool(self.affine))
+        eps = _attr_real("eps", self.eps)
+        if eps <= 0:
+            raise fail(AttrsError, OP, "eps", "a number > 0", eps)
+        core.set_attr(self, "eps", eps)
+        if self.momentum is not None:
+            momentum = _attr_real("momentum", self.momentum)
+            if not 0.0 <= momentum <= 1.0:
+                raise fail(AttrsError, OP, "momentum", "a number in [0, 1] or None (cumulative average)", momentum)
+            core.set_attr(self, "momentum", momentum)
+        core.set_attr(self, "mode", core.attr_enum(OP, "mode", self.mode, BatchNormMode))
+        core.set_attr(self, "activation", activations.attr_activation(OP, self.activation))
+
+
+# --------------------------------------------------------------------------- state and layout
+
+
+def layout_of(attrs: BatchNormAttrs, dims: tuple[int, ...]) -> Layout:
+    """The input of dims `dims` seen as (outer, stats, inner) for the attrs' mode."""
+    spatial = core.numel(dims[2:])
+    if attrs.mode is BatchNormMode.SPATIAL:
+        return Layout(dims[0], dims[1], spatial, (dims[1],))
+    return Layout(dims[0], dims[1] * spatial, 1, tuple(dims[1:]))
+
+
+@dataclass(frozen=True)
+class SavedForward:
+    """What backward needs from the forward before it: whether it trained (batch statistics) or not
+    (running ones), whether the input was empty, and on the CPU the float64 mean and inverse deviation
+    per statistic (the GPU keeps them in the state's device arrays)."""
+
+    training: bool
+    empty: bool = False
+    mean: np.ndarray | None = None
+    invstd: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class BatchNormState(core.KernelState):
+    """The running statistics (arrays on the state's device, in the input's dtype, shaped like gamma;
+    a caller may read them or overwrite them, in place or by assignment), the number of training
+    forwards so far, and what backward needs from the forward before it (`forward`, `pre`)."""
+
+    running_mean: Any = None
+    running_var: Any = None
+    num_batches_tracked: int = 0
+    # Set by init_kernel.
+    layout: Layout | None = None
+    stat_shape: TensorShape | None = None  # of gamma, beta and the running statistics
+    # Kept by forward for backward: the forward's kind and statistics, and the pre-activation of a
+    # fused activation (made by the first forward that needs it, kept until cleanup).
+    forward: SavedForward | None = None
+    pre: Any = None
+    # GPU only. Made by init_kernel: the plan, float64 device arrays of the saved mean and inverse
+    # deviation (written by a forward, read by backward), backward's coefficients and the partial sums,
+    # and the event recorded after init's fills (None once they are seen complete). Made by the first
+    # GPU call: the launches' fixed parts.
+    plan: GpuPlan | None = None
+    saved_mean: Any = None
+    saved_invstd: Any = None
+    coef: Any = None
+    partials: Any = None
+    ready: Any = None
+    calls: GpuCalls | None = None
+
+    def training_step(self) -> float:
+        """Count a training forward; the weight of its statistics (momentum None: 1 / steps so far, as torch)."""
+        self.num_batches_tracked += 1
+        momentum = self.attrs.momentum
+        return 1.0 / self.num_batches_tracked if momentum is None else momentum
+
+    def release(self) -> None:
+        super().release()
+        self.running_mean = self.running_var = self.forward = self.pre = None
+        self.saved_mean = self.saved_invstd = self.coef = self.partials = self.ready = self.calls = None
+
+
+def init_kernel(handle: Any, attrs: BatchNormAttrs, input_shape: TensorShape, output_shape: TensorShape) -> BatchNormState:
+    """Check the shapes (input (N, C, *spatial), rank >= 2; output the same) and make the running statistics:
+    mean 0, variance 1, on the handle's device."""
+    state = core.make_state(OP, handle, attrs, BatchNormAttrs, BatchNormState, input_shape=input_shape,
+                            output_shape=output_shape)
+    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_rank(OP, "input_shape", input_shape, min_rank=2)
+    core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
+    core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
+    layout = state.layout = layout_of(attrs, input_shape.dims)
+    state.stat_shape = TensorShape(layout.stat_dims, input_shape.dtype)
+    if state.device == "cpu":
+        state.running_mean = np.zeros(layout.stat_dims, input_shape.dtype)
+        state.running_var = np.ones(layout.stat_dims, input_shape.dtype)
+    else:
+        gpu.init(state, input_shape.dtype)
+    return state
+
+
+def _param_rows(state: BatchNormState, names: tuple[str, ...], arrays: tuple[Any, ...], required: bool) -> list[tuple]:
+    """check_call rows for gamma, beta and their grads: shaped like a statistic when affine, absent when not."""
+    stat_shape = state.stat_shape
+    if not state.attrs.affine:
+        for name, array in zip(names, arrays):
+            if array is not None:
+                raise fail(ShapeError, OP, name, "None (attrs.affine is False)", f"an array {tuple(array.shape)}")
+        return []
+    return [(name, array, stat_shape, required) for name, array in zip(names, arrays)]
+
+
+def _check_running(state: BatchNormState, device: Any) -> None:
+    """The running statistics, which a caller may have replaced, are still arrays of the right kind."""
+    for name in ("running_mean", "running_var"):
+        array = getattr(state, name)
+        if array is None:
+            raise fail(StateError, OP, f"state.{name}", "an array", None)
+        core.check_tensor(OP, f"state.{name}", array, state.stat_shape, device)
+
+
+def _check_state(state: Any) -> None:
+    if not isinstance(state, BatchNormState):
+        raise fail(StateError, OP, "state", f"a state from {OP}.init_kernel", type(state).__name__)
+
+
+def _check_forward(stream: Any, handle: Any, state: Any, attrs: Any, input: Any, gamma: Any, beta: Any, output: Any,
+                   training: bool) -> Any:
+    _check_state(state)
+    rows = [("input", input, state.shapes["input_shape"], True), ("output", output, state.shapes["output_shape"], True)]
+    rows += _param_rows(state, ("gamma", "beta"), (gamma, beta), True)
+    device = core.check_call(OP, stream, handle, state, attrs, rows)
+    _check_running(state, device)
+    layout = state.layout
+    if training and layout.count == 1 and layout.stats:
+        raise fail(ShapeError, OP, "input", "more than 1 value per statistic when training",
+                   f"dims {tuple(input.shape)}")
+    return device
+
+
+def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: Any, output_grad: Any, input: Any,
+                    input_grad: Any, gamma: Any, beta: Any, gamma_grad: Any, beta_grad: Any) -> SavedForward:
+    _check_state(state)
+    rows = [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("input", input, state.shapes["input_shape"], True),
+        ("input_grad", input_grad, state.shapes["input_shape"], False),
+    ]
+    rows += _param_rows(state, ("gamma",), (gamma,), True)
+    rows += _param_rows(state, ("beta", "gamma_grad", "beta_grad"), (beta, gamma_grad, beta_grad), False)
+    core.check_call(OP, stream, handle, state, attrs, rows)
+    saved = state.forward
+    if saved is None:
+        raise fail(StateError, OP, "state", "a forward on this state before backward", "none")
+    return saved
+
+
+# --------------------------------------------------------------------------- the implementations
+
+# Imported here, below SavedForward and the state, which they import from this module.
+from . import cpu, gpu  # noqa: E402
+
+# --------------------------------------------------------------------------- entry points
+
+
+def cpu_forward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, input: Any,
+                       gamma: Any, beta: Any, output: Any, *, training: bool = True) -> None:
+    """output = activation((input - mean) * invstd * gamma + beta), with batch statistics (training, which
+    updates the running ones) or the running statistics (inference)."""
+    _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training)
+    cpu.forward(state, attrs, input, gamma, beta, output, training)
+
+
+def cpu_backward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, output: Any,
+                        output_grad: Any, input: Any, input_grad: Any, gamma: Any, beta: Any, gamma_grad: Any,
+                        beta_grad: Any) -> None:
+    """Gradients of the forward before (training: through the batch statistics; inference: through the
+    fixed running ones); gamma_grad = sum(g * xhat), beta_grad = sum(g), g the pre-activation gradient."""
+    saved = _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                            gamma_grad, beta_grad)
+    cpu.backward(state, attrs, saved, output_grad, input, input_grad, gamma, gamma_grad, beta_grad)
+
+
+@core.gpu_kernel
+def gpu_forward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, input: Any,
+                       gamma: Any, beta: Any, output: Any, *, training: bool = True) -> None:
+    """output = activation((input - mean) * invstd * gamma + beta), enqueued on the stream (see cpu_forward_kernel)."""
+    _check_forward(stream, handle, state, attrs, input, gamma, beta, output, training)
+    gpu.forward(stream, state, attrs, input, gamma, beta, output, training)
+
+
+@core.gpu_kernel
+def gpu_backward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, output: Any,
+                        output_grad: Any, input: Any, input_grad: Any, gamma: Any, beta: Any, gamma_grad: Any,
+                        beta_grad: Any) -> None:
+    """Gradients of the forward before, enqueued on the stream (see cpu_backward_kernel)."""
+    saved = _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, gamma, beta,
+                            gamma_grad, beta_grad)
+    gpu.backward(stream, state, attrs, saved, output_grad, input, input_grad, gamma, gamma_grad, beta_grad)
+
+
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output (training: batch statistics, running ones updated; inference: running "
+                                  "statistics).")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write input_grad, gamma_grad and beta_grad (each skipped when None) for the forward before.")
+cleanup_kernel = core.cleanup_entry_point(OP, "Release the state: running statistics, saved statistics, workspace.")
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -1,0 +1,186 @@
+"""element_binary: output = lhs (op) rhs with NumPy broadcasting, for ADD, SUB, MUL, DIV, MAX, MIN.
+
+Broadcasting follows NumPy (and torch): shapes are right-aligned, and a dim of size 1
+(or a missing leading dim) stretches to the other side's size. `output_shape` must be
+the broadcast shape. float32 and float64 only: integer arithmetic (integer division,
+gradients) has no meaning a detector's training needs.
+
+Backward follows torch's autograd formulas (derivatives.yaml) in torch's order of
+operations, then sums each gradient over the dims its operand was broadcast along:
+
+- ADD: lhs_grad = g, rhs_grad = g;  SUB: lhs_grad = g, rhs_grad = -g
+- MUL: lhs_grad = g * rhs, rhs_grad = g * lhs
+- DIV: lhs_grad = g / rhs, rhs_grad = -g * ((lhs / rhs) / rhs)   (torch's exact order, not g*lhs/rhs^2)
+- MAX (torch.maximum): where lhs == rhs each side gets g / 2; elsewhere the larger side gets g and the
+  other 0. Where either is NaN (the output is NaN), both sides get g, as in torch.
+- MIN (torch.minimum): the same with the smaller side.
+
+Forward MAX/MIN propagate NaN and, on a tie of +0 and -0, return lhs (torch's choice).
+
+A package: this module holds the attrs, the state, the checks and the entry points;
+cpu.py the NumPy code, plan.py the GPU plans (pure Python, no device), gpu.py the
+launches of element_binary.cu.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import core
+from ..core import FLOAT_DTYPES, ShapeError, TensorShape, fail
+from .plan import (  # noqa: F401  (element_binary's plans, as tests and tools know them)
+    REDUCTION_THREADS,
+    WARP_SUM_CHUNKS,
+    GpuPlan,
+    GradPlan,
+    Space,
+    collapse,
+    divider,
+    gpu_plan,
+    grad_plan,
+)
+
+if TYPE_CHECKING:
+    from .gpu import BackwardStep, ForwardLaunch
+
+OP = "element_binary"
+
+
+class BinaryOpType(enum.Enum):
+    """The binary ops; the values are the op codes of element_binary.cu (OP_ADD ..., -D options from gpu.py)."""
+
+    ADD = 0
+    SUB = 1
+    MUL = 2
+    DIV = 3
+    MAX = 4
+    MIN = 5
+
+
+@dataclass(frozen=True)
+class ElementBinaryAttrs:
+    op_type: BinaryOpType
+
+    def __post_init__(self) -> None:
+        core.set_attr(self, "op_type", core.attr_enum(OP, "op_type", self.op_type, BinaryOpType))
+
+
+def broadcast_dims(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The NumPy broadcast of two shapes, or None when they do not broadcast."""
+    rank = max(len(lhs_dims), len(rhs_dims))
+    lhs = (1,) * (rank - len(lhs_dims)) + tuple(lhs_dims)
+    rhs = (1,) * (rank - len(rhs_dims)) + tuple(rhs_dims)
+    out = []
+    for a, b in zip(lhs, rhs):
+        if a != b and a != 1 and b != 1:
+            return None
+        out.append(b if a == 1 else a)
+    return tuple(out)
+
+
+@dataclass(eq=False)
+class ElementBinaryState(core.KernelState):
+    """The shapes, and on the GPU what each call would otherwise work out again: the plan, the
+    forward's launch, the backward's launches for each (lhs_grad wanted, rhs_grad wanted) and the
+    buffer of partial sums of a split reduction (made on first need, kept until cleanup)."""
+
+    plan: GpuPlan | None = None
+    gpu_forward: ForwardLaunch | None = None
+    gpu_backward: dict[tuple[bool, bool], list[BackwardStep] | None] = field(default_factory=dict)
+    partials: Any = None
+
+    def release(self) -> None:
+        super().release()
+        self.gpu_forward = self.partials = None
+        self.gpu_backward.clear()
+
+
+def init_kernel(handle: Any, attrs: ElementBinaryAttrs, lhs_shape: TensorShape, rhs_shape: TensorShape,
+                output_shape: TensorShape) -> ElementBinaryState:
+    """Check that lhs and rhs broadcast to output_shape, all of one float dtype, and record the shapes."""
+    state = core.make_state(OP, handle, attrs, ElementBinaryAttrs, ElementBinaryState, lhs_shape=lhs_shape,
+                            rhs_shape=rhs_shape, output_shape=output_shape)
+    core.check_dtype(OP, "lhs_shape", lhs_shape, FLOAT_DTYPES)
+    core.check_same_dtype(OP, "rhs_shape", rhs_shape, lhs_shape, "lhs_shape")
+    core.check_same_dtype(OP, "output_shape", output_shape, lhs_shape, "lhs_shape")
+    dims = broadcast_dims(lhs_shape.dims, rhs_shape.dims)
+    if dims is None:
+        raise fail(ShapeError, OP, "rhs_shape", f"dims that broadcast with lhs_shape {lhs_shape.dims}", rhs_shape.dims)
+    core.check_dims(OP, "output_shape", output_shape, dims)
+    return state
+
+
+def _needs_values(op_type: BinaryOpType) -> bool:
+    """Whether backward reads lhs and rhs (ADD and SUB need only output_grad)."""
+    return op_type not in (BinaryOpType.ADD, BinaryOpType.SUB)
+
+
+def _check_forward(stream: Any, handle: Any, state: Any, attrs: Any, lhs: Any, rhs: Any, output: Any) -> None:
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("lhs", lhs, state.shapes["lhs_shape"], True),
+        ("rhs", rhs, state.shapes["rhs_shape"], True),
+        ("output", output, state.shapes["output_shape"], True),
+    ])
+
+
+def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: Any, output_grad: Any, lhs: Any,
+                    lhs_grad: Any, rhs: Any, rhs_grad: Any) -> None:
+    values = _needs_values(attrs.op_type) if isinstance(attrs, ElementBinaryAttrs) else False
+    core.check_call(OP, stream, handle, state, attrs, [
+        ("output", output, state.shapes["output_shape"], False),
+        ("output_grad", output_grad, state.shapes["output_shape"], True),
+        ("lhs", lhs, state.shapes["lhs_shape"], values),
+        ("lhs_grad", lhs_grad, state.shapes["lhs_shape"], False),
+        ("rhs", rhs, state.shapes["rhs_shape"], values),
+        ("rhs_grad", rhs_grad, state.shapes["rhs_shape"], False),
+    ])
+
+
+# --------------------------------------------------------------------------- the implementations
+
+# Imported here, below BinaryOpType, which they import from this module.
+from . import cpu, gpu  # noqa: E402
+from .cpu import grad as _cpu_grad  # noqa: E402, F401  (the emulation of tests/test_element_binary_plan.py)
+
+# --------------------------------------------------------------------------- entry points
+
+
+def cpu_forward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attrs: ElementBinaryAttrs, lhs: Any,
+                       rhs: Any, output: Any) -> None:
+    """output = lhs (op) rhs, broadcast by NumPy."""
+    _check_forward(stream, handle, state, attrs, lhs, rhs, output)
+    cpu.forward(attrs.op_type, lhs, rhs, output)
+
+
+def cpu_backward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attrs: ElementBinaryAttrs, output: Any,
+                        output_grad: Any, lhs: Any, lhs_grad: Any, rhs: Any, rhs_grad: Any) -> None:
+    """Write lhs_grad and rhs_grad (those not None), each summed over its broadcast dims."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+    cpu.backward(attrs.op_type, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+
+
+@core.gpu_kernel
+def gpu_forward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attrs: ElementBinaryAttrs, lhs: Any,
+                       rhs: Any, output: Any) -> None:
+    """output = lhs (op) rhs, one kernel enqueued on the stream."""
+    _check_forward(stream, handle, state, attrs, lhs, rhs, output)
+    gpu.forward(stream, state, attrs, lhs, rhs, output)
+
+
+@core.gpu_kernel
+def gpu_backward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attrs: ElementBinaryAttrs, output: Any,
+                        output_grad: Any, lhs: Any, lhs_grad: Any, rhs: Any, rhs_grad: Any) -> None:
+    """Write lhs_grad and rhs_grad (those not None), reduced over broadcast dims without atomics."""
+    _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+    gpu.backward(stream, state, attrs, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+
+
+forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
+                                  "Write output = lhs (op) rhs with broadcasting, on the stream's device.")
+backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
+                                   "Write lhs_grad and rhs_grad (None skips one), each summed over its broadcast dims.")
+cleanup_kernel = core.cleanup_entry_point(OP, "Release the state (and the GPU buffer of partial sums, if one was made).")
+cpu_init_kernel = gpu_init_kernel = init_kernel
+cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel

@@ -1,0 +1,102 @@
+"""element_binary on the CPU: NumPy ufuncs over broadcast views, shared out to the cores.
+The arguments are checked (kernels.element_binary's entry points) before anything here runs."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import cpu as cpu_runtime
+from . import BinaryOpType
+
+_CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole call
+
+
+def elementwise(function: Callable[..., Any], output: np.ndarray, *operands: np.ndarray) -> None:
+    """function(*operands, out=output) with the operands broadcast to the output, the output cut along
+    its first axis at least as long as there are cores and the parts shared out to them
+    (cpu_runtime.cpu_parallel): elementwise, so every element gets the same arithmetic as in one call."""
+    shape = output.shape
+    views = [np.broadcast_to(operand, shape) for operand in operands]
+    threads = cpu_runtime.cpu_threads()
+    axis = next((i for i, size in enumerate(shape) if size >= threads), None)
+
+    def run(first: int, last: int) -> None:
+        index = (slice(None),) * axis + (slice(first, last),)
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as torch gives them, without warnings
+            function(*(view[index] for view in views), out=output[index])
+
+    if axis is None or threads < 2 or output.size < _CPU_PARALLEL_MIN:
+        with np.errstate(all="ignore"):
+            function(*views, out=output)
+        return
+    cpu_runtime.cpu_parallel(run, shape[axis])
+
+
+def _copy(source: np.ndarray, out: np.ndarray) -> None:
+    np.copyto(out, source)
+
+
+def forward(op: BinaryOpType, lhs: np.ndarray, rhs: np.ndarray, output: np.ndarray) -> None:
+    """output = lhs (op) rhs, broadcast by NumPy."""
+    if op is BinaryOpType.ADD:
+        elementwise(np.add, output, lhs, rhs)
+    elif op is BinaryOpType.SUB:
+        elementwise(np.subtract, output, lhs, rhs)
+    elif op is BinaryOpType.MUL:
+        elementwise(np.multiply, output, lhs, rhs)
+    elif op is BinaryOpType.DIV:
+        elementwise(np.divide, output, lhs, rhs)
+    elif op is BinaryOpType.MAX:
+        elementwise(np.maximum, output, rhs, lhs)  # NumPy returns its second argument on a tie: lhs, like torch
+    else:
+        elementwise(np.minimum, output, rhs, lhs)
+
+
+def sum_to(full: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+    """Sum a tensor of the output's dims over the dims an operand of `dims` was broadcast along."""
+    lead = full.ndim - len(dims)
+    axes = tuple(range(lead)) + tuple(lead + d for d, size in enumerate(dims) if size == 1 and full.shape[lead + d] != 1)
+    if not axes:
+        return full
+    return np.sum(full, axis=axes, keepdims=True).reshape(dims)
+
+
+def grad(op: BinaryOpType, side: int, lhs: Any, rhs: Any, output_grad: np.ndarray) -> np.ndarray:
+    """The gradient each output element sends to one side (0 lhs, 1 rhs), at the output's dims."""
+    g = output_grad
+    if op is BinaryOpType.ADD:
+        return g
+    if op is BinaryOpType.SUB:
+        return g if side == 0 else np.negative(g)
+    if op is BinaryOpType.MUL:
+        return g * (rhs if side == 0 else lhs)
+    if op is BinaryOpType.DIV:
+        return g / rhs if side == 0 else np.negative(g) * ((lhs / rhs) / rhs)
+    # MAX/MIN: torch's where(lhs == rhs, g / 2, g).masked_fill_(this side loses, 0).
+    loses = (lhs < rhs) if (op is BinaryOpType.MAX) == (side == 0) else (lhs > rhs)
+    return np.where(lhs == rhs, g * g.dtype.type(0.5), np.where(loses, g.dtype.type(0), g))
+
+
+_DIRECT_GRADS = {  # op: side, lhs, rhs -> (function(g, *operands, out=...), operands), as grad computes it
+    BinaryOpType.ADD: lambda side, lhs, rhs: (_copy, ()),
+    BinaryOpType.SUB: lambda side, lhs, rhs: ((_copy, ()) if side == 0 else (np.negative, ())),
+    BinaryOpType.MUL: lambda side, lhs, rhs: (np.multiply, (rhs if side == 0 else lhs,)),
+}
+
+
+def backward(op: BinaryOpType, output_grad: np.ndarray, lhs: np.ndarray | None, lhs_grad: np.ndarray | None,
+             rhs: np.ndarray | None, rhs_grad: np.ndarray | None) -> None:
+    """Write lhs_grad and rhs_grad (those not None), each summed over its broadcast dims."""
+    with np.errstate(all="ignore"):
+        for side, side_grad in ((0, lhs_grad), (1, rhs_grad)):
+            if side_grad is None:
+                continue
+            if side_grad.shape == output_grad.shape and op in _DIRECT_GRADS:
+                # Nothing to sum: grad's one operation, written straight into the gradient.
+                function, operands = _DIRECT_GRADS[op](side, lhs, rhs)
+                elementwise(function, side_grad, output_grad, *operands)
+                continue
+            full = grad(op, side, lhs, rhs, output_grad)
+            np.copyto(side_grad, sum_to(np.broadcast_to(full, output_grad.shape), side_grad.shape))

@@ -1,0 +1,176 @@
+"""element_binary on the GPU: the launches of element_binary.cu, worked out once per state
+(and per gradients wanted) from its plan (plan.py). The arguments are checked, and the
+call runs inside its stream (core.gpu_kernel), before anything here runs."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import gpu
+from . import BinaryOpType
+from .plan import WARP_SUM_CHUNKS, GpuPlan, gpu_plan
+
+if TYPE_CHECKING:
+    from . import ElementBinaryAttrs, ElementBinaryState
+
+# 16-byte loads and stores (`struct Vec` of element_binary.cu) where every pointer is aligned to them.
+VECTOR_BYTES = 16
+
+_KERNELS = ("binary_same", "binary_broadcast", "binary_backward_same", "binary_grad_rows", "binary_grad_warps",
+            "binary_sum_partials", "binary_sum_partials_warps")
+# The op codes are BinaryOpType's values, reaching the source as -D options; so is the vector width.
+DEFINES = {**{f"OP_{op.name}": op.value for op in BinaryOpType}, "EB_VECTOR_BYTES": VECTOR_BYTES}
+# One module per index type: tensors of 2**31 elements or more are rare, and their 64-bit
+# instantiations (64-bit division throughout) are compiled only when one turns up.
+_CUDA = {index: gpu.CudaModule("element_binary.cu", [f"{kernel}<{t}, {index}>" for kernel in _KERNELS
+                                                     for t in gpu.FLOAT_TYPES],
+                               defines=DEFINES, directory=os.path.dirname(__file__))
+         for index in gpu.INDEX_TYPES}
+
+# (kernel, grid, scalar arguments, same) of a forward; `same`: the plain elementwise kernel,
+# whose last argument (the alignment flag) each call adds.
+ForwardLaunch = tuple[Any, Any, tuple, bool]
+# (kernel, grid, array slots, scalar arguments, whether the alignment flag of the arrays is added last)
+BackwardStep = tuple[Any, Any, tuple[int, ...], tuple, bool]
+
+
+def _function(kernel: str, dtype: np.dtype, index: str) -> Any:
+    return _CUDA[index].function(f"{kernel}<{gpu.cuda_type(dtype)}, {index}>")
+
+
+def _plan(state: ElementBinaryState) -> GpuPlan:
+    if state.plan is None:
+        shapes = state.shapes
+        state.plan = gpu_plan(shapes["lhs_shape"].dims, shapes["rhs_shape"].dims, shapes["output_shape"].dims)
+    return state.plan
+
+
+_FLAGS = (np.int32(0), np.int32(1))
+
+
+def _vector_ok(*arrays: Any) -> np.int32:
+    """Whether every array starts on a VECTOR_BYTES boundary, so vector loads and stores are legal."""
+    bits = 0
+    for a in arrays:
+        bits |= a.data.ptr
+    return _FLAGS[bits & (VECTOR_BYTES - 1) == 0]
+
+
+def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBinaryAttrs, lhs: Any, rhs: Any,
+            output: Any) -> None:
+    """output = lhs (op) rhs, one kernel enqueued on the stream."""
+    launch = state.gpu_forward
+    if launch is None:
+        launch = state.gpu_forward = _forward_launch(state, attrs, output.dtype)
+    if launch is None:
+        return
+    kernel, grid, tail, same = launch
+    if same:
+        tail = tail + (_vector_ok(lhs, rhs, output),)
+    gpu.launch(stream, kernel, grid, gpu.BLOCK, (lhs, rhs, output) + tail)
+
+
+def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype: np.dtype) -> ForwardLaunch | None:
+    """The forward's launch, made once; None for an empty output."""
+    plan = _plan(state)
+    if plan.count == 0:
+        return None
+    scalar = np.int32 if plan.index == "int" else np.int64
+    op = np.int32(attrs.op_type.value)
+    if plan.same:
+        per = VECTOR_BYTES // dtype.itemsize
+        return (_function("binary_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
+                (scalar(plan.count), op), True)
+    return (_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count),
+            (scalar(plan.count), op) + plan.space.args, False)
+
+
+def _partials(state: ElementBinaryState, plan: GpuPlan, dtype: np.dtype) -> Any:
+    """The buffer of partial sums, made at first need and kept in the state."""
+    if state.partials is None:
+        size = max(g.chunks * g.kept.count if g.chunks > 1 else 0 for g in plan.grads)
+        state.partials = gpu.device_empty((max(size, 1),), dtype, state.device)
+    return state.partials
+
+
+# Slots of the arrays a backward launch takes, indexes into the call's
+# (lhs, rhs, output_grad, lhs_grad, rhs_grad, partials).
+_LHS, _RHS, _GRAD, _LHS_GRAD, _RHS_GRAD, _PARTIALS = range(6)
+
+
+def backward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBinaryAttrs, output_grad: Any,
+             lhs: Any, lhs_grad: Any, rhs: Any, rhs_grad: Any) -> None:
+    """Write lhs_grad and rhs_grad (those not None), reduced over broadcast dims without atomics."""
+    want = (lhs_grad is not None and lhs_grad.size != 0, rhs_grad is not None and rhs_grad.size != 0)
+    if not (want[0] or want[1]):
+        return
+    steps = state.gpu_backward.get(want)
+    if steps is None:
+        steps = state.gpu_backward[want] = _backward_steps(state, attrs, output_grad.dtype, want)
+    if steps is None:  # an empty sum: the gradient of a broadcast operand is zero
+        for side_grad in (lhs_grad, rhs_grad):
+            if side_grad is not None and side_grad.size:
+                gpu.cupy.cuda.runtime.memsetAsync(side_grad.data.ptr, 0, side_grad.nbytes, stream.ptr)
+        return
+    arrays = (lhs, rhs, output_grad, lhs_grad, rhs_grad, state.partials)
+    for kernel, grid, slots, tail, aligned in steps:
+        launched = tuple([arrays[i] for i in slots])
+        flag = (_vector_ok(*launched),) if aligned else ()
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, launched + tail + flag)
+
+
+def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype: np.dtype,
+                    want: tuple[bool, bool]) -> list[BackwardStep] | None:
+    """The backward's launches for the gradients wanted, made once. None where the output is empty."""
+    plan = _plan(state)
+    if plan.count == 0:
+        return None
+    op = attrs.op_type
+    scalar = np.int32 if plan.index == "int" else np.int64
+    # Which operand values the formulas read (ADD and SUB read none, MUL's lhs_grad only rhs, ...).
+    need_lhs = op in (BinaryOpType.MAX, BinaryOpType.MIN) or (op in (BinaryOpType.MUL, BinaryOpType.DIV) and want[1])
+    need_rhs = op in (BinaryOpType.MAX, BinaryOpType.MIN, BinaryOpType.DIV) or (op is BinaryOpType.MUL and want[0])
+    lhs_slot = _LHS if need_lhs else _GRAD  # never read: any device array will do
+    rhs_slot = _RHS if need_rhs else _GRAD
+    if plan.same:
+        per = VECTOR_BYTES // dtype.itemsize
+        lhs_out = _LHS_GRAD if want[0] else _GRAD  # never written when not wanted
+        rhs_out = _RHS_GRAD if want[1] else _GRAD
+        return [(_function("binary_backward_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
+                 (lhs_slot, rhs_slot, _GRAD, lhs_out, rhs_out),
+                 (scalar(plan.count), np.int32(op.value), np.int32(want[0]), np.int32(want[1]),
+                  np.int32(need_lhs), np.int32(need_rhs)), True)]
+    steps: list[BackwardStep] = []
+    for side in (0, 1):
+        if not want[side]:
+            continue
+        grad = _LHS_GRAD if side == 0 else _RHS_GRAD
+        grad_plan_ = plan.grads[side]
+        destination = grad
+        if grad_plan_.chunks > 1:
+            _partials(state, plan, dtype)
+            destination = _PARTIALS
+        kept_count = grad_plan_.kept.count
+        tail = (np.int32(op.value), np.int32(side), np.int32(need_lhs), np.int32(need_rhs), scalar(kept_count),
+                scalar(grad_plan_.reduced.count), scalar(grad_plan_.chunks),
+                scalar(grad_plan_.chunk)) + grad_plan_.kept.args + grad_plan_.reduced.args
+        slots = (lhs_slot, rhs_slot, _GRAD, destination)
+        if grad_plan_.kind == "warps":
+            warps = kept_count * grad_plan_.chunks
+            grid = max(1, min(-(-warps // (gpu.BLOCK // 32)), 65535))
+            steps.append((_function("binary_grad_warps", dtype, plan.index), grid, slots, tail, False))
+        else:
+            grid = (gpu.grid_for(kept_count), grad_plan_.chunks)
+            steps.append((_function("binary_grad_rows", dtype, plan.index), grid, slots, tail, False))
+        sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
+        if grad_plan_.chunks > WARP_SUM_CHUNKS:
+            grid = max(1, min(-(-kept_count // (gpu.BLOCK // 32)), 65535))
+            steps.append((_function("binary_sum_partials_warps", dtype, plan.index), grid, (destination, grad),
+                          sum_tail, False))
+        elif grad_plan_.chunks > 1:
+            steps.append((_function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count),
+                          (destination, grad), sum_tail, False))
+    return steps
