@@ -164,6 +164,13 @@ def attr_int(op: str, name: str, value: Any, minimum: int | None = None) -> int:
     return int(value)
 
 
+def attr_bool(op: str, name: str, value: Any) -> bool:
+    """Validate a bool attr (NumPy bools too; 0 and 1 refused) and return it as a Python bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise fail(AttrsError, op, name, "a bool", repr(value))
+    return bool(value)
+
+
 def attr_ints(op: str, name: str, value: Any, minimum: int | None = None) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise fail(AttrsError, op, name, "a sequence of integers", repr(value))
@@ -375,6 +382,15 @@ def cleanup_entry_point(op: str, doc: str = "Release everything the state holds 
 
     cleanup_kernel.__doc__ = doc
     return cleanup_kernel
+
+
+def c_strides(dims: Sequence[int]) -> list[int]:
+    """The element strides of a C-contiguous array of `dims`."""
+    strides, step = [], 1
+    for size in reversed(dims):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
 
 
 def numel(dims: Sequence[int]) -> int:

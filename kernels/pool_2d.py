@@ -63,9 +63,7 @@ class Pool2DAttrs:
                 raise fail(AttrsError, OP, name, f"at most half of {kernel_name} ({half})", padding)
             core.set_attr(self, name, padding)
         core.set_attr(self, "pool_type", core.attr_enum(OP, "pool_type", self.pool_type, PoolOp))
-        if not isinstance(self.count_include_pad, (bool, np.bool_)):
-            raise fail(AttrsError, OP, "count_include_pad", "a bool", repr(self.count_include_pad))
-        core.set_attr(self, "count_include_pad", bool(self.count_include_pad))
+        core.set_attr(self, "count_include_pad", core.attr_bool(OP, "count_include_pad", self.count_include_pad))
         core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
 
 

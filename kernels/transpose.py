@@ -97,14 +97,6 @@ def _collapse(dims: tuple[int, ...], permutation: tuple[int, ...]) -> tuple[list
     return in_dims, [position[g] for g in range(len(groups))]
 
 
-def _c_strides(dims: list[int]) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(dims):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
-
-
 def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtype, sm_count: int) -> tuple:
     """How to run a permutation on the GPU: ('copy',), ('gather', ...) or ('tiled', ...). `sm_count`,
     the device's SMs, only steers the tile size (fewer, larger tiles only when they fill the device)."""
@@ -113,9 +105,9 @@ def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtyp
     if perm == list(range(rank)):
         return ("copy",)
     index = gpu.index_type(count)
-    in_strides = _c_strides(in_dims)
+    in_strides = core.c_strides(in_dims)
     out_dims = [in_dims[p] for p in perm]
-    out_strides = _c_strides(out_dims)
+    out_strides = core.c_strides(out_dims)
     type_args = f"<{gpu.bits_type(dtype)}, {index}>"
     scalar = np.int32 if index == "int" else np.int64
     if perm[-1] == rank - 1:

@@ -71,9 +71,7 @@ class BatchNormAttrs:
     activation: Activation | None = None  # applied after the normalization, forward and backward
 
     def __post_init__(self) -> None:
-        if not isinstance(self.affine, (bool, np.bool_)):
-            raise fail(AttrsError, OP, "affine", "a bool", repr(self.affine))
-        core.set_attr(self, "affine", bool(self.affine))
+        core.set_attr(self, "affine", core.attr_bool(OP, "affine", self.affine))
         eps = _attr_real("eps", self.eps)
         if eps <= 0:
             raise fail(AttrsError, OP, "eps", "a number > 0", eps)

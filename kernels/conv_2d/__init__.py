@@ -101,9 +101,7 @@ class Conv2DAttrs:
             core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=0))
         if self.out_channels % self.groups:
             raise fail(AttrsError, OP, "groups", f"a divisor of out_channels ({self.out_channels})", self.groups)
-        if not isinstance(self.use_bias, (bool, np.bool_)):
-            raise fail(AttrsError, OP, "use_bias", "a bool", repr(self.use_bias))
-        core.set_attr(self, "use_bias", bool(self.use_bias))
+        core.set_attr(self, "use_bias", core.attr_bool(OP, "use_bias", self.use_bias))
         core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
 
 

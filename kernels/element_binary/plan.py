@@ -24,14 +24,6 @@ MAX_CHUNKS = 1024
 WARP_SUM_CHUNKS = 8       # more chunks than this: the second pass takes a warp per gradient element
 
 
-def _c_strides(dims: list[int]) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(dims):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
-
-
 def collapse(out_dims: tuple[int, ...], lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...]
              ) -> tuple[list[int], list[int], list[int]]:
     """The output's dims without size-1 dims, adjacent dims merged where lhs, rhs and output all
@@ -40,7 +32,7 @@ def collapse(out_dims: tuple[int, ...], lhs_dims: tuple[int, ...], rhs_dims: tup
     padded = []
     for dims in (lhs_dims, rhs_dims):
         full = [1] * (rank - len(dims)) + list(dims)
-        padded.append([0 if size == 1 else stride for size, stride in zip(full, _c_strides(full))])
+        padded.append([0 if size == 1 else stride for size, stride in zip(full, core.c_strides(full))])
     sizes: list[int] = []
     lhs_strides: list[int] = []
     rhs_strides: list[int] = []
@@ -152,7 +144,7 @@ def grad_plan(space: Space, side: int, threads: int) -> GradPlan:
 def gpu_plan(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...], out_dims: tuple[int, ...]) -> GpuPlan:
     """Collapse the dims, choose the kernels and the reduction split; depends on the shapes only."""
     sizes, lhs_strides, rhs_strides = collapse(out_dims, lhs_dims, rhs_dims)
-    space = Space(tuple(sizes), tuple(_c_strides(sizes)), tuple(lhs_strides), tuple(rhs_strides))
+    space = Space(tuple(sizes), tuple(core.c_strides(sizes)), tuple(lhs_strides), tuple(rhs_strides))
     count = core.numel(out_dims)
     same = space.lhs_strides == space.out_strides and space.rhs_strides == space.out_strides
     threads = REDUCTION_THREADS
