@@ -40,7 +40,8 @@ from conformance.compare import compare
 
 FLOATS = (np.float32, np.float64)
 # Data movement takes any numeric dtype: those a float64 reference holds exactly (small values).
-MOVABLE = (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.bool_)
+MOVABLE = (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+           np.uint64, np.bool_)
 
 
 # --------------------------------------------------------------------------- devices
@@ -261,9 +262,9 @@ def activation_chain(activation: Any, pre: Any, pre_bound: np.ndarray | None, ou
         return pre.detach().numpy(), pre_bound, output_grad, None
     x = pre.detach().clone().requires_grad_()
     y = torch_activation(activation)(x)
-    (derivative,) = torch.autograd.grad(y, x, torch.ones_like(y))
-    x, y, derivative = x.detach().numpy(), y.detach().numpy(), derivative.numpy()
-    grad = output_grad * derivative
+    (derivative,) = torch.autograd.grad(y, x, torch.ones_like(y), retain_graph=True)
+    (grad,) = torch.autograd.grad(y, x, torch_tensor(output_grad))  # PyTorch's own (relu: 0 * NaN is 0)
+    x, y, derivative, grad = x.detach().numpy(), y.detach().numpy(), derivative.numpy(), grad.numpy()
     if activation.name == "RELU":
         if pre_bound is None:
             return y, None, grad, None
