@@ -70,6 +70,10 @@ _both("silu_beta_1p5", "SILU", 1.5, tolerance32=ulp(1), tolerance64=ulp(1), desc
 _both("elu", "ELU", tolerance32=ulp(1), tolerance64=ulp(1), description="alpha 1 (scalar None)")
 _both("elu_alpha_0p5", "ELU", 0.5, tolerance32=ulp(1), tolerance64=ulp(1),
       description="non-default alpha; at x = 0 the gradient is alpha * dy, as torch")
+# Found by tests/test_properties.py (shrunk): torch's ELU backward is x <= 0 ? dy a exp(x) : dy, so
+# a NaN input passes dy, as relu's does; exact values (2 -> dy, NaN -> dy, 0 -> a dy).
+_add("elu_nan_input_passes_grad", "ELU", 1.0, input=[2.0, np.nan, 0.0], shape=(3,),
+     description="a NaN input: output NaN, gradient dy (torch's x <= 0 test is false for NaN)")
 # exp: CPU 2/0, H200 1/1.
 _both("exp", "EXP", tolerance32=ulp(2), tolerance64=ulp(1))
 # sin, cos: CPU 1/0, H200 1/1.
