@@ -77,7 +77,8 @@ __device__ __forceinline__ T backward(T x, T dy, T scalar) {
         T s = T(1) / (T(1) + math_exp(-(scalar * x)));
         return dy * s * (T(1) + scalar * x * (T(1) - s));
     }
-    else if constexpr (OP == OP_ELU) return x > T(0) ? dy : dy * scalar * math_exp(x);  // alpha at x == 0, as torch
+    // alpha at x == 0, and a NaN x passes dy through, as torch (its test is x <= 0)
+    else if constexpr (OP == OP_ELU) return x <= T(0) ? dy * scalar * math_exp(x) : dy;
     else if constexpr (OP == OP_EXP) return dy * math_exp(x);
     else if constexpr (OP == OP_IDENTITY) return dy;
     else if constexpr (OP == OP_RSQRT) {

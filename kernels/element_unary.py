@@ -5,7 +5,7 @@ activations of :mod:`kernels.activation`. The others, with PyTorch's formulas:
 
 | op type         | scalar                      | forward                 | input_grad                            |
 |-----------------|-----------------------------|-------------------------|---------------------------------------|
-| ELU             | alpha (None: 1.0)           | x > 0 ? x : a expm1(x)  | x > 0 ? dy : dy a exp(x)  (a at x = 0) |
+| ELU             | alpha (None: 1.0)           | x > 0 ? x : a expm1(x)  | x <= 0 ? dy a exp(x) : dy (NaN x: dy) |
 | SILU            | beta (None: 1.0)            | x sigmoid(b x)          | dy s (1 + b x (1 - s)), s = sigmoid(b x) |
 | EXP             | none                        | exp(x)                  | dy exp(x)                             |
 | IDENTITY        | none                        | x                       | dy                                    |
@@ -219,7 +219,8 @@ def _cpu_backward(attrs: ElementUnaryAttrs, x: np.ndarray, dy: np.ndarray, input
         sigmoid = 1 / (1 + np.exp(-(scalar * x)))
         np.multiply(dy * sigmoid, 1 + scalar * x * (1 - sigmoid), out=input_grad)
     elif op is UnaryOpType.ELU:
-        np.copyto(input_grad, np.where(x > 0, dy, dy * scalar * np.exp(x)))
+        # torch tests x <= 0 for the negative branch, so a NaN input passes dy through
+        np.copyto(input_grad, np.where(x <= 0, dy * scalar * np.exp(x), dy))
     elif op is UnaryOpType.EXP:
         np.multiply(dy, np.exp(x), out=input_grad)
     elif op is UnaryOpType.RSQRT:

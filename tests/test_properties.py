@@ -162,7 +162,7 @@ def conv_2d_samples(draw):
         kernel.append(k), dilation.append(d), padding.append(p), stride.append(draw(st.integers(1, 3)))
         size.append(draw(st.integers(max(0, extent - 2 * p), extent + 6)))
     if draw(st.integers(0, 7)) == 0:  # now and then an output row of 64 or more: the CPU's strided im2col
-        size[1] += conv_2d.WIDE_ROWS_BELOW * stride[1]
+        size[1] += conv_2d.cpu.WIDE_ROWS_BELOW * stride[1]
     attrs = Conv2DAttrs(out_channels, kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1],
                         dilation[0], dilation[1], groups, draw(st.booleans()), draw(ACTIVATIONS))
     input_dims = (draw(st.integers(0, 3)), channels, size[0], size[1])
@@ -763,7 +763,7 @@ def element_binary_samples(draw):
     out_dims = small_dims(draw, draw(st.integers(0, 4)), 0, 4)
     if out_dims and draw(st.integers(0, 7)) == 0:  # now and then 2**16 elements or more: the CPU's threads
         leading = int(np.prod(out_dims[:-1], dtype=np.int64)) or 1
-        out_dims = (*out_dims[:-1], -(-element_binary._CPU_PARALLEL_MIN // leading) + out_dims[-1])
+        out_dims = (*out_dims[:-1], -(-element_binary.cpu._CPU_PARALLEL_MIN // leading) + out_dims[-1])
 
     def operand():  # right-aligned: a suffix of the output's dims, each kept or 1
         rank = draw(st.integers(0, len(out_dims)))
