@@ -64,8 +64,8 @@ class Device:
     def put(self, array: np.ndarray) -> Any:
         if self.xp is np:
             return np.array(array, copy=True)
-        with self.stream:
-            return self.xp.asarray(np.ascontiguousarray(array))
+        with self.stream:  # np.array, not np.ascontiguousarray, which makes a 0-d array 1-d
+            return self.xp.asarray(np.array(array, copy=True, order="C"))
 
     def poison(self, dims: tuple[int, ...], dtype: Any) -> Any:
         """A written buffer, filled with NaN (or the dtype's maximum) so that an unwritten element shows."""
