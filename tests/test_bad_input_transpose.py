@@ -53,9 +53,10 @@ def _cpu_call_with(handle=None, state_handle=None):
     return build
 
 
-def _init_with(handle=None, input_shape=TensorShape(IN, np.float32)):
+def _init_with(handle=None, input_shape=None):
     def build(dev):
-        return (lambda: transpose.init_kernel(handle or dev.handle, ATTRS, input_shape, TensorShape(OUT, np.float32))), []
+        shape = TensorShape(IN, np.float32) if input_shape is None else input_shape
+        return (lambda: transpose.init_kernel(handle or dev.handle, ATTRS, shape, TensorShape(OUT, np.float32))), []
     return build
 
 
