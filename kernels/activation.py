@@ -253,7 +253,8 @@ _CUDA = gpu.CudaModule("activation.cu", [
 ])
 
 
-def _gpu_function(direction: str, activation: Activation, dtype: np.dtype, device: int | None = None) -> Any:
+def _gpu_function(direction: str, activation: Activation, dtype: np.dtype,
+                  device: int | None = None) -> Any:  # pragma: no cover - GPU: NVRTC kernel lookup
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
     return _CUDA.function(f"activation_{direction}_kernel<{gpu.cuda_type(dtype)}, {activation.value}>", device)
@@ -265,7 +266,8 @@ _PLANS: dict[tuple, tuple] = {}
 _PLANS_LIMIT = 4096
 
 
-def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, count: int, aligned: bool) -> tuple:
+def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, count: int,
+          aligned: bool) -> tuple:  # pragma: no cover - GPU: launch plan
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
     key = (direction, activation, dtype, count, aligned, stream.device)
@@ -281,7 +283,7 @@ def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, 
     return plan
 
 
-def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> None:
+def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> None:  # pragma: no cover - GPU: a launch
     """output = f(pre) on contiguous CuPy arrays of one float dtype and shape, enqueued on the stream;
     output may be pre itself."""
     count = pre.size
@@ -291,7 +293,8 @@ def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> N
         gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output, count_arg, aligned))
 
 
-def gpu_backward(stream: Any, activation: Activation, pre: Any, output_grad: Any, pre_grad: Any) -> None:
+def gpu_backward(stream: Any, activation: Activation, pre: Any, output_grad: Any,
+                 pre_grad: Any) -> None:  # pragma: no cover - GPU: a launch
     """pre_grad = output_grad * f'(pre), enqueued on the stream; output_grad is only read."""
     count = pre.size
     if count:
@@ -304,7 +307,7 @@ def forward(stream: Any, activation: Activation, pre: Any, output: Any) -> None:
     """cpu_forward or gpu_forward, by the stream's device."""
     if stream.device == "cpu":
         cpu_forward(activation, pre, output)
-    else:
+    else:  # pragma: no cover - GPU: a GPU stream
         gpu_forward(stream, activation, pre, output)
 
 
@@ -312,5 +315,5 @@ def backward(stream: Any, activation: Activation, pre: Any, output_grad: Any, pr
     """cpu_backward or gpu_backward, by the stream's device."""
     if stream.device == "cpu":
         cpu_backward(activation, pre, output_grad, pre_grad)
-    else:
+    else:  # pragma: no cover - GPU: a GPU stream
         gpu_backward(stream, activation, pre, output_grad, pre_grad)

@@ -123,7 +123,7 @@ class GemmPlan:
 
 
 def _gemm_plan(transa: bool, transb: bool, m: int, n: int, k: int, lda: int, stride_a: int, ldb: int, stride_b: int,
-               ldc: int, stride_c: int, batch: int) -> GemmPlan:
+               ldc: int, stride_c: int, batch: int) -> GemmPlan:  # pragma: no cover - GPU: cuBLAS's arguments
     if m == 0 or n == 0 or batch == 0:
         return GemmPlan("skip")
     if k == 0:
@@ -131,7 +131,7 @@ def _gemm_plan(transa: bool, transb: bool, m: int, n: int, k: int, lda: int, str
     return GemmPlan("gemm", transa, transb, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch)
 
 
-def _plan(state: core.KernelState, direction: str) -> GemmPlan:
+def _plan(state: core.KernelState, direction: str) -> GemmPlan:  # pragma: no cover - GPU: the cuBLAS GEMM of a call
     """The GEMM of `direction` ("forward", "lhs_grad", "rhs_grad"), made on first use."""
     key = "gemm:" + direction
     plan = state.saved.get(key)
@@ -154,7 +154,7 @@ def _plan(state: core.KernelState, direction: str) -> GemmPlan:
     return plan
 
 
-def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any) -> None:
+def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any) -> None:  # pragma: no cover - GPU: cuBLAS
     """Enqueue one planned GEMM (or its zero fill) on the stream."""
     if plan.kind == "skip":
         return

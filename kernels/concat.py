@@ -123,7 +123,8 @@ def _blocks(units: int, sm_count: int) -> int:
     return min(gpu.grid_for(units), max(gpu.grid_for(units, per_thread=UNROLL), BLOCKS_PER_SM * sm_count))
 
 
-def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method: str) -> None:
+def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool,
+              method: str) -> None:  # pragma: no cover - GPU: launches, 2D copies
     """The hot path: look the plan up by what can change between calls (which pieces are None,
     the addresses' alignment), then only build the pointer tables and launch."""
     whole_ptr = whole.data.ptr

@@ -183,16 +183,16 @@ def default_stream(device: int | str = 0) -> Any:
     if device == "cpu":
         _cpu_runtime()
         return _CPU["stream"]
-    from . import gpu
+    from . import gpu  # pragma: no cover - GPU: a GPU ordinal
 
-    with _LOCK:
+    with _LOCK:  # pragma: no cover - GPU: a GPU ordinal
         stream = _DEFAULT_GPU_STREAMS.get(int(device))
         if stream is None:
             stream = _DEFAULT_GPU_STREAMS[int(device)] = gpu.gpu_stream(int(device))
         return stream
 
 
-def _gpu_runtime(stream: Any) -> _Runtime:
+def _gpu_runtime(stream: Any) -> _Runtime:  # pragma: no cover - GPU: a GPU handle
     from . import gpu
 
     with _LOCK:
@@ -275,7 +275,7 @@ class _Env:
         if self.device == "cpu":
             self.xp = np
             self.runtime = _cpu_runtime() if runtime is None else runtime
-        else:
+        else:  # pragma: no cover - GPU: a GPU input
             from . import gpu
 
             self.xp = gpu.cupy
@@ -287,7 +287,7 @@ class _Env:
         """The stream's context on the GPU (allocations, DLPack exchanges, kernel calls); nothing on the CPU."""
         if self.device == "cpu":
             yield
-        else:
+        else:  # pragma: no cover - GPU: a GPU stream's context
             with self.stream:
                 yield
 
@@ -301,8 +301,8 @@ class _Env:
                     raise fail(DeviceError, self.op, name, "a CPU tensor (as the input)", _where(_device_of(self.op, name, obj)))
                 obj = np.from_dlpack(obj)
             return obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)
-        cupy = self.xp
-        with self.stream:
+        cupy = self.xp  # pragma: no cover - GPU: CuPy arrays
+        with self.stream:  # pragma: no cover - GPU: CuPy arrays
             if not isinstance(obj, cupy.ndarray):
                 device = _device_of(self.op, name, obj)
                 if device != self.device:
@@ -313,13 +313,13 @@ class _Env:
     def empty(self, dims: Sequence[int], dtype: Any) -> Any:
         if self.device == "cpu":
             return np.empty(tuple(dims), dtype)
-        with self.stream:
+        with self.stream:  # pragma: no cover - GPU: CuPy arrays
             return self.xp.empty(tuple(dims), dtype)
 
     def zeros(self, dims: Sequence[int], dtype: Any) -> Any:
         if self.device == "cpu":
             return np.zeros(tuple(dims), dtype)
-        with self.stream:
+        with self.stream:  # pragma: no cover - GPU: CuPy arrays
             return self.xp.zeros(tuple(dims), dtype)
 
     def out(self, array: Any) -> Tensor:
@@ -613,7 +613,7 @@ def _stat_view(env: _Env, name: str, given: Any) -> Any:
         given = given.detach()
     if env.device == "cpu":
         return np.from_dlpack(given)
-    with env.stream:
+    with env.stream:  # pragma: no cover - GPU: CuPy arrays
         return env.xp.from_dlpack(given)
 
 

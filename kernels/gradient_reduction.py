@@ -138,7 +138,7 @@ def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
 _INT32 = tuple(np.int32(k) for k in range(MAX_POINTERS + 1))
 
 
-def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = None) -> None:
+def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = None) -> None:  # pragma: no cover - GPU: launches
     """Each target = source: one read, up to 12 writes a launch, in the widest unit sizes and addresses allow.
 
     `plans` (a state's) keeps the launch plan, by target count and address alignment, across calls."""

@@ -353,7 +353,7 @@ def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[
     return _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, scalars, 0
 
 
-def _gpu_forward_setup(stream, state, attrs, output) -> tuple:
+def _gpu_forward_setup(stream, state, attrs, output) -> tuple:  # pragma: no cover - GPU: CuPy buffers
     """The forward's buffers (argmax taps, pre-activation; made on the stream's device, once)
     and launch plan, kept in the state: (kernel, grid, block, scalars, shared, taps, pooled), or
     None for an empty output."""

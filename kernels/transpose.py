@@ -138,7 +138,7 @@ _CUDA = gpu.CudaModule("transpose.cu", [
 ], defines={"THREADS_X": THREADS_X, "THREADS_Y": THREADS_Y})
 
 
-def gpu_run_plan(stream, plan: tuple, source, destination) -> None:
+def gpu_run_plan(stream, plan: tuple, source, destination) -> None:  # pragma: no cover - GPU: a launch or device copy
     """Enqueue a plan from gpu_plan on the stream."""
     if plan[0] == "copy":
         gpu.copy_async(stream, destination, source)
@@ -147,7 +147,7 @@ def gpu_run_plan(stream, plan: tuple, source, destination) -> None:
     gpu.launch(stream, _CUDA.function(name), grid, block, (source, destination) + args)
 
 
-def _gpu_plans(state: core.KernelState) -> tuple:
+def _gpu_plans(state: core.KernelState) -> tuple:  # pragma: no cover - GPU: the device's SM count
     if "plans" not in state.saved:
         shape = state.shapes["input_shape"]
         output = state.shapes["output_shape"]

@@ -133,3 +133,48 @@ def test_gpu_packs_and_remainder_match_cpu(kind, dtype, offset):
     assert np.array_equal(gpu.host(output_grad), gpu.host(pre_grad), equal_nan=True)
     cpu.handle.close()
     gpu.handle.close()
+
+
+def test_erf_of_magnitudes_at_least_one_only():
+    """No |x| < 1 at all: only the continued-fraction bands run (1 ulp, the bound stated above)."""
+    grid = np.concatenate([np.linspace(1, 7, 601), -np.linspace(1, 7, 601)])
+    assert ulp_distance(activation.erf(grid), np.array([math.erf(v) for v in grid])).max() <= 1
+
+
+@pytest.mark.parametrize("kind", list(Activation))
+def test_cpu_derivative_matches_torch(kind):
+    """f'(pre) on its own (relu: the mask pre > 0, relu'(0) = 0 as torch)."""
+    pytest.importorskip("torch")
+    expected_grad = _torch_reference(kind)[1]
+    derivative = activation.cpu_derivative(kind, X.copy())
+    if kind is Activation.RELU:
+        assert derivative.dtype == np.bool_
+        assert np.array_equal(GRAD * derivative, expected_grad)
+    else:
+        assert compare(GRAD * derivative, expected_grad, TOLERANCE) is None
+
+
+def test_cpu_silu_backward_on_a_large_non_contiguous_array_matches_torch():
+    """Not contiguous and past BLOCK_ELEMENTS: blockwise runs once on the whole arrays and the
+    per-thread scratch is too small, so the block gets buffers of its own."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    pre = rng.standard_normal((800, 400)).T  # 320000 elements, a transposed view
+    output_grad = rng.standard_normal((800, 400)).T
+    assert pre.size > activation.BLOCK_ELEMENTS and not pre.flags.c_contiguous
+    pre_grad = np.full_like(pre, np.nan)
+    activation.cpu_backward(Activation.SILU, pre, output_grad, pre_grad)
+    x = torch.tensor(pre, requires_grad=True)
+    (expected,) = torch.autograd.grad(torch.nn.functional.silu(x), [x], torch.tensor(output_grad))
+    assert compare(pre_grad, expected.numpy(), TOLERANCE) is None
+
+
+@pytest.mark.parametrize("call", [
+    lambda bad, x: activation.cpu_forward(bad, x, x.copy()),
+    lambda bad, x: activation.cpu_backward(bad, x, x, x.copy()),
+    lambda bad, x: activation.cpu_derivative(bad, x),
+    lambda bad, x: activation._forward_block(bad, x, x.copy()),
+], ids=["cpu_forward", "cpu_backward", "cpu_derivative", "forward_block"])
+def test_cpu_functions_refuse_what_is_not_an_activation(call):
+    with pytest.raises(AttrsError, match=r"^activation: activation: expected an Activation, found 'SILU'"):
+        call("SILU", np.array(X))

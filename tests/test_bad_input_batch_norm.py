@@ -10,10 +10,12 @@ from kernels import (
     DeviceError,
     DTypeError,
     ShapeError,
+    SoftmaxAttrs,
     StateError,
     TensorShape,
     batch_norm,
     cpu_handle,
+    softmax,
 )
 
 from .bad_input import Row, check_row, params, poisoned
@@ -49,7 +51,7 @@ def _forward(input_dims=IN, output_dims=IN, input_dtype=np.float32, output_dtype
         if not attrs.affine and gamma_dims == C and not no_gamma:
             gamma, beta = _values(dev, C), None
         if replace_running is not None:
-            state.running_mean = dev.array(replace_running)
+            state.running_mean = None if isinstance(replace_running, str) else dev.array(replace_running)
         output = poisoned(dev, output_dims, output_dtype)
         return (lambda: batch_norm.forward_kernel(dev.stream, dev.handle, state, call_attrs or attrs, input, gamma,
                                                   beta, output, training=training)), \
@@ -74,6 +76,12 @@ def _backward(gamma_grad_dims=C, input_grad_dtype=np.float32, forward=True, clea
     return build
 
 
+def _state_of_another_op(dev):
+    state = softmax.init_kernel(dev.handle, SoftmaxAttrs(1), TensorShape(IN, np.float32), TensorShape(IN, np.float32))
+    input, output, gamma = _values(dev, IN), poisoned(dev, IN), _values(dev, C)
+    return (lambda: batch_norm.forward_kernel(dev.stream, dev.handle, state, ATTRS, input, gamma, gamma, output)), [output]
+
+
 ROWS = [
     Row("wrong_output_shape", _forward(output_dims=(2, 3, 5, 4)), ShapeError, r"output: expected dims \(2, 3, 4, 5\)"),
     Row("wrong_input_rank", _forward(input_dims=(6, 4, 5)), ShapeError, r"input: expected dims \(2, 3, 4, 5\)"),
@@ -96,6 +104,9 @@ ROWS = [
         r"state.running_mean: expected dims \(3,\)"),
     Row("running_mean_replaced_wrong_dtype", _forward(replace_running=np.zeros(3, np.float64)), DTypeError,
         r"state.running_mean: expected dtype float32"),
+    Row("running_mean_replaced_by_none", _forward(replace_running="None"), StateError,
+        r"state.running_mean: expected an array, found None"),
+    Row("state_of_another_op", _state_of_another_op, StateError, r"state: expected a state from batch_norm.init_kernel"),
     Row("backward_without_forward", _backward(forward=False), StateError, r"state: expected a forward"),
     Row("cleaned_up_state", _backward(cleaned=True), StateError, r"state: expected a live state"),
     Row("gamma_grad_wrong_shape", _backward(gamma_grad_dims=(4,)), ShapeError, r"gamma_grad: expected dims \(3,\)"),

@@ -158,3 +158,5 @@ def test_init_refuses_shapes():
         conv_2d.init_kernel(handle, ATTRS, TensorShape(IN, f32), TensorShape(OUT, np.float64))
     with pytest.raises(DTypeError, match=r"conv_2d: input_shape: expected one of float32, float64"):
         conv_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.int32), TensorShape(OUT, np.int32))
+    with pytest.raises(ShapeError, match=r"conv_2d: input_shape: expected rank 4 \(N, C, H, W\), found rank 3"):
+        conv_2d.output_dims(ATTRS, (4, 7, 5))

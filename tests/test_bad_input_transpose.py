@@ -34,6 +34,36 @@ def _backward_on_cleaned_state(dev):
     return (lambda: transpose.backward_kernel(dev.stream, dev.handle, state, ATTRS, None, grad, None, input_grad)), [input_grad]
 
 
+class _GpuHandle:
+    """A handle of GPU 0 as core's checks see one (a device ordinal and close): no device needed to be refused."""
+
+    device = 0
+
+    def close(self):
+        pass
+
+
+def _cpu_call_with(handle=None, state_handle=None):
+    """A CPU forward given a GPU handle, or a state made on a GPU handle."""
+    def build(dev):
+        state = transpose.init_kernel(state_handle or dev.handle, ATTRS, TensorShape(IN, np.float32),
+                                      TensorShape(OUT, np.float32))
+        input, output = dev.array(np.zeros(IN, np.float32)), poisoned(dev, OUT)
+        return (lambda: transpose.forward_kernel(dev.stream, handle or dev.handle, state, ATTRS, input, output)), [output]
+    return build
+
+
+def _init_with(handle=None, input_shape=None):
+    def build(dev):
+        shape = TensorShape(IN, np.float32) if input_shape is None else input_shape
+        return (lambda: transpose.init_kernel(handle or dev.handle, ATTRS, shape, TensorShape(OUT, np.float32))), []
+    return build
+
+
+def _cleanup_of(state):
+    return lambda dev: ((lambda: transpose.cleanup_kernel(dev.handle, state)), [])
+
+
 ROWS = [
     Row("wrong_output_shape", _forward(output_dims=(4, 3, 2)), ShapeError, r"output: expected dims \(4, 2, 3\)"),
     Row("wrong_input_rank", _forward(input_dims=(6, 4)), ShapeError, r"input: expected dims \(2, 3, 4\)"),
@@ -43,6 +73,14 @@ ROWS = [
     Row("attrs_differ_from_state", _forward(attrs=TransposeAttrs((1, 2, 0))), AttrsError, r"attrs: expected the attrs"),
     Row("cleaned_up_state", _backward_on_cleaned_state, StateError, r"state: expected a live state"),
     Row("other_device", _forward(other_device=True), DeviceError, r"input: expected a CuPy array", devices=("gpu",)),
+    Row("handle_of_another_device", _cpu_call_with(handle=_GpuHandle()), DeviceError,
+        r"handle: expected a handle of the stream's device cpu, found 0", devices=("cpu",)),
+    Row("state_of_another_device", _cpu_call_with(state_handle=_GpuHandle()), DeviceError,
+        r"state: expected a state made for device cpu, found 0", devices=("cpu",)),
+    Row("init_not_a_handle", _init_with(handle=object()), DeviceError, r"handle: expected a kernels handle"),
+    Row("init_given_an_array_for_a_shape", _init_with(input_shape=np.zeros(IN, np.float32)), ShapeError,
+        r"input_shape: expected a TensorShape, found ndarray"),
+    Row("cleanup_not_a_state", _cleanup_of("a state"), StateError, r"state: expected a state from init_kernel, found str"),
 ]
 
 
@@ -71,3 +109,11 @@ def test_init_refuses_rank_and_dims():
         transpose.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape(IN, np.float32))
     with pytest.raises(DTypeError, match=r"transpose: output_shape: expected dtype float32"):
         transpose.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape(OUT, np.int32))
+
+
+def test_cleanup_twice_is_harmless():
+    handle = __import__("kernels").cpu_handle()
+    state = transpose.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape(OUT, np.float32))
+    transpose.cleanup_kernel(handle, state)
+    transpose.cleanup_kernel(handle, state)
+    assert state.closed

@@ -216,3 +216,20 @@ def test_two_states_keep_their_own_statistics(device):
     assert not np.array_equal(dev.host(states[0].running_mean), dev.host(states[1].running_mean))
     assert np.array_equal(dev.host(states[1].running_var), np.ones(2, np.float32))
     dev.handle.close()
+
+
+@pytest.mark.parametrize("mode, dims, expected", [
+    # SPATIAL, a short plane: one partial sum per (image, channel); the apply is (N*C) rows of H*W.
+    (BatchNormMode.SPATIAL, (2, 3, 4, 5), (False, 20, 1, 2, 6, 20)),
+    # SPATIAL, a plane longer than a chunk: ceil(10000 / 2048) = 5 partial sums per row.
+    (BatchNormMode.SPATIAL, (1, 2, 100, 100), (False, 2048, 5, 5, 2, 10000)),
+    # PER_ACTIVATION: one thread per statistic reducing over N; the apply is N rows of C*H*W.
+    (BatchNormMode.PER_ACTIVATION, (2, 3, 4, 5), (True, 1, 1, 1, 2, 60)),
+])
+def test_gpu_plan_of_each_layout(mode, dims, expected):
+    """The GPU's split of the work (pure Python): partial sums per channel and the apply's grid."""
+    from kernels.batch_norm import plan
+
+    got = plan.gpu_plan(batch_norm.layout_of(BatchNormAttrs(mode=mode), dims))
+    assert (got.by_feature, got.chunk, got.parts_per_row, got.parts, got.rows, got.cols) == expected
+    assert (got.index, got.scalar) == ("int", np.int32)

@@ -294,3 +294,33 @@ def test_cudnn_descriptors_agree_with_the_formula():
     with pytest.raises(CudaError, match=r"CUDNN_STATUS_BAD_PARAM"):
         cudnn.TensorDescriptor((1, 0, 2, 2), np.float32)
     assert cudnn.live_descriptors() == before
+
+
+class _Descriptor:
+    def __init__(self, destroyed, name, error=None):
+        self.destroyed, self.name, self.error = destroyed, name, error
+
+    def destroy(self):
+        self.destroyed.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+def test_release_destroys_every_descriptor_then_raises_the_first_failure():
+    """A descriptor whose destroy fails does not keep the others alive; the state is released and the
+    first failure raised (the descriptors are cuDNN's on the GPU; stand-ins here)."""
+    handle = Dev("cpu").handle
+    attrs = Conv2DAttrs(4, 3, 3)
+    state = conv_2d.init_kernel(handle, attrs, TensorShape((1, 2, 5, 5), np.float32), TensorShape((1, 4, 3, 3), np.float32))
+    destroyed = []
+    first, second = CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM"), CudaError("cuDNN", "CUDNN_STATUS_INTERNAL_ERROR")
+    descriptors = state.descriptors
+    descriptors.y, descriptors.x = _Descriptor(destroyed, "y", first), _Descriptor(destroyed, "x", second)
+    descriptors.conv = _Descriptor(destroyed, "conv")
+    with pytest.raises(CudaError) as raised:
+        conv_2d.cleanup_kernel(handle, state)
+    assert raised.value is first
+    assert destroyed == ["y", "x", "conv"] and state.closed
+    assert (descriptors.y, descriptors.x, descriptors.conv) == (None, None, None)
+    conv_2d.cleanup_kernel(handle, state)  # released: nothing left to destroy
+    assert destroyed == ["y", "x", "conv"]

@@ -346,3 +346,10 @@ def test_gpu_init_picks_the_paths_and_implicit_gemm():
                 conv_2d.cleanup_kernel(dev.handle, state)
     finally:
         dev.handle.close()
+
+
+def test_no_gemm_path_needs_no_workspace():
+    """Grouped (not depthwise) convolutions stay on cuDNN in every direction: the GEMM workspace is empty."""
+    state = _state((2, 4, 6, 6), Conv2DAttrs(6, 3, 3, groups=2))
+    assert set(state.paths.values()) == {"cudnn"}
+    assert conv_2d.workspace_elements(state) == 0

@@ -216,6 +216,24 @@ def test_batch_norm_inference_needs_running_stats(dev):
         F.batch_norm(dev.array(dyadic(2, 3, 4)), None, None, stream=dev.stream)
 
 
+def test_batch_norm_bias_without_weight(dev):
+    """A bias alone makes the op affine with a weight of ones, as torch."""
+    x, bias = dyadic(3, 4, 3, 5), dyadic(4)
+    got = F.batch_norm(dev.array(x), None, None, None, dev.array(bias), training=True, stream=dev.stream)
+    check(dev.host(got), TF.batch_norm(t(x), None, None, None, t(bias), training=True).numpy(), BN_TOLERANCE)
+
+
+def test_batch_norm_running_stats_that_require_grad_are_updated_in_place():
+    x = dyadic(4, 3, 2, 2)
+    mean = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    var = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    F.batch_norm(torch.tensor(x), mean, var, training=True, momentum=0.5)
+    torch_mean, torch_var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    TF.batch_norm(t(x), torch_mean, torch_var, training=True, momentum=0.5)
+    check(mean.detach().numpy(), torch_mean.numpy(), ulp(1))
+    check(var.detach().numpy(), torch_var.numpy(), ulp(1))
+
+
 # --------------------------------------------------------------------------- pooling
 
 
@@ -278,6 +296,13 @@ def test_upsample_is_interpolate(dev):
 # --------------------------------------------------------------------------- softmax
 
 
+def test_pool_arguments_as_one_element_lists(dev):
+    """[k] means (k, k), as torch's _pair."""
+    x = distinct(2, 3, 7, 6)
+    got = F.max_pool2d(dev.array(x), [3], stride=[2], padding=[1], stream=dev.stream)
+    check(dev.host(got), TF.max_pool2d(t(x), 3, 2, 1).numpy())
+
+
 @pytest.mark.parametrize("dim", [0, 1, 2, -1])
 def test_softmax(dev, dim):
     # exp and the division round; torch and we subtract the max and divide the same way, but
@@ -287,6 +312,14 @@ def test_softmax(dev, dim):
 
 
 # --------------------------------------------------------------------------- data movement
+
+
+def test_softmax_dtype_casts_the_input_first(dev):
+    x = dyadic(3, 5).astype(np.float32)
+    got = F.softmax(dev.array(x), -1, dtype=np.float64, stream=dev.stream)
+    assert got.dtype == np.float64
+    expected = torch.softmax(torch.tensor(x), -1, dtype=torch.float64).numpy()
+    check(dev.host(got), expected, ulp(2))  # exp of float64: not exact, a few ulps
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
@@ -512,6 +545,48 @@ def test_context_misuse_raises(dev):
     with ctx:
         pass
     assert ctx.state is None
+
+
+def test_binary_backward_needs_one_name(dev):
+    """needs="other" (a string) asks for that gradient only; the number form has no `other` gradient."""
+    x, y, g = dyadic(2, 3), dyadic(2, 3), dyadic(2, 3, scale=0.5)
+    ctx = F.Context()
+    F.mul(dev.array(x), dev.array(y), ctx=ctx, stream=dev.stream)
+    grads = F.mul_backward(dev.array(g), ctx, needs="other", stream=dev.stream)
+    assert grads.input is None
+    check(dev.host(grads.other), g * x)
+    ctx = F.Context()
+    F.add(dev.array(x), 2.0, ctx=ctx, stream=dev.stream)
+    assert F.add_backward(dev.array(g), ctx, needs=("other",), stream=dev.stream) == (None, None)
+
+
+def test_context_outlives_clear_cache():
+    """A state a Context holds stays usable after clear_cache and is released with the context."""
+    x, g = distinct(2, 3, 4, 6), dyadic(2, 3, 2, 3, scale=0.5)
+    ctx = F.Context()
+    F.max_pool2d(x, 2, ctx=ctx)
+    state = ctx.state
+    assert repr(ctx) == "Context(op='max_pool2d', live=True)"
+    F.clear_cache()
+    tx = t(x, grad=True)
+    TF.max_pool2d(tx, 2).backward(t(g))
+    check(F.max_pool2d_backward(g, ctx, retain=True), tx.grad.numpy())
+    assert not state.closed
+    ctx.release()
+    assert state.closed and repr(ctx) == "Context(op='max_pool2d', live=False)"
+
+
+def test_context_finalizer_never_raises():
+    ctx = F.Context()
+    F.relu(dyadic(2, 3), ctx=ctx)
+
+    def failing_release():
+        raise RuntimeError("release failed")
+
+    ctx.release = failing_release
+    ctx.__del__()  # swallowed: never raise from the garbage collector
+    del ctx.release
+    ctx.release()
 
 
 # --------------------------------------------------------------------------- errors

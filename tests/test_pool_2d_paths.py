@@ -5,7 +5,7 @@ backward gathers against the CPU, bit for bit (same order, same IEEE operations)
 import numpy as np
 import pytest
 
-from kernels import Pool2DAttrs, PoolOp, TensorShape, pool_2d
+from kernels import Pool2DAttrs, PoolOp, ShapeError, TensorShape, pool_2d
 
 from .conftest import Dev, require
 
@@ -107,3 +107,17 @@ def test_gpu_backward_is_deterministic():
     output_grad = np.random.default_rng(1).standard_normal(dims).astype(np.float32)
     runs = [_run(Dev("gpu"), attrs, x, output_grad)[1] for _ in range(3)]
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
+
+
+def test_max_tile_too_large_for_shared_memory_falls_back():
+    """A 41x41 window in float64: a 16x32 tile reads 56x72 inputs and keeps 56x32 row maxima and taps,
+    52.5 KiB of shared memory, over the 48 KiB limit: no tile (the direct kernel); SPPF's 5x5 window gets one."""
+    big = Pool2DAttrs(41, 41, 1, 1, 20, 20, PoolOp.MAX)
+    assert pool_2d.max_forward_tile(big, 64, 64, 8) is None
+    tile_h, tile_w, tiles_h, tiles_w, shared = pool_2d.max_forward_tile(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), 20, 20, 4)
+    assert (tile_w, tiles_w) == (20, 1) and tile_h * tiles_h >= 20 and shared <= pool_2d.TILE_SHARED_LIMIT
+
+
+def test_output_dims_refuse_a_rank_other_than_4():
+    with pytest.raises(ShapeError, match=r"pool_2d: input_shape: expected rank 4 \(N, C, H, W\), found rank 3"):
+        pool_2d.output_dims(Pool2DAttrs(2, 2, 2, 2, 0, 0, PoolOp.MAX), (2, 3, 4))

@@ -113,3 +113,16 @@ def test_rows_plan_for_the_bench_shape():
     kind, grid, block, sizes = softmax.gpu_plan((65536, 1024), 1, np.dtype(np.float32))
     assert kind == "rows<float, 32, 32>" and block == softmax.ROWS_BLOCK
     assert grid * (block // 32) >= 65536 and [int(s) for s in sizes] == [65536, 1024]
+
+
+@pytest.mark.parametrize("dims, axis, kind", [
+    ((2, 5, 7), 1, "columns_cached<double, 8>"),  # a short dim with inner > 1: in registers, the next cached size
+    ((64, 3000, 300), 1, "columns<double>"),  # many columns (19200 >= 8192): a thread per column
+    ((2, 3000, 2), 1, "block<double>"),  # few columns of a long dim: a block per column
+])
+def test_column_plans(dims, axis, kind):
+    name, grid, block, sizes = softmax.gpu_plan(dims, axis, np.dtype(np.float64))
+    columns = dims[0] * dims[2]
+    assert name == kind and block == softmax.COLUMN_BLOCK
+    assert [int(s) for s in sizes][:2] == [columns, dims[1]] and int(sizes[2]) == dims[2]
+    assert grid * block >= columns if kind.startswith("columns") else grid == columns

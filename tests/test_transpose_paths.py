@@ -11,6 +11,7 @@ from .conftest import Dev, require
 
 @pytest.mark.parametrize("dims, permutation, kind, tile", [
     ((2, 3, 4), (0, 1, 2), "copy", None),
+    ((1, 1, 1), (2, 0, 1), "copy", None),  # only size-1 dims: nothing moves
     ((4, 3, 2), (1, 0, 2), "gather", None),
     ((1, 5, 128, 400), (0, 1, 3, 2), "tiled", 32),
     ((8, 520, 520), (0, 2, 1), "tiled", 64),

@@ -110,3 +110,18 @@ def test_gpu_nearest_forward_of_forward_only_dtypes(dtype, offset):
     cpu, _ = _run(Dev("cpu"), attrs, x, None)
     gpu, _ = _run(Dev("gpu"), attrs, x, None, offset)
     assert np.array_equal(gpu.view(np.uint8), cpu.view(np.uint8))
+
+
+@pytest.mark.parametrize("dims", [(1, 2, 1, 4), (2, 1, 3, 1)])
+def test_cpu_bilinear_backward_of_a_single_row_or_column(dims):
+    """H or W of 1: some taps have no source at all (an empty range), the rest must still add up as torch's."""
+    torch = pytest.importorskip("torch")
+    attrs = UpsampleAttrs(3, BILINEAR)
+    x = _random(dims, np.float64, 3)
+    output_grad = _random(upsample.output_dims(attrs, dims), np.float64, 4)
+    output, input_grad = _run(Dev("cpu"), attrs, x, output_grad)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.interpolate(tx, scale_factor=3, mode="bilinear", align_corners=False)
+    ty.backward(torch.tensor(output_grad))
+    np.testing.assert_allclose(output, ty.detach().numpy(), rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(input_grad, tx.grad.numpy(), rtol=1e-13, atol=1e-13)

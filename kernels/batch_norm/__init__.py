@@ -162,7 +162,7 @@ def init_kernel(handle: Any, attrs: BatchNormAttrs, input_shape: TensorShape, ou
     if state.device == "cpu":
         state.running_mean = np.zeros(layout.stat_dims, input_shape.dtype)
         state.running_var = np.ones(layout.stat_dims, input_shape.dtype)
-    else:
+    else:  # pragma: no cover - GPU: device buffers of a GPU handle
         gpu.init(state, input_shape.dtype)
     return state
 

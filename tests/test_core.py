@@ -1,0 +1,94 @@
+"""The shared machinery in kernels.core and kernels.cpu that no op's table reaches on its own:
+TensorShape, the device checks of a GPU stream (on a fake CuPy, since CI has no device),
+entry_point's contract, the CPU stream and handle, and the version of a source tree."""
+
+import os
+import sys
+import types
+from importlib import metadata
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import DeviceError, DTypeError, KernelError, ShapeError, TensorShape, core, transpose
+
+
+def test_tensor_shape_refuses_negative_dims_and_non_dtypes():
+    with pytest.raises(ShapeError, match=r"TensorShape: dims: expected non-negative sizes, found \(2, -1\)"):
+        TensorShape((2, -1), np.float32)
+    with pytest.raises(DTypeError, match=r"TensorShape: dtype: expected a NumPy dtype, found 'no such type'"):
+        TensorShape((2,), "no such type")
+
+
+def test_tensor_shape_numel_with_dims_and_repr():
+    shape = TensorShape([2, 3, 4], "float32")
+    assert shape.dims == (2, 3, 4) and shape.rank == 3 and shape.numel == 24
+    assert TensorShape((), np.float64).numel == 1
+    assert shape.with_dims((6, 4)) == TensorShape((6, 4), np.float32)
+    assert repr(shape) == "TensorShape((2, 3, 4), float32)"
+
+
+def test_cpu_stream_and_handle():
+    assert repr(kernels.cpu_stream()) == "CpuStream()"
+    with kernels.cpu_handle() as handle:
+        assert handle.device == "cpu"
+
+
+class _FakeCupyArray:
+    """What check_tensor reads of a CuPy array: its module (by isinstance) and its device."""
+
+    def __init__(self, device_id):
+        self.device = types.SimpleNamespace(id=device_id)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    module = types.SimpleNamespace(ndarray=_FakeCupyArray)
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return module
+
+
+def test_check_tensor_on_a_gpu_stream_refuses_numpy_and_other_devices(fake_cupy):
+    shape = TensorShape((2,), np.float32)
+    with pytest.raises(DeviceError, match=r"^op: x: expected a CuPy array on GPU 0, found numpy.ndarray"):
+        core.check_tensor("op", "x", np.zeros(2, np.float32), shape, 0)
+    with pytest.raises(DeviceError, match=r"^op: x: expected an array on GPU 0, found GPU 1"):
+        core.check_tensor("op", "x", _FakeCupyArray(1), shape, 0)
+
+
+def test_check_tensor_on_the_cpu_refuses_what_is_not_an_array():
+    with pytest.raises(DeviceError, match=r"^op: x: expected a NumPy array \(CPU stream\), found builtins.list"):
+        core.check_tensor("op", "x", [1.0, 2.0], TensorShape((2,), np.float64), "cpu")
+
+
+def test_entry_point_needs_the_twins_of_the_module():
+    def cpu_forward_kernel(stream):
+        pass
+
+    def gpu_forward_kernel(stream):
+        pass
+
+    with pytest.raises(KernelError, match=r"op: entry_point\('forward_kernel'\) needs cpu_forward_kernel"):
+        core.entry_point("op", "forward_kernel", cpu_forward_kernel, gpu_forward_kernel, "doc")
+
+
+def test_entry_point_refuses_what_is_not_a_stream():
+    state = transpose.init_kernel(kernels.cpu_handle(), transpose.TransposeAttrs((1, 0)), TensorShape((2, 3), np.float32),
+                                  TensorShape((3, 2), np.float32))
+    with pytest.raises(DeviceError, match=r"^transpose: stream: expected a kernels CPU or GPU stream"):
+        transpose.forward_kernel(object(), kernels.cpu_handle(), state, state.attrs, np.zeros((2, 3), np.float32),
+                                 np.zeros((3, 2), np.float32))
+
+
+def test_version_of_a_source_tree_comes_from_pyproject(monkeypatch, tmp_path):
+    """Not installed: the version is pyproject.toml's; without a readable pyproject.toml, 0+unknown."""
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), encoding="utf-8") as file:
+        expected = next(line.split('"')[1] for line in file if line.startswith("version"))
+    assert kernels._version() == expected
+    monkeypatch.setattr(kernels, "__file__", str(tmp_path / "kernels" / "__init__.py"))  # no pyproject.toml there
+    assert kernels._version() == "0+unknown"
