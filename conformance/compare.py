@@ -21,7 +21,8 @@ def _ordered_bits(array: np.ndarray) -> np.ndarray:
 
 def ulp_distance(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
     """Units in the last place between two float arrays of one dtype (NaN vs non-NaN: max)."""
-    distance = np.abs(_ordered_bits(got) - _ordered_bits(expected)).astype(np.float64)
+    # np.array: on 0-d inputs the arithmetic gives NumPy scalars, which the masked writes below need as arrays
+    distance = np.array(np.abs(_ordered_bits(got) - _ordered_bits(expected)), dtype=np.float64)
     nan_got, nan_expected = np.isnan(got), np.isnan(expected)
     distance[nan_got & nan_expected] = 0
     distance[nan_got ^ nan_expected] = np.inf
