@@ -10,8 +10,9 @@ in float64 within bounds derived from the operation, and the GPU with the CPU
 (docs/conformance.md, "Large differential cases").
 
 Groups (`group`): "threshold", shapes on each side of a blocking or launch threshold, and
-"yolov10", every shape of tests/bench/test_bench_*.py. `expensive` cases (big convolutions,
-tensors of ten million elements and more) run only with `-m large` or KERNELS_LARGE_CASES=1.
+"yolov10", every shape of tests/bench/test_bench_*.py; "bandwidth" and "grid_stride", sizes for
+the GPU's grid-stride loops. `expensive` cases (25 million elements and more: GBs of float64
+references) run only with `-m large` or KERNELS_LARGE_CASES=1.
 `paths` names, for each CPU path a case is meant to reach, the side of its threshold
 (True: past it); the tests check the claim against the kernels' constants.
 
@@ -213,7 +214,7 @@ MAX, AVG = PoolOp.MAX, PoolOp.AVG
 B17 = 1 << 17  # activation.BLOCK_ELEMENTS, softmax.CPU_BLOCK_ELEMENTS
 B16 = 1 << 16  # batch_norm's CPU_BLOCK_ELEMENTS, pool_2d's _CPU_BACKWARD_BLOCK, element_binary's _CPU_PARALLEL_MIN
 Y = {"group": "yolov10"}
-BIG = {"group": "yolov10", "expensive": True}
+BIG = {"group": "yolov10", "expensive": True}  # 25 million elements and more
 
 # --------------------------------------------------------------------------- threshold cases
 # Each pair sits on either side of one CPU threshold; `paths` states which side.
@@ -305,9 +306,9 @@ _concat("sppf_4x1x320x20x20", [(1, 320, 20, 20)] * 4, 1, seed=104, **Y)
 _concat("head_1x144x6400_1600_400_last_axis", [(1, 144, 6400), (1, 144, 1600), (1, 144, 400)], -1, seed=105, **Y)
 _concat("large_4x1x256x160x160", [(1, 256, 160, 160)] * 4, 1, seed=106, **BIG)
 _conv("stem_3x3s2_1x3x640x640_16", (1, 3, 640, 640), Conv2DAttrs(16, 3, 3, 2, 2, 1, 1), seed=107,
-      paths={"conv_wide_rows": True}, **BIG)
+      paths={"conv_wide_rows": True}, **Y)
 _conv("c2f_3x3_1x32x160x160_32", (1, 32, 160, 160), Conv2DAttrs(32, 3, 3, 1, 1, 1, 1), seed=108,
-      paths={"conv_wide_rows": True}, **BIG)
+      paths={"conv_wide_rows": True}, **Y)
 _conv("scdown_dw3x3s2_1x64x80x80", (1, 64, 80, 80), Conv2DAttrs(64, 3, 3, 2, 2, 1, 1, groups=64), seed=109,
       paths={"conv_wide_rows": False}, **Y)
 _conv("head_1x1_bias_1x64x80x80_64", (1, 64, 80, 80), Conv2DAttrs(64, 1, 1, use_bias=True), seed=110,
@@ -317,14 +318,14 @@ _binary("residual_add_1x80x160x160", BinaryOpType.ADD, (1, 80, 160, 160), (1, 80
 _binary("channel_mul_1x80x160x160_1x80x1x1", BinaryOpType.MUL, (1, 80, 160, 160), (1, 80, 1, 1), seed=112,
         paths={"binary_parallel": True}, **Y)
 _element_unary("silu_1x80x320x320", UnaryOpType.SILU, (1, 80, 320, 320), seed=113,
-               paths={"activation_blocks": True}, **BIG)
+               paths={"activation_blocks": True}, **Y)
 _gradient_reduction("3x1x80x160x160", (1, 80, 160, 160), 3, seed=114, **Y)
 _pool("sppf_v10n_1x128x20x20", (1, 128, 20, 20), Pool2DAttrs(5, 5, 1, 1, 2, 2, MAX), seed=115,
       paths={"pool_one_plane_blocks": False}, **Y)
 _pool("sppf_v10x_1x640x20x20", (1, 640, 20, 20), Pool2DAttrs(5, 5, 1, 1, 2, 2, MAX), seed=116,
       paths={"pool_one_plane_blocks": False}, **Y)
 _pool("sppf_8x256x80x80", (8, 256, 80, 80), Pool2DAttrs(5, 5, 1, 1, 2, 2, MAX), seed=117, **BIG)
-_reshape("flatten_1x640x160x160", (1, 640, 160, 160), (1, 640, 25600), seed=118, **BIG)
+_reshape("flatten_1x640x160x160", (1, 640, 160, 160), (1, 640, 25600), seed=118, **Y)
 _reshape("psa_1x640x20x20_to_1x5x128x400", (1, 640, 20, 20), (1, 5, 128, 400), seed=119, **Y)
 _softmax("psa_1x5x400x400_dim-1", (1, 5, 400, 400), -1, seed=120, paths={"softmax_rows_blocked": True}, **Y)
 _softmax("dfl_1x16x4x8400_dim1", (1, 16, 4, 8400), 1, seed=121, paths={"softmax_inner_columns": True}, **Y)
