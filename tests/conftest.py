@@ -63,3 +63,16 @@ def dev(device):
     d = Dev(device)
     yield d
     d.handle.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Expensive large differential cases (marked `large`) run only when asked for: `-m large` (or a
+    marker expression naming it) or KERNELS_LARGE_CASES=1; otherwise they are skipped with that reason."""
+    import os
+
+    if os.environ.get("KERNELS_LARGE_CASES") == "1" or "large" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="expensive large case: run with -m large or KERNELS_LARGE_CASES=1")
+    for item in items:
+        if "large" in item.keywords:
+            item.add_marker(skip)
