@@ -235,7 +235,9 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             stop = min(start + planes, n * c)
             target = np.empty((stop - start, out_h, out_w), np.intp)
             np.copyto(target, taps[start:stop], casting="unsafe")  # then take reads intp indices (its fast path)
-            np.take(tap_offset, target, out=target)
+            # Taps are always < kernel_h * kernel_w, so mode="clip" changes no index; it skips the
+            # bounds check of mode="raise" (about 2.5x faster here).
+            np.take(tap_offset, target, out=target, mode="clip")
             target += origin[:stop - start]
             block = input_grad[start:stop].reshape(-1)
             block.fill(0)
