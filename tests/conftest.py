@@ -76,3 +76,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "large" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    """The CPU as tests/properties.py's Device (the property and large-case tests)."""
+    from .properties import Device
+
+    dev = Device("cpu")
+    yield dev
+    dev.close()
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    """The GPU as tests/properties.py's Device; skipped with the reason where it is unavailable."""
+    from .properties import Device
+
+    require("gpu")
+    dev = Device("gpu")
+    yield dev
+    dev.close()

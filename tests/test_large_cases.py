@@ -26,8 +26,7 @@ from conformance.large_cases import LARGE, LargeCase
 from kernels import activation, batch_norm, conv_2d, element_binary, pool_2d, softmax
 from kernels.core import TensorShape
 
-from .conftest import require
-from .properties import Device, Expect, Sample, check, check_gpu
+from .properties import Expect, Sample, check, check_gpu
 from .test_properties import OPS, _failures
 
 pytest.importorskip("torch")
@@ -120,21 +119,6 @@ def _parts_spy():
         yield counts
     finally:
         kernels.cpu.cpu_parallel = real
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    dev = Device("cpu")
-    yield dev
-    dev.close()
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    require("gpu")
-    dev = Device("gpu")
-    yield dev
-    dev.close()
 
 
 def test_declarations():

@@ -55,11 +55,9 @@ from kernels import (
     upsample,
 )
 
-from .conftest import require
 from .properties import (
     FLOATS,
     MOVABLE,
-    Device,
     Expect,
     Sample,
     activation_chain,
@@ -1010,21 +1008,6 @@ def _failures(results, expected, compare_one):
             if report is not None:
                 failures.append(report)
     return failures
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    dev = Device("cpu")
-    yield dev
-    dev.close()
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    require("gpu")
-    dev = Device("gpu")
-    yield dev
-    dev.close()
 
 
 @pytest.mark.parametrize("op", list(OPS))
