@@ -22,8 +22,8 @@ import pytest
 import kernels
 from kernels import (
     Activation,
-    PoolOp,
     Pool2DAttrs,
+    PoolOp,
     UnaryOpType,
     UpsampleAttrs,
     UpsampleMode,
