@@ -175,6 +175,22 @@ def test_names_computed_by_the_plans_are_declared():
                     assert set(pool_2d.plan_paths(attrs, direction, aligned and direction == "forward")) <= set(DECLARED)
 
 
+@pytest.mark.parametrize("lhs, rhs, expected", [
+    ((4, 5), (1, 5), {"grad.rows", "grad.one_chunk"}),  # 4 positions to a thread: one chunk
+    ((200, 3), (1, 3), {"grad.rows", "grad.chunks", "sum_partials.threads"}),  # 7 chunks of 32
+    ((1 << 16, 3), (1, 3), {"grad.rows", "grad.chunks", "sum_partials.warps"}),
+    ((6, 40), (6, 1), {"grad.warps", "grad.one_chunk"}),  # the innermost dim (>= 32) reduced
+])
+def test_element_binary_grad_paths(lhs, rhs, expected):
+    """The rhs gradient's paths (broadcast along the rows): its kernel, its chunks, the second pass."""
+    from kernels.element_binary.gpu import grad_paths
+    from kernels.element_binary.plan import gpu_plan
+
+    plan = gpu_plan(lhs, rhs, tuple(np.broadcast_shapes(lhs, rhs)))
+    assert set(grad_paths(plan.grads[1])) == {f"element_binary.{p}" for p in expected}
+    assert set(grad_paths(plan.grads[1])) <= set(DECLARED)
+
+
 @pytest.mark.parametrize("dims, permutation, dtype, expected", [
     ((2, 1, 3), (1, 0, 2), np.float32, "transpose.copy"),
     ((2, 3, 4), (1, 0, 2), np.float32, "transpose.gather"),
