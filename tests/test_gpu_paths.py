@@ -111,20 +111,32 @@ def test_recording_counts_what_its_block_reached_and_nests(registry):
     assert gpu_paths.counts()["scratch.a"] == 3 and gpu_paths.counts()["scratch.c"] == 1
 
 
-def test_reach_costs_well_under_a_microsecond():
-    """reach is on every GPU call's path (one to four times a call): a dict update. Measured on this
-    2-core CI machine at about 0.1 us a call; the bound leaves room for a loaded machine and is still
-    far below a launch's host cost (about 5 us)."""
-    name, calls = "concat.memcpy2d", 100_000
+def test_reach_costs_about_a_dict_update():
+    """reach is on every GPU call's path (one to four times a call). Measured on this 2-core CI
+    machine: 72 ns a reach against 49 ns for a plain function that adds to a dict, far below a
+    launch's host cost (about 5 us). Checked as a ratio to that plain function, timed the same way,
+    so that a loaded machine does not decide it. Under CI's coverage run, which traces kernels/ (reach)
+    but not the tests (the plain function), the ratio measured 2.2 (605 ns / 281 ns); 5 leaves room for
+    that and still fails on anything heavier than a dict update (a lock, a log call, a copy)."""
+    name, calls = "concat.memcpy2d", 50_000
+    counts: dict[str, int] = {name: 0}
+
+    def plain(key: str) -> None:
+        counts[key] += 1
+
+    def best(function) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                function(name)
+            times.append(time.perf_counter() - start)
+        return min(times) / calls
+
     before = gpu_paths.counts()[name]
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(calls):
-            gpu_paths.reach(name)
-        best = min(best, (time.perf_counter() - start) / calls)
-    assert gpu_paths.counts()[name] == before + 3 * calls
-    assert best < 1e-6, f"{best * 1e9:.0f} ns a call"
+    reach, baseline = best(gpu_paths.reach), best(plain)
+    assert gpu_paths.counts()[name] == before + 5 * calls
+    assert reach < 5 * baseline, f"reach {reach * 1e9:.0f} ns, a plain dict update {baseline * 1e9:.0f} ns"
 
 
 # --------------------------------------------------------------------------- every recorded name is declared
