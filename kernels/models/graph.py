@@ -41,13 +41,15 @@ from .. import (
 )
 from ..core import TensorShape
 
-# How each op's forward and backward take their tensors (DESIGN.md section 3's signatures):
-#   "conv":   forward (input, filter, bias, output);  backward (output, output_grad, input, input_grad, filter, filter_grad, bias_grad)
-#   "bn":     forward (input, gamma, beta, output);   backward (output, output_grad, input, input_grad, gamma, beta, gamma_grad, beta_grad)
-#   "unary":  forward (input, output);                backward (output, output_grad, input, input_grad)
-#   "binary": forward (lhs, rhs, output);             backward (output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
-#   "concat": forward (inputs, output);               backward (output, output_grad, inputs, input_grads)
-#   "split":  forward (input, outputs);               backward (outputs, output_grads, input, input_grad)
+# How each op's forward and backward take their tensors (DESIGN.md section 3's signatures), by node kind:
+#   CONV:   forward (input, filter, bias, output)
+#           backward (output, output_grad, input, input_grad, filter, filter_grad, bias_grad)
+#   BN:     forward (input, gamma, beta, output, training=)
+#           backward (output, output_grad, input, input_grad, gamma, beta, gamma_grad, beta_grad)
+#   UNARY:  forward (input, output);        backward (output, output_grad, input, input_grad)
+#   BINARY: forward (lhs, rhs, output);     backward (output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
+#   CONCAT: forward (inputs, output);       backward (output, output_grad, inputs, input_grads)
+#   SPLIT:  forward (input, outputs);       backward (outputs, output_grads, input, input_grad)
 CONV, BN, UNARY, BINARY, CONCAT, SPLIT = "conv", "bn", "unary", "binary", "concat", "split"
 
 
@@ -259,12 +261,23 @@ class Plan:
     def _compile_backward(self, outputs: Any, grad_outputs: Sequence[str], runtime: Any, dtype: Any) -> None:
         graph = self.graph
         values = graph.values
-        # The differentiable uses of each value: (node, input slot), in forward order.
+        # The nodes backward runs (those with an output a gradient reaches, from the given ones back) and the
+        # differentiable uses of each value by them: (node, input slot).
+        reached = [False] * len(values)
+        for key in grad_outputs:
+            for tensor in _leaves(outputs[key]):
+                reached[tensor.index] = True
+        active = [False] * len(graph.nodes)
         uses: list[list[tuple[int, int]]] = [[] for _ in values]
-        for n, node in enumerate(graph.nodes):
+        for n in range(len(graph.nodes) - 1, -1, -1):
+            node = graph.nodes[n]
+            if not any(reached[o] for o in node.outputs):
+                continue  # nothing downstream of this node wants a gradient
+            active[n] = True
             for slot, (index, no_grad) in enumerate(zip(node.inputs, node.no_grad)):
                 if not no_grad and values[index].kind in ("input", "param", "activation"):
                     uses[index].append((n, slot))
+                    reached[index] = True
         grad: list[Any] = [None] * len(values)  # the gradient of each value that gets one
         for key in grad_outputs:
             for tensor in _leaves(outputs[key]):
@@ -297,9 +310,9 @@ class Plan:
             reductions[index] = (function, (runtime.stream, runtime.handle, state, attrs, parts, grad[index]))
         calls = self.backward_calls
         for n in range(len(graph.nodes) - 1, -1, -1):
+            if not active[n]:
+                continue
             node = graph.nodes[n]
-            if all(grad[o] is None for o in node.outputs):
-                continue  # nothing downstream of this node wants a gradient
             for o in node.outputs:
                 if o in reductions:
                     calls.append(reductions.pop(o))

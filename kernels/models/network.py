@@ -83,11 +83,12 @@ class Network:
         self.registry = registry
         self.device = parse_device(self.OP, device)
         try:
-            self.dtype = np.dtype(dtype)
+            parsed = np.dtype(dtype)
         except TypeError:
-            self.dtype = None
-        if self.dtype not in FLOAT_DTYPES:
+            parsed = None
+        if parsed is None or dtype is None or parsed not in FLOAT_DTYPES:  # (np.dtype(None) is float64)
             raise fail(DTypeError, self.OP, "dtype", "float32 or float64", repr(dtype))
+        self.dtype = parsed
         if self.device == "cpu":
             self.stream, self.handle, self.xp = cpu_runtime.cpu_stream(), cpu_runtime.cpu_handle(), np
             self.prefix, self._context = "cpu_", contextlib.nullcontext()

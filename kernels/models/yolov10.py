@@ -237,7 +237,8 @@ class V10Detect:
 
         def box(name: str, i: int, x: int) -> Sequential:
             p = f"{prefix}.{name}.{i}"
-            return Sequential(Conv(reg, f"{p}.0", x, c2, 3), Conv(reg, f"{p}.1", c2, c2, 3), Conv2d(reg, f"{p}.2", c2, 4 * REG_MAX))
+            return Sequential(Conv(reg, f"{p}.0", x, c2, 3), Conv(reg, f"{p}.1", c2, c2, 3),
+                              Conv2d(reg, f"{p}.2", c2, 4 * REG_MAX))
 
         def cls(name: str, i: int, x: int) -> Sequential:
             p = f"{prefix}.{name}.{i}"
