@@ -29,7 +29,7 @@ from torch import nn
 
 import kernels
 from kernels.core import DeviceError, DTypeError, KernelError, ShapeError, StateError
-from kernels.models import VARIANTS, Graph, Network, Registry, StateDictError, YOLOv10
+from kernels.models import VARIANTS, Graph, Network, Plan, Registry, StateDictError, YOLOv10
 from kernels.models import yolov10 as y10
 
 DATA = "tests/data/yolov10"
@@ -657,6 +657,25 @@ def test_plans_are_cached_per_shape_and_mode(monkeypatch):
         assert all(model.grads[name] is grad for name, grad in grads.items()) and len(grads) == len(model.grads)
 
 
+def test_inference_plans_share_buffers_and_give_the_same_values():
+    with YOLOv10("n", dtype="float64") as model:
+        x = inputs((2, 3, 64, 96), seed=12)
+        got = model.eval()(x)
+        plan = model.plans[(x.shape, False)]
+        activations = [b for b, v in zip(plan.buffers, plan.graph.values) if v.kind == "activation"]
+        distinct = {id(b.base if b.base is not None else b) for b in activations}
+        assert len(distinct) < len(activations) // 3  # most values live in a shared buffer
+        graph = Graph()
+        separate = Plan(graph, model.trace(graph, graph.input(x.shape), False), model, False, reuse=False)
+        separate.input[...] = x
+        separate.forward()
+        for key in ("one2many", "one2one"):
+            for a, b in zip(got[key], separate.outputs[key]):
+                np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got["decoded"], separate.outputs["decoded"])
+        separate.close()
+
+
 def test_close_cleans_every_state_and_refuses_use():
     model = YOLOv10("n")
     x = inputs((2, 3, 32, 32)).astype(np.float32)
@@ -828,6 +847,7 @@ def test_gpu_model_equals_cpu_model(dtype, dims, bound):
                 for i, a in enumerate(want[key]):
                     assert_close(host(got[key][i]), a, f"gpu training step {step} {key}[{i}]", bound=bound)
         cpu_state, gpu_state = cpu.state_dict(), gpu.state_dict()
+        gpu.stream.synchronize()  # state_dict's counts are made on the model's stream
         for name, value in cpu_state.items():
             if name.endswith("num_batches_tracked"):
                 assert int(gpu_state[name]) == int(value) == 2
@@ -857,6 +877,10 @@ def test_gpu_model_equals_cpu_model(dtype, dims, bound):
                                    np.sort(want["detections"][:, :, 4], axis=1), rtol=bound)
         # CuPy arrays into a GPU model, and the model's own arrays back out.
         with YOLOv10("n", device="gpu", dtype=dtype) as other:
-            other.load_state_dict(gpu.state_dict())
-            for name, value in other.state_dict().items():
-                np.testing.assert_array_equal(host(value), host(gpu.state_dict()[name]), err_msg=name)
+            mine = gpu.state_dict()
+            gpu.stream.synchronize()  # another model's stream reads them next
+            other.load_state_dict(mine)
+            theirs = other.state_dict()
+            other.stream.synchronize()
+            for name, value in theirs.items():
+                np.testing.assert_array_equal(host(value), host(mine[name]), err_msg=name)

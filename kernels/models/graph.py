@@ -19,6 +19,7 @@ passed for that input gradient), as torch's `detach()`.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -191,15 +192,17 @@ class Plan:
     forward the backward, without allocating."""
 
     def __init__(self, graph: Graph, outputs: Any, runtime: Any, training: bool,
-                 grad_outputs: Sequence[str] = ()):
+                 grad_outputs: Sequence[str] = (), reuse: bool | None = None):
         """outputs: the Tensors to return (a dict); grad_outputs: its keys whose gradients backward takes
-        (training plans only). runtime: the network's device runtime (stream, handle, arrays, parameters)."""
+        (training plans only). runtime: the network's device runtime (stream, handle, arrays, parameters).
+        reuse: share activation buffers between values whose lives do not overlap (default: in inference
+        plans only; a training plan keeps every activation for its backward)."""
         self.graph, self.training, self.runtime = graph, training, runtime
         self.states: list[tuple[Any, Any]] = []  # (op module, state) of every call, for cleanup
         self.node_states: list[Any] = []  # the state of each node
         dtype = runtime.dtype
         with runtime.active():
-            self.buffers: list[Any] = [self._bind(value, runtime) for value in graph.values]
+            self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=not training if reuse is None else reuse)
             self.input = next(b for b, v in zip(self.buffers, graph.values) if v.kind == "input")
             self.outputs = _structure(outputs, lambda t: self.buffers[t.index])
             self.forward_calls = [self._forward_call(node, runtime, dtype) for node in graph.nodes]
@@ -210,6 +213,30 @@ class Plan:
             self.input_grad: Any = None
             if training:
                 self._compile_backward(outputs, grad_outputs, runtime, dtype)
+
+    def _allocate(self, outputs: Any, runtime: Any, reuse: bool) -> list[Any]:
+        """A buffer per value. With reuse, an activation's buffer returns to a pool (by element count) after
+        the last node that reads it, and a later value of that size takes it: the outputs of a node are
+        placed before its inputs are released, so no node writes a buffer it reads. Outputs are never shared."""
+        values = self.graph.values
+        if not reuse:
+            return [self._bind(value, runtime) for value in values]
+        buffers = [None if value.kind == "activation" else self._bind(value, runtime) for value in values]
+        kept = {tensor.index for tensor in _leaves(outputs)}
+        last_read = [-1] * len(values)
+        for n, node in enumerate(self.graph.nodes):
+            for index in node.inputs:
+                last_read[index] = n
+        pool: dict[int, list[Any]] = {}
+        for n, node in enumerate(self.graph.nodes):
+            for index in node.outputs:
+                dims = values[index].dims
+                free = pool.get(math.prod(dims))
+                buffers[index] = free.pop().reshape(dims) if free else runtime.empty(dims)
+            for index in set(node.inputs) | set(node.outputs):
+                if values[index].kind == "activation" and index not in kept and last_read[index] <= n:
+                    pool.setdefault(buffers[index].size, []).append(buffers[index])
+        return buffers
 
     def _bind(self, value: Value, runtime: Any) -> Any:
         if value.kind in ("param", "frozen"):
