@@ -648,7 +648,8 @@ def test_plans_are_cached_per_shape_and_mode(monkeypatch):
         assert made == 108  # every conv of yolov10n's eval forward, DFL's included (DESIGN.md section 6: 108)
         first = model(x)["decoded"]
         assert len(calls) == made and len(model.plans) == 1
-        assert model(x)["decoded"] is first  # the plan's buffer, reused
+        again = model(x, detections=False)
+        assert again["decoded"] is first and "detections" not in again  # the plan's buffer, reused
         model.train()(np.concatenate([x, x]))
         assert len(model.plans) == 2 and len(calls) > made
         grads = model.grads

@@ -247,9 +247,9 @@ class Network:
                                           self.GRAD_OUTPUTS if self.training else ())
         return plan
 
-    def forward(self, x: Any) -> dict[str, Any]:
+    def forward(self, x: Any, **options: Any) -> dict[str, Any]:
         """Run the network on x (an array on the network's device, in its dtype). Returns the plan's output
-        buffers: valid until the next call with the same input shape and mode."""
+        buffers: valid until the next call with the same input shape and mode. `options` go to finish()."""
         self._require_open()
         dims = tuple(getattr(x, "shape", ()))
         check_tensor(self.OP, "x", x, TensorShape(dims, self.dtype), self.device)
@@ -262,12 +262,13 @@ class Network:
             for name in plan.bn_names:
                 self.counts[name] += 1
         self._last = plan
-        return self.finish(plan)
+        return self.finish(plan, **options)
 
-    __call__ = forward
+    def __call__(self, x: Any, **options: Any) -> dict[str, Any]:
+        return self.forward(x, **options)
 
     def finish(self, plan: Plan) -> dict[str, Any]:
-        """What a forward returns, from the plan's outputs (a subclass may add to it)."""
+        """What a forward returns, from the plan's outputs (a subclass may add to it, and take options)."""
         return dict(plan.outputs)
 
     def backward(self, output_grads: dict[str, Any]) -> dict[str, Any]:

@@ -407,9 +407,11 @@ class YOLOv10(Network):
         source, (_, detect) = self.layers[-1]
         return detect(graph, [saved[j] for j in source], training)
 
-    def finish(self, plan: Any) -> dict[str, Any]:
+    def finish(self, plan: Any, detections: bool = True) -> dict[str, Any]:
+        """The plan's outputs, and in eval the detections (the top-k, the only allocation of a call) unless
+        `detections=False` (model(x, detections=False)): then an eval call allocates nothing."""
         outputs = dict(plan.outputs)
-        if "decoded" in outputs:
+        if "decoded" in outputs and detections:
             with self.active():
                 outputs["detections"] = postprocess(self.xp, outputs["decoded"], self.num_classes)
         return outputs
