@@ -16,6 +16,11 @@ The whole yolov10n (about 100 layers deep) amplifies those last-bit differences 
 batch norms, whose statistics at P5 cover few values (4 per channel at 1x3x64x64): measured
 2.7e-11 for training outputs, 8.6e-11 for the input gradient, 1.2e-10 for parameter gradients,
 7.6e-14 in eval (running statistics, no amplification). WHOLE_BOUND = 1e-9.
+
+In float32 the same amplification, from float32's last bits: at 2x3x96x128 (24 values per channel
+at P5) measured 7e-5 for training outputs, 2e-4 for parameter gradients, 6e-7 in eval;
+WHOLE_BOUND_FLOAT32 = 2e-3. (At 1x3x64x64, 4 values per channel, it reaches 4e-3 and 2e-2: the
+statistics of so few values are ill-conditioned, in torch as here.)
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from kernels.models import yolov10 as y10
 DATA = "tests/data/yolov10"
 BOUND = 1e-12  # float64 relative error bound (see the module docstring)
 WHOLE_BOUND = 1e-9  # the whole network (see the module docstring)
+WHOLE_BOUND_FLOAT32 = 2e-3
 MEASURED: dict[str, float] = {}  # the worst error of each check, printed by -s (how the bounds were measured)
 PARAM_COUNTS = {"n": 2_775_520, "s": 8_128_272, "m": 16_576_768, "b": 20_574_384, "l": 25_888_688, "x": 31_808_960}
 
@@ -265,11 +271,11 @@ def leaves(outputs):
 
 
 def check_against_twin(ours: Network, twin: nn.Module, x: np.ndarray, steps: int = 2, grad_keys=("out",), seed=5,
-                       bound: float = BOUND):
+                       bound: float = BOUND, twin_dtype=torch.float64):
     """Training forwards (`steps` of them: running statistics compared after each), backward from varied output
     gradients (input and every parameter gradient), then an eval forward; all against the twin, float64."""
     rng = np.random.default_rng(seed)
-    twin.double()
+    twin.to(twin_dtype)
     copy_weights(ours, twin)
     ours.train()
     twin.train()
@@ -288,7 +294,7 @@ def check_against_twin(ours: Network, twin: nn.Module, x: np.ndarray, steps: int
                 assert int(state[name]) == int(value) == step + 1, name
             elif name.endswith(("running_mean", "running_var")):
                 assert_close(state[name], value, f"step {step} {name}", bound=bound)
-    grads = {key: [rng.standard_normal(a.shape) for a in got[key]] for key in grad_keys}
+    grads = {key: [rng.standard_normal(a.shape).astype(x.dtype) for a in got[key]] for key in grad_keys}
     dx = ours.backward(grads)["input"]
     torch.autograd.backward([t for key in grad_keys for t in want[key]],
                             [torch.from_numpy(g) for key in grad_keys for g in grads[key]])
@@ -310,6 +316,10 @@ def check_against_twin(ours: Network, twin: nn.Module, x: np.ndarray, steps: int
         want = {"out": [want]}
     for key in want:
         for i, (a, b) in enumerate(zip(leaves(got[key]), leaves(want[key]))):
+            if key == "detections" and twin_dtype == torch.float32:
+                # float32 scores that differ in their last bits may rank in another order (so may equal
+                # ones, whose order torch's topk leaves open): compare the scores kept, as sets.
+                a, b = np.sort(a[:, :, 4], axis=1), np.sort(b[:, :, 4].numpy(), axis=1)
             assert_close(a, b, f"eval {key}[{i}]", bound=bound)
     return got
 
@@ -500,6 +510,13 @@ def test_yolov10n_against_its_torch_twin_float64(dims):
         model.init_random(21)
         check_against_twin(model, TYOLOv10("n"), inputs(dims, seed=9), grad_keys=("one2many", "one2one"),
                            bound=WHOLE_BOUND)
+
+
+def test_yolov10n_against_its_torch_twin_float32():
+    with YOLOv10("n", dtype="float32") as model:
+        model.init_random(21)
+        check_against_twin(model, TYOLOv10("n"), inputs((2, 3, 96, 128), seed=9).astype(np.float32),
+                           grad_keys=("one2many", "one2one"), bound=WHOLE_BOUND_FLOAT32, twin_dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------- the architecture against ultralytics'
