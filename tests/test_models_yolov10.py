@@ -694,6 +694,31 @@ def test_inference_plans_share_buffers_and_give_the_same_values():
         separate.close()
 
 
+def test_training_plans_share_gradient_buffers_and_give_the_same_gradients():
+    with YOLOv10("n", dtype="float64") as model:
+        x = inputs((2, 3, 64, 64), seed=14)
+        out = model.train()(x)
+        rng = np.random.default_rng(3)
+        given = {key: [rng.standard_normal(a.shape) for a in out[key]] for key in ("one2many", "one2one")}
+        dx = np.array(model.backward(given)["input"])
+        grads = {name: np.array(grad) for name, grad in model.grads.items()}
+        shared = model.plans[(x.shape, True)]
+        graph = Graph()
+        separate = Plan(graph, model.trace(graph, graph.input(x.shape), True), model, True, model.GRAD_OUTPUTS,
+                        reuse=False)
+        assert shared.gradient_bytes < separate.gradient_bytes / 3
+        separate.input[...] = x
+        separate.forward()
+        for key, arrays in given.items():
+            for buffer, array in zip(separate.output_grads[key], arrays):
+                buffer[...] = array
+        separate.backward()  # writes the network's gradient arrays too
+        np.testing.assert_array_equal(separate.input_grad, dx)
+        for name, grad in model.grads.items():
+            np.testing.assert_array_equal(grad, grads[name], err_msg=name)
+        separate.close()
+
+
 def test_close_cleans_every_state_and_refuses_use():
     model = YOLOv10("n")
     x = inputs((2, 3, 32, 32)).astype(np.float32)

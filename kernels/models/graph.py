@@ -192,17 +192,17 @@ class Plan:
     forward the backward, without allocating."""
 
     def __init__(self, graph: Graph, outputs: Any, runtime: Any, training: bool,
-                 grad_outputs: Sequence[str] = (), reuse: bool | None = None):
+                 grad_outputs: Sequence[str] = (), reuse: bool = True):
         """outputs: the Tensors to return (a dict); grad_outputs: its keys whose gradients backward takes
         (training plans only). runtime: the network's device runtime (stream, handle, arrays, parameters).
-        reuse: share activation buffers between values whose lives do not overlap (default: in inference
-        plans only; a training plan keeps every activation for its backward)."""
+        reuse: share buffers between values whose lives do not overlap: the activations of an inference
+        plan, the gradients of a training plan (it keeps every activation: its backward reads them)."""
         self.graph, self.training, self.runtime = graph, training, runtime
         self.states: list[tuple[Any, Any]] = []  # (op module, state) of every call, for cleanup
         self.node_states: list[Any] = []  # the state of each node
         dtype = runtime.dtype
         with runtime.active():
-            self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=not training if reuse is None else reuse)
+            self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=reuse and not training)
             self.input = next(b for b, v in zip(self.buffers, graph.values) if v.kind == "input")
             self.outputs = _structure(outputs, lambda t: self.buffers[t.index])
             self.forward_calls = [self._forward_call(node, runtime, dtype) for node in graph.nodes]
@@ -211,8 +211,9 @@ class Plan:
             self.backward_calls: list[tuple[Callable[..., None], tuple]] = []
             self.output_grads: Any = None
             self.input_grad: Any = None
+            self.gradient_bytes = 0  # of the gradient buffers the plan made (the network's parameter ones aside)
             if training:
-                self._compile_backward(outputs, grad_outputs, runtime, dtype)
+                self._compile_backward(outputs, grad_outputs, runtime, dtype, reuse)
 
     def _allocate(self, outputs: Any, runtime: Any, reuse: bool) -> list[Any]:
         """A buffer per value. With reuse, an activation's buffer returns to a pool (by element count) after
@@ -285,7 +286,8 @@ class Plan:
             args = head + tuple(ins) + (outs[0],)
         return function, args
 
-    def _compile_backward(self, outputs: Any, grad_outputs: Sequence[str], runtime: Any, dtype: Any) -> None:
+    def _compile_backward(self, outputs: Any, grad_outputs: Sequence[str], runtime: Any, dtype: Any,
+                          reuse: bool) -> None:
         graph = self.graph
         values = graph.values
         # The nodes backward runs (those with an output a gradient reaches, from the given ones back) and the
@@ -306,57 +308,86 @@ class Plan:
                     uses[index].append((n, slot))
                     reached[index] = True
         grad: list[Any] = [None] * len(values)  # the gradient of each value that gets one
+        given = set()  # the outputs' gradients, filled by each backward call: never shared
         for key in grad_outputs:
             for tensor in _leaves(outputs[key]):
                 grad[tensor.index] = runtime.empty(tensor.dims)
+                given.add(tensor.index)
         self.output_grads = {key: _structure(outputs[key], lambda t: grad[t.index]) for key in grad_outputs}
-        # Per use of a value read more than once, a buffer; the sums, after the last use's backward.
-        use_buffers: dict[tuple[int, int], Any] = {}
-        reductions: dict[int, tuple[Callable[..., None], tuple]] = {}
-        for index, value_uses in enumerate(uses):
-            if not value_uses:
-                continue
+
+        # Gradient buffers are placed when first written and, with reuse, return to a pool (by element count)
+        # after their last read: an activation's gradient after the backward of the node that wrote the
+        # activation, a per-use part after its sum. A call's written buffers are taken before the buffers it
+        # reads are released, so no call writes what it reads. Parameter gradients are the network's arrays;
+        # the input's gradient and the outputs' are never shared.
+        pool: dict[int, list[Any]] = {}
+
+        def take(index: int) -> Any:
             value = values[index]
-            given = grad[index]  # an output's gradient, given to backward: one more term of the sum
             if value.kind == "param":
-                grad[index] = runtime.grad(value.name)  # the network's gradient array, shared by its plans
-            else:
-                grad[index] = runtime.empty(value.dims)
-            if len(value_uses) == 1 and given is None:
-                use_buffers[value_uses[0]] = grad[index]
-                continue
-            parts = [runtime.empty(values[index].dims) for _ in value_uses]
-            use_buffers.update(zip(value_uses, parts))
-            if given is not None:
-                parts.insert(0, given)
+                return runtime.grad(value.name)  # the network's gradient array, shared by its plans
+            free = pool.get(math.prod(value.dims)) if reuse and value.kind == "activation" else None
+            if free:
+                return free.pop().reshape(value.dims)
+            buffer = runtime.empty(value.dims)
+            self.gradient_bytes += buffer.nbytes
+            return buffer
+
+        def release(index: int, buffer: Any) -> None:
+            if reuse and values[index].kind == "activation":
+                pool.setdefault(buffer.size, []).append(buffer)
+
+        parts: dict[int, list[Any]] = {}  # per value read more than once: its gradient's terms so far
+        calls = self.backward_calls
+
+        def reduce(index: int) -> None:
+            """Sum a value's per-use gradients (and the given one of an output also read) into its gradient."""
+            terms = ([grad[index]] if index in given else []) + parts.pop(index)
+            grad[index] = take(index)
             shape = TensorShape(values[index].dims, dtype)
             attrs = gradient_reduction.GradientReductionAttrs()
-            state = gradient_reduction.init_kernel(runtime.handle, attrs, [shape] * len(parts), shape)
+            state = gradient_reduction.init_kernel(runtime.handle, attrs, [shape] * len(terms), shape)
             self.states.append((gradient_reduction, state))
             function = getattr(gradient_reduction, runtime.prefix + "forward_kernel")
-            reductions[index] = (function, (runtime.stream, runtime.handle, state, attrs, parts, grad[index]))
-        calls = self.backward_calls
+            calls.append((function, (runtime.stream, runtime.handle, state, attrs, terms, grad[index])))
+            for term in terms[1 if index in given else 0:]:
+                release(index, term)
+
         for n in range(len(graph.nodes) - 1, -1, -1):
             if not active[n]:
                 continue
             node = graph.nodes[n]
             for o in node.outputs:
-                if o in reductions:
-                    calls.append(reductions.pop(o))
-                if grad[o] is None:  # an output nothing reads (one part of a split): its gradient is zero
+                if o in parts:
+                    reduce(o)
+                elif grad[o] is None:  # an output nothing reads (one part of a split): its gradient is zero
                     grad[o] = runtime.zeros(values[o].dims)
-            calls.append(self._backward_call(n, node, grad, use_buffers, runtime))
-        calls.extend(reductions.values())  # the leaves (input, parameters) read more than once
+                    given.add(o)  # a constant: never shared
+            in_grads: list[Any] = []
+            for slot, index in enumerate(node.inputs):
+                if (n, slot) not in uses[index]:
+                    in_grads.append(None)
+                elif len(uses[index]) == 1 and index not in given:
+                    grad[index] = take(index)
+                    in_grads.append(grad[index])
+                else:
+                    in_grads.append(take(index))
+                    parts.setdefault(index, []).append(in_grads[-1])
+            calls.append(self._backward_call(n, node, grad, in_grads, runtime))
+            for o in node.outputs:
+                if o not in given:
+                    release(o, grad[o])
+        for index in list(parts):  # the leaves (input, parameters) read more than once
+            reduce(index)
         self.input_grad = next((grad[i] for i, v in enumerate(values) if v.kind == "input"), None)
         self.grads = {v.name: grad[i] for i, v in enumerate(values) if v.kind == "param" and grad[i] is not None}
 
-    def _backward_call(self, n: int, node: Node, grad: list[Any], use_buffers: dict[tuple[int, int], Any],
+    def _backward_call(self, n: int, node: Node, grad: list[Any], in_grads: list[Any],
                        runtime: Any) -> tuple[Callable[..., None], tuple]:
         state = self.node_states[n]
         function = getattr(node.module, runtime.prefix + "backward_kernel")
         head = (runtime.stream, runtime.handle, state, node.attrs)
         ins = [self.buffers[i] for i in node.inputs]
-        in_grads = [use_buffers.get((n, slot)) for slot in range(len(node.inputs))]
         outs = [self.buffers[o] for o in node.outputs]
         out_grads = [grad[o] for o in node.outputs]
         if node.kind == CONV:
