@@ -797,9 +797,9 @@ def test_backward_refusals():
 
 
 class TinyNet(Network):
-    """y = concat(a, b) of a split of x, and z = x * 2 read by nothing downstream: a gradient given for an output
-    that is also read downstream (x2 is both an output and read by the concat), and a node whose output no
-    gradient reaches."""
+    """Fan-in of every kind: a gradient given for an output that is also read downstream (doubled is an output
+    and read by the split and a conv), a parameter read twice (w), a split part nothing reads, and a node whose
+    output no gradient reaches (exp)."""
 
     OP = "tiny"
     GRAD_OUTPUTS = ("out",)
@@ -817,7 +817,7 @@ class TinyNet(Network):
         joined = graph.concat([b, a], 1)
         graph.unary(x, kernels.UnaryOpType.EXP)  # nothing reads it: no backward for it
         shared = graph.conv2d(x, w, None, kernels.Conv2DAttrs(1, 1, 1))
-        again = graph.conv2d(x, w, None, kernels.Conv2DAttrs(1, 1, 1))  # w read twice: its gradient is a sum
+        again = graph.conv2d(doubled, w, None, kernels.Conv2DAttrs(1, 1, 1))  # w read twice: its gradient is a sum
         return {"out": [joined, doubled, graph.binary(shared, again, kernels.BinaryOpType.ADD)]}
 
 
@@ -831,8 +831,8 @@ def test_graph_fan_in_of_outputs_parameters_and_unused_split_parts():
     w = torch.from_numpy(np.array(net.params["w"])).requires_grad_(True)
     doubled = xt * 2
     a, b, _ = doubled.split((1, 2, 1), 1)
-    conv = nn.functional.conv2d(xt, w)
-    torch.autograd.backward([torch.cat([b, a], 1), doubled, conv + conv],
+    conv, again = nn.functional.conv2d(xt, w), nn.functional.conv2d(doubled, w)
+    torch.autograd.backward([torch.cat([b, a], 1), doubled, conv + again],
                             [torch.from_numpy(g) for g in (g_joined, g_doubled, g_sum)])
     assert_close(dx, xt.grad, "input gradient")
     assert_close(net.grads["w"], w.grad, "shared weight gradient")

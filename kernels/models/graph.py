@@ -322,9 +322,10 @@ class Plan:
         # the input's gradient and the outputs' are never shared.
         pool: dict[int, list[Any]] = {}
 
-        def take(index: int) -> Any:
+        def take(index: int, part: bool = False) -> Any:
+            """A buffer for a value's gradient, or (part) for one of its terms."""
             value = values[index]
-            if value.kind == "param":
+            if value.kind == "param" and not part:
                 return runtime.grad(value.name)  # the network's gradient array, shared by its plans
             free = pool.get(math.prod(value.dims)) if reuse and value.kind == "activation" else None
             if free:
@@ -371,7 +372,7 @@ class Plan:
                     grad[index] = take(index)
                     in_grads.append(grad[index])
                 else:
-                    in_grads.append(take(index))
+                    in_grads.append(take(index, part=True))
                     parts.setdefault(index, []).append(in_grads[-1])
             calls.append(self._backward_call(n, node, grad, in_grads, runtime))
             for o in node.outputs:
