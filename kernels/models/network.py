@@ -61,10 +61,10 @@ def parse_device(op: str, device: Any) -> Any:
     """"cpu" -> "cpu"; "gpu" -> 0; "gpu:N" -> N."""
     if device == "cpu":
         return "cpu"
-    if isinstance(device, str) and device.startswith("gpu"):
-        ordinal = device[4:] if device.startswith("gpu:") else device[3:] or "0"
-        if ordinal.isdigit():
-            return int(ordinal)
+    if device == "gpu":
+        return 0
+    if isinstance(device, str) and device.startswith("gpu:") and device[4:].isdigit():
+        return int(device[4:])
     raise fail(DeviceError, op, "device", '"cpu", "gpu" or "gpu:N"', repr(device))
 
 
