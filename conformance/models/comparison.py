@@ -1,0 +1,265 @@
+"""Whole-network comparison metrics: per tensor the largest ulp distance (in the run's dtype) and
+the relative L2 error ||got - expected|| / ||expected||, checked against a bound per kind of
+tensor; and the detections, matched as sets where near-tied scores may legitimately swap.
+
+The bounds and the reasons for them are in BOUNDS; docs/conformance.md#whole-network-comparison
+says the same for users.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..compare import ulp_distance
+
+# Kinds of compared tensors, in report order.
+KINDS = (
+    "train_output",   # raw head outputs of a training forward (batch statistics)
+    "input_grad",     # gradient of the input image
+    "param_grad",     # gradient of a parameter
+    "running_stat",   # BatchNorm running mean and variance after the training steps
+    "counter",        # BatchNorm num_batches_tracked: an integer, exact
+    "eval_head",      # raw head outputs of an eval forward (running statistics)
+    "box",            # detection boxes (x1, y1, x2, y2 in input pixels) of matched detections
+    "score",          # detection scores, both sides sorted
+    "identity",       # which (anchor, class) pairs were detected: exact up to ties at the cutoff
+)
+
+# Relative-L2 bounds per dtype and kind. Measured with tools/measure_model_error.py (the
+# reference's own float32 error against its float64 run, every variant, CPU sizes 1x3x64x64,
+# 2x3x96x128 and 1x3x320x320, seeds 0-2; see docs/conformance.md for the table) and set to
+# a margin over the worst of them, because two float32 programs that sum in different orders
+# (NumPy/cuDNN blocked GEMMs against oneDNN/cuDNN's) each carry about that much error:
+#
+# - Forward outputs: every conv sums 9-2300 products in float32 (relative rounding about
+#   sqrt(K) * 6e-8 per layer) and about 70 convs run in sequence; BatchNorm renormalises but
+#   also amplifies the error of channels whose batch variance is small. The measured worst is
+#   below 3e-5 (train and eval alike); the bound is 1e-4 (3x over it, 1/1700 of a value's norm).
+# - Gradients flow back through the same ~70 layers, and batch-norm backward subtracts the
+#   batch mean of dy and of dy * x_hat: cancellation that amplifies the rounding of its input,
+#   most where a level is 2x2 or 3x4 pixels (the P5 level at CPU test sizes, so each channel's
+#   statistics come from 4 to 24 values). The measured worst parameter gradient is below 1e-4,
+#   usually a BatchNorm bias of P5; the bound is 1e-3. The input gradient is a sum over every
+#   path and measured below 3e-5; bound 3e-4.
+# - Running statistics blend 0.97 of the old value with 0.03 of the batch's: the batch mean
+#   and unbiased variance are sums over N*H*W values of a layer's float32 input. Bound 1e-4.
+# - Boxes: anchor centre +- a DFL expectation (a softmax over 16 bins), times the stride: the
+#   anchor dominates, so boxes are as accurate as the head outputs or better. Scores: the
+#   sigmoid of a class output, whose relative error it shrinks. Both: 1e-4.
+#
+# float64: the same error structure with machine epsilon 2^-29 (1.9e-9) times that of float32, so
+# each bound scales by that ratio; the worst float64 error measured against float32-exact
+# inputs (tools/measure_model_error.py --dtype float64 compares two float64 orders) is below 1e-13.
+# Bound: 1e-11 for forwards, statistics, boxes and scores, 1e-10 for gradients.
+BOUNDS: dict[str, dict[str, float]] = {
+    "float32": {
+        "train_output": 1e-4,
+        "input_grad": 3e-4,
+        "param_grad": 1e-3,
+        "running_stat": 1e-4,
+        "counter": 0.0,
+        "eval_head": 1e-4,
+        "box": 1e-4,
+        "score": 1e-4,
+        "identity": 0.0,
+    },
+    "float64": {
+        "train_output": 1e-11,
+        "input_grad": 1e-10,
+        "param_grad": 1e-10,
+        "running_stat": 1e-11,
+        "counter": 0.0,
+        "eval_head": 1e-11,
+        "box": 1e-11,
+        "score": 1e-11,
+        "identity": 0.0,
+    },
+}
+
+
+# How far two correct programs may differ depends on the tensor: at a 2x2 P5 level a training
+# BatchNorm normalises each channel over 4 values and amplifies rounding a thousandfold, and a
+# gradient that is zero in exact arithmetic (a BatchNorm's bias before a conv and another
+# BatchNorm, which removes any shift) is nothing but rounding. So every tensor's spread is measured
+# on the reference itself, from the same weights and inputs: in float32, its float32 run against
+# its float64 run (float32's own error); in float64, two float64 runs whose convolutions sum in
+# different orders (NCHW and channels-last layouts). A tensor's bound is the larger of its kind's
+# bound and CONDITION_FACTOR times that spread: ours may differ from PyTorch a few times as much
+# as PyTorch differs from itself, not more. CONDITION_FACTOR is measured with
+# tools/measure_model_error.py (a stand-in for ours: the reference with PyTorch's own im2col
+# convolutions instead of oneDNN's) and set well above the worst ratio seen (docs/conformance.md).
+CONDITION_FACTOR = 32.0
+# A spread this large means the dtype cannot resolve the tensor at this size (float32 in training
+# mode at 1x3x64x64 for the large variants): such a row passes only grossly wrong values, and says so.
+ILL_CONDITIONED = 0.1
+
+
+@dataclass
+class Row:
+    """One compared tensor: its name, kind, the largest ulp distance (in the run's dtype), the
+    relative L2 error, the bound, whether the error is within it, a note where needed, and the
+    reference's spread on the tensor (NaN where not measured)."""
+
+    name: str
+    kind: str
+    max_ulp: float
+    rel_l2: float
+    bound: float
+    ok: bool
+    note: str = ""
+    reference_spread: float = float("nan")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        ulp = "inf" if not np.isfinite(self.max_ulp) else f"{self.max_ulp:.0f}"
+        status = "ok" if self.ok else "FAIL"
+        own = "" if np.isnan(self.reference_spread) else f"{self.reference_spread:.2e}"
+        text = f"{self.name:<56} {ulp:>11} {self.rel_l2:>10.3e} {own:>9} {self.bound:>9.2e}  {status}"
+        return f"{text}  {self.note}" if self.note else text
+
+
+HEADER = f"{'tensor':<56} {'max ulp':>11} {'rel L2':>10} {'spread':>9} {'bound':>9}  ok"
+
+
+def max_ulp(got: np.ndarray, expected: np.ndarray, dtype: np.dtype) -> float:
+    """The largest distance in ulps of `dtype` between the two (both rounded to it); inf for a NaN
+    on one side only."""
+    if got.size == 0:
+        return 0.0
+    return float(np.max(ulp_distance(got.astype(dtype), expected.astype(dtype))))
+
+
+def relative_l2(got: np.ndarray, expected: np.ndarray) -> float:
+    """||got - expected|| / ||expected|| in float64: 0 when both are zero, inf when only expected is,
+    NaN when either holds a NaN."""
+    got64, expected64 = got.astype(np.float64).ravel(), expected.astype(np.float64).ravel()
+    difference = float(np.linalg.norm(got64 - expected64))
+    norm = float(np.linalg.norm(expected64))
+    if np.isnan(difference) or np.isnan(norm):
+        return float("nan")
+    if norm == 0.0:
+        return 0.0 if difference == 0.0 else float("inf")
+    return difference / norm
+
+
+def tensor_bound(kind: str, bounds: dict[str, float], spread: float | None) -> float:
+    """The bound on one tensor's relative L2 error: its kind's, raised to CONDITION_FACTOR times the
+    reference's spread on it where that is larger (kinds bound at 0 stay exact)."""
+    bound = bounds[kind]
+    if spread is not None and bound > 0 and np.isfinite(spread):
+        bound = max(bound, CONDITION_FACTOR * spread)
+    return bound
+
+
+def compare_tensor(name: str, kind: str, got, expected: np.ndarray, dtype: np.dtype,
+                   bounds: dict[str, float], spread: float | None = None) -> Row:
+    """A row for one tensor: shape first, then the ulp distance and relative L2 error against its
+    bound (tensor_bound; integers and the kinds bound at 0 must be equal)."""
+    bound = tensor_bound(kind, bounds, spread)
+    measured = float("nan") if spread is None else spread
+    if got is None:
+        return Row(name, kind, float("inf"), float("inf"), bound, False, "missing on our side", measured)
+    got = np.asarray(got)
+    if got.shape != expected.shape:
+        return Row(name, kind, float("inf"), float("inf"), bound, False, f"shape {got.shape}, expected {expected.shape}",
+                   measured)
+    if expected.dtype.kind != "f" or bound == 0:
+        equal = bool(np.array_equal(got, expected))
+        note = "" if equal else f"got {got.ravel()[:4].tolist()}, expected {expected.ravel()[:4].tolist()}"
+        return Row(name, kind, 0.0 if equal else float("inf"), 0.0 if equal else float("inf"), bound, equal, note, measured)
+    rel = relative_l2(got, expected)
+    note = "ill-conditioned here: only a gross error would fail" if measured >= ILL_CONDITIONED else ""
+    return Row(name, kind, max_ulp(got, expected, dtype), rel, bound, bool(rel <= bound), note, measured)
+
+
+@dataclass
+class DetectionMatch:
+    """How one image's detections on the two sides correspond."""
+
+    matched_ours: np.ndarray     # row indices on our side of the (anchor, class) pairs both selected
+    matched_ref: np.ndarray      # the reference rows of the same pairs
+    reordered: int               # positions whose pair differs though both sides selected it (near ties)
+    cutoff_swaps: int            # pairs only one side selected, within the tie window of the k-th score
+    unexplained: list[str]       # pairs only one side selected, away from the cutoff: a failure
+
+
+def match_detections(ours: np.ndarray, ref: np.ndarray, ref_anchor: np.ndarray, ref_boxes: np.ndarray,
+                     tie_window: float) -> DetectionMatch:
+    """Match one image's detections (k, 6: box, score, class) by (anchor, class).
+
+    The reference knows each detection's anchor; ours is identified by its box, as the anchor whose
+    reference box (`ref_boxes`, every anchor's, (A, 4)) is nearest (max-norm). Sorted by score, two
+    detections whose scores differ by less than the rounding of the two sides may come out in either
+    order, and at the k-th score the last selected pair may differ: a pair selected by one side only
+    is accepted when its score is within `tie_window` of the reference's k-th score, and reported.
+    """
+    distance = np.max(np.abs(ours[:, None, :4].astype(np.float64) - ref_boxes[None, :, :].astype(np.float64)), axis=2)
+    ours_anchor = np.argmin(distance, axis=1)
+    ours_pairs = [(int(a), int(c)) for a, c in zip(ours_anchor, ours[:, 5])]
+    ref_pairs = [(int(a), int(c)) for a, c in zip(ref_anchor, ref[:, 5])]
+    ref_row = {pair: row for row, pair in enumerate(ref_pairs)}
+    cutoff = float(ref[-1, 4]) if len(ref) else 0.0
+    matched_ours, matched_ref, unexplained = [], [], []
+    cutoff_swaps = 0
+    seen = set()
+    for row, pair in enumerate(ours_pairs):
+        if pair in seen:
+            unexplained.append(f"anchor {pair[0]} class {pair[1]} detected twice")
+            continue
+        seen.add(pair)
+        if pair in ref_row:
+            matched_ours.append(row)
+            matched_ref.append(ref_row[pair])
+        elif float(ours[row, 4]) <= cutoff + tie_window:
+            cutoff_swaps += 1
+        else:
+            unexplained.append(f"anchor {pair[0]} class {pair[1]} score {float(ours[row, 4]):.6g} only on our side")
+    for row, pair in enumerate(ref_pairs):
+        if pair not in seen:
+            if float(ref[row, 4]) <= cutoff + tie_window:
+                cutoff_swaps += 1
+            else:
+                unexplained.append(f"anchor {pair[0]} class {pair[1]} score {float(ref[row, 4]):.6g} only in the reference")
+    reordered = sum(o != r for o, r in zip(ours_pairs, ref_pairs))
+    return DetectionMatch(np.array(matched_ours, dtype=np.int64), np.array(matched_ref, dtype=np.int64),
+                          reordered, cutoff_swaps, unexplained)
+
+
+def compare_detections(prefix: str, ours, ref: np.ndarray, ref_anchor: np.ndarray, ref_preds: np.ndarray,
+                       dtype: np.dtype, bounds: dict[str, float]) -> list[Row]:
+    """Rows for the eval detections (B, k, 6): scores (both sides sorted, so near-tied swaps do not
+    count), boxes of the (anchor, class) pairs both sides selected, and the pairs themselves
+    (exact, except swaps within the score bound at the k-th score; reordered near ties are reported).
+    `ref_preds` is the reference's decode of every anchor (B, A, 4 + nc)."""
+    if ours is None:
+        return [Row(f"{prefix}.{part}", kind, float("inf"), float("inf"), bounds[kind], False, "missing on our side")
+                for part, kind in (("scores", "score"), ("boxes", "box"), ("identity", "identity"))]
+    ours = np.asarray(ours)
+    if ours.shape != ref.shape:
+        note = f"shape {ours.shape}, expected {ref.shape}"
+        return [Row(f"{prefix}.{part}", kind, float("inf"), float("inf"), bounds[kind], False, note)
+                for part, kind in (("scores", "score"), ("boxes", "box"), ("identity", "identity"))]
+    rows = [compare_tensor(f"{prefix}.scores", "score", -np.sort(-ours[..., 4], axis=1), -np.sort(-ref[..., 4], axis=1),
+                           dtype, bounds)]
+    boxes_ours, boxes_ref, problems = [], [], []
+    reordered = cutoff_swaps = 0
+    for image in range(ref.shape[0]):
+        # The tie window: the largest error at one score that the score bound allows in this image.
+        tie_window = bounds["score"] * float(np.linalg.norm(ref[image, :, 4].astype(np.float64)))
+        match = match_detections(ours[image], ref[image], ref_anchor[image], ref_preds[image, :, :4], tie_window)
+        boxes_ours.append(ours[image, match.matched_ours, :4])
+        boxes_ref.append(ref[image, match.matched_ref, :4])
+        reordered += match.reordered
+        cutoff_swaps += match.cutoff_swaps
+        problems += [f"image {image}: {text}" for text in match.unexplained]
+    rows.append(compare_tensor(f"{prefix}.boxes", "box", np.concatenate(boxes_ours), np.concatenate(boxes_ref), dtype, bounds))
+    note = f"{ref.shape[0] * ref.shape[1]} detections; {reordered} reordered near ties; {cutoff_swaps} swapped at the cutoff"
+    if problems:
+        note += f"; {len(problems)} unmatched: " + "; ".join(problems[:3])
+    failed = float("inf") if problems else 0.0
+    rows.append(Row(f"{prefix}.identity", "identity", failed, failed, bounds["identity"], not problems, note))
+    return rows
