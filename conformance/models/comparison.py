@@ -27,32 +27,26 @@ KINDS = (
     "identity",       # which (anchor, class) pairs were detected: exact up to ties at the cutoff
 )
 
-# Relative-L2 bounds per dtype and kind. Measured with tools/measure_model_error.py (the
-# reference's own float32 error against its float64 run, every variant, CPU sizes 1x3x64x64,
-# 2x3x96x128 and 1x3x320x320, seeds 0-2; see docs/conformance.md for the table) and set to
-# a margin over the worst of them, because two float32 programs that sum in different orders
-# (NumPy/cuDNN blocked GEMMs against oneDNN/cuDNN's) each carry about that much error:
+# Relative-L2 bounds per dtype and kind: the floor of each tensor's bound. A tensor's bound is
+# the larger of this and CONDITION_FACTOR times the reference's own spread on it (below), so
+# the floors bind only where PyTorch happens to be far more accurate than the error structure
+# of the computation allows another float32 program to be:
 #
-# - Forward outputs: every conv sums 9-2300 products in float32 (relative rounding about
-#   sqrt(K) * 6e-8 per layer) and about 70 convs run in sequence; BatchNorm renormalises but
-#   also amplifies the error of channels whose batch variance is small. The measured worst is
-#   below 3e-5 (train and eval alike); the bound is 1e-4 (3x over it, 1/1700 of a value's norm).
-# - Gradients flow back through the same ~70 layers, and batch-norm backward subtracts the
-#   batch mean of dy and of dy * x_hat: cancellation that amplifies the rounding of its input,
-#   most where a level is 2x2 or 3x4 pixels (the P5 level at CPU test sizes, so each channel's
-#   statistics come from 4 to 24 values). The measured worst parameter gradient is below 1e-4,
-#   usually a BatchNorm bias of P5; the bound is 1e-3. The input gradient is a sum over every
-#   path and measured below 3e-5; bound 3e-4.
-# - Running statistics blend 0.97 of the old value with 0.03 of the batch's: the batch mean
-#   and unbiased variance are sums over N*H*W values of a layer's float32 input. Bound 1e-4.
-# - Boxes: anchor centre +- a DFL expectation (a softmax over 16 bins), times the stride: the
-#   anchor dominates, so boxes are as accurate as the head outputs or better. Scores: the
-#   sigmoid of a class output, whose relative error it shrinks. Both: 1e-4.
+# - Forward outputs (training and eval heads): about 70 convolutions in sequence, each summing
+#   9 to 2300 float32 products, and BatchNorms that amplify the error of channels with a small
+#   batch variance. PyTorch's own float32 error on the heads of a well-conditioned run (n at
+#   2x3x96x128) is 2e-7 to 4e-5. Floor 1e-4.
+# - Running statistics: batch means and unbiased variances over N*H*W values of a layer's float32
+#   input, blended 0.03 into the running value. Floor 1e-4.
+# - Gradients flow back through the same layers, and BatchNorm's backward subtracts the batch means
+#   of dy and of dy * x_hat (cancellation that amplifies its input's rounding). The input gradient
+#   sums every path back to the image: floor 3e-4. A parameter gradient is a sum over N*H*W
+#   positions: floor 1e-3.
+# - Boxes (anchor centre -+ a DFL expectation, times the stride) and scores (a sigmoid) do not
+#   magnify the relative error of the one-to-one head outputs they are decoded from. Floor 1e-4.
 #
-# float64: the same error structure with machine epsilon 2^-29 (1.9e-9) times that of float32, so
-# each bound scales by that ratio; the worst float64 error measured against float32-exact
-# inputs (tools/measure_model_error.py --dtype float64 compares two float64 orders) is below 1e-13.
-# Bound: 1e-11 for forwards, statistics, boxes and scores, 1e-10 for gradients.
+# float64: the same structure with an epsilon 2^-29 times float32's; floors 1e-11 for forwards,
+# statistics, boxes and scores and 1e-10 for gradients, again only where the spread is smaller.
 BOUNDS: dict[str, dict[str, float]] = {
     "float32": {
         "train_output": 1e-4,
@@ -82,14 +76,22 @@ BOUNDS: dict[str, dict[str, float]] = {
 # How far two correct programs may differ depends on the tensor: at a 2x2 P5 level a training
 # BatchNorm normalises each channel over 4 values and amplifies rounding a thousandfold, and a
 # gradient that is zero in exact arithmetic (a BatchNorm's bias before a conv and another
-# BatchNorm, which removes any shift) is nothing but rounding. So every tensor's spread is measured
+# BatchNorm, which removes any shift) is nothing but rounding. So each tensor's spread is measured
 # on the reference itself, from the same weights and inputs: in float32, its float32 run against
 # its float64 run (float32's own error); in float64, two float64 runs whose convolutions sum in
 # different orders (NCHW and channels-last layouts). A tensor's bound is the larger of its kind's
-# bound and CONDITION_FACTOR times that spread: ours may differ from PyTorch a few times as much
-# as PyTorch differs from itself, not more. CONDITION_FACTOR is measured with
-# tools/measure_model_error.py (a stand-in for ours: the reference with PyTorch's own im2col
-# convolutions instead of oneDNN's) and set well above the worst ratio seen (docs/conformance.md).
+# floor and CONDITION_FACTOR times that spread: ours may differ from PyTorch a few times as much
+# as PyTorch differs from itself, not more.
+#
+# Measured with tools/measure_model_error.py, whose stand-in for ours is the reference with
+# oneDNN off (PyTorch's own im2col + GEMM convolutions, another summation order, much like a
+# NumPy implementation): over n and x, 1x3x64x64 and 2x3x96x128, seeds 0 and 1, the stand-in's
+# float32 error against the reference is at most 5.4 times the reference's spread on the same
+# tensor (a P5 head output, the input gradient, a BatchNorm weight gradient). 32 is six times
+# that: room for an implementation whose summation order is further from PyTorch's. In float64
+# the stand-in gives PyTorch's bits (its float64 convolutions are im2col + GEMM already), so the
+# ratio there is not measured by it; the same factor is used, with the float64 spread measured
+# directly between two summation orders rather than inferred from float32.
 CONDITION_FACTOR = 32.0
 # A spread this large means the dtype cannot resolve the tensor at this size (float32 in training
 # mode at 1x3x64x64 for the large variants): such a row passes only grossly wrong values, and says so.
@@ -230,11 +232,14 @@ def match_detections(ours: np.ndarray, ref: np.ndarray, ref_anchor: np.ndarray, 
 
 
 def compare_detections(prefix: str, ours, ref: np.ndarray, ref_anchor: np.ndarray, ref_preds: np.ndarray,
-                       dtype: np.dtype, bounds: dict[str, float]) -> list[Row]:
+                       dtype: np.dtype, bounds: dict[str, float], spread: float | None = None) -> list[Row]:
     """Rows for the eval detections (B, k, 6): scores (both sides sorted, so near-tied swaps do not
     count), boxes of the (anchor, class) pairs both sides selected, and the pairs themselves
     (exact, except swaps within the score bound at the k-th score; reordered near ties are reported).
-    `ref_preds` is the reference's decode of every anchor (B, A, 4 + nc)."""
+    `ref_preds` is the reference's decode of every anchor (B, A, 4 + nc); `spread` the reference's
+    spread on the one-to-one head outputs the detections are decoded from (the sigmoid and the DFL
+    expectation do not magnify relative error), which raises the box and score bounds as it does
+    a tensor's."""
     if ours is None:
         return [Row(f"{prefix}.{part}", kind, float("inf"), float("inf"), bounds[kind], False, "missing on our side")
                 for part, kind in (("scores", "score"), ("boxes", "box"), ("identity", "identity"))]
@@ -244,19 +249,21 @@ def compare_detections(prefix: str, ours, ref: np.ndarray, ref_anchor: np.ndarra
         return [Row(f"{prefix}.{part}", kind, float("inf"), float("inf"), bounds[kind], False, note)
                 for part, kind in (("scores", "score"), ("boxes", "box"), ("identity", "identity"))]
     rows = [compare_tensor(f"{prefix}.scores", "score", -np.sort(-ours[..., 4], axis=1), -np.sort(-ref[..., 4], axis=1),
-                           dtype, bounds)]
+                           dtype, bounds, spread)]
+    score_bound = rows[0].bound
     boxes_ours, boxes_ref, problems = [], [], []
     reordered = cutoff_swaps = 0
     for image in range(ref.shape[0]):
         # The tie window: the largest error at one score that the score bound allows in this image.
-        tie_window = bounds["score"] * float(np.linalg.norm(ref[image, :, 4].astype(np.float64)))
+        tie_window = score_bound * float(np.linalg.norm(ref[image, :, 4].astype(np.float64)))
         match = match_detections(ours[image], ref[image], ref_anchor[image], ref_preds[image, :, :4], tie_window)
         boxes_ours.append(ours[image, match.matched_ours, :4])
         boxes_ref.append(ref[image, match.matched_ref, :4])
         reordered += match.reordered
         cutoff_swaps += match.cutoff_swaps
         problems += [f"image {image}: {text}" for text in match.unexplained]
-    rows.append(compare_tensor(f"{prefix}.boxes", "box", np.concatenate(boxes_ours), np.concatenate(boxes_ref), dtype, bounds))
+    rows.append(compare_tensor(f"{prefix}.boxes", "box", np.concatenate(boxes_ours), np.concatenate(boxes_ref), dtype, bounds,
+                               spread))
     note = f"{ref.shape[0] * ref.shape[1]} detections; {reordered} reordered near ties; {cutoff_swaps} swapped at the cutoff"
     if problems:
         note += f"; {len(problems)} unmatched: " + "; ".join(problems[:3])

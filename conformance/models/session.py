@@ -312,8 +312,9 @@ def _eval(ours, pair: _Pair, io: DeviceIO, device: torch.device, image: np.ndarr
     expected, spread = pair.run(functools.partial(_reference_eval, device=device, image=image))
     special = {name: expected.pop(name) for name in ("detections", "anchors", "preds")}
     rows = _compare("eval/", got_heads, expected, spread, "eval_head", dtype, bounds)
+    head_spread = max(spread[f"one2one.{level}"] for level in range(len(reference.STRIDES)))
     rows += compare_detections("eval/detections", got_detections, special["detections"], special["anchors"],
-                               special["preds"], dtype, bounds)
+                               special["preds"], dtype, bounds, head_spread)
     return rows
 
 
