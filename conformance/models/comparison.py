@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..compare import ulp_distance
+from ..compare import ulp_distance, ulp_of
 
 # Kinds of compared tensors, in report order.
 KINDS = (
@@ -250,12 +250,16 @@ def compare_detections(prefix: str, ours, ref: np.ndarray, ref_anchor: np.ndarra
                 for part, kind in (("scores", "score"), ("boxes", "box"), ("identity", "identity"))]
     rows = [compare_tensor(f"{prefix}.scores", "score", -np.sort(-ours[..., 4], axis=1), -np.sort(-ref[..., 4], axis=1),
                            dtype, bounds, spread)]
-    score_bound = rows[0].bound
     boxes_ours, boxes_ref, problems = [], [], []
     reordered = cutoff_swaps = 0
     for image in range(ref.shape[0]):
-        # The tie window: the largest error at one score that the score bound allows in this image.
-        tie_window = score_bound * float(np.linalg.norm(ref[image, :, 4].astype(np.float64)))
+        # The tie window: a pair can cross the cutoff only if the two sides' scores differ by about
+        # the gap between its score and the cutoff. The sorted scores (compared above, within their
+        # bound) show how far the two sides' scores differ: twice the largest difference, and an
+        # ulp of the cutoff for exact ties.
+        mine, theirs = -np.sort(-ours[image, :, 4].astype(np.float64)), -np.sort(-ref[image, :, 4].astype(np.float64))
+        cutoff = abs(float(theirs[-1])) if theirs.size else 0.0
+        tie_window = 2 * float(np.max(np.abs(mine - theirs), initial=0.0)) + ulp_of(cutoff, np.dtype(dtype))
         match = match_detections(ours[image], ref[image], ref_anchor[image], ref_preds[image, :, :4], tie_window)
         boxes_ours.append(ours[image, match.matched_ours, :4])
         boxes_ref.append(ref[image, match.matched_ref, :4])
