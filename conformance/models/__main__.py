@@ -43,9 +43,9 @@ bounds (relative L2, per kind of tensor; docs/conformance.md says why):
   raised, per tensor, to {CONDITION_FACTOR:g} x PyTorch's own float32 error on it (scaled to the
   dtype's epsilon): a badly conditioned tensor (BatchNorm over a 2x2 level, a gradient
   that is zero in exact arithmetic) differs between any two float32 programs.
-  Detections: scores compared sorted; (anchor, class) pairs as sets, where near-tied
-  pairs may swap order, and swap in and out at the 300th score when within twice the
-  largest score difference of it; boxes of the pairs both sides detected.
+  Detections: (anchor, class) pairs as sets, where near-tied pairs may swap order,
+  and swap in and out at the 300th score when within twice the largest score
+  difference of it; scores and boxes of the pairs both sides detected.
 
 examples:
   python -m conformance.models yolov10n --device cpu --size 64 --dtype float64

@@ -23,7 +23,7 @@ KINDS = (
     "counter",        # BatchNorm num_batches_tracked: an integer, exact
     "eval_head",      # raw head outputs of an eval forward (running statistics)
     "box",            # detection boxes (x1, y1, x2, y2 in input pixels) of matched detections
-    "score",          # detection scores, both sides sorted
+    "score",          # detection scores of matched detections
     "identity",       # which (anchor, class) pairs were detected: exact up to ties at the cutoff
 )
 
@@ -233,9 +233,9 @@ def match_detections(ours: np.ndarray, ref: np.ndarray, ref_anchor: np.ndarray, 
 
 def compare_detections(prefix: str, ours, ref: np.ndarray, ref_anchor: np.ndarray, ref_preds: np.ndarray,
                        dtype: np.dtype, bounds: dict[str, float], spread: float | None = None) -> list[Row]:
-    """Rows for the eval detections (B, k, 6): scores (both sides sorted, so near-tied swaps do not
-    count), boxes of the (anchor, class) pairs both sides selected, and the pairs themselves
-    (exact, except swaps within the score bound at the k-th score; reordered near ties are reported).
+    """Rows for the eval detections (B, k, 6): the scores and boxes of the (anchor, class) pairs both
+    sides selected, and the pairs themselves (exact, except near-tied pairs in another order and
+    swaps at the k-th score, which are counted in the note; see match_detections).
     `ref_preds` is the reference's decode of every anchor (B, A, 4 + nc); `spread` the reference's
     spread on the one-to-one head outputs the detections are decoded from (the sigmoid and the DFL
     expectation do not magnify relative error), which raises the box and score bounds as it does
@@ -248,26 +248,24 @@ def compare_detections(prefix: str, ours, ref: np.ndarray, ref_anchor: np.ndarra
         note = f"shape {ours.shape}, expected {ref.shape}"
         return [Row(f"{prefix}.{part}", kind, float("inf"), float("inf"), bounds[kind], False, note)
                 for part, kind in (("scores", "score"), ("boxes", "box"), ("identity", "identity"))]
-    rows = [compare_tensor(f"{prefix}.scores", "score", -np.sort(-ours[..., 4], axis=1), -np.sort(-ref[..., 4], axis=1),
-                           dtype, bounds, spread)]
-    boxes_ours, boxes_ref, problems = [], [], []
+    pairs_ours, pairs_ref, problems = [], [], []
     reordered = cutoff_swaps = 0
     for image in range(ref.shape[0]):
         # The tie window: a pair can cross the cutoff only if the two sides' scores differ by about
-        # the gap between its score and the cutoff. The sorted scores (compared above, within their
-        # bound) show how far the two sides' scores differ: twice the largest difference, and an
-        # ulp of the cutoff for exact ties.
+        # the gap between its score and the cutoff. The sorted scores show how far the two sides'
+        # scores differ: twice the largest difference, and an ulp of the cutoff for exact ties.
         mine, theirs = -np.sort(-ours[image, :, 4].astype(np.float64)), -np.sort(-ref[image, :, 4].astype(np.float64))
         cutoff = abs(float(theirs[-1])) if theirs.size else 0.0
         tie_window = 2 * float(np.max(np.abs(mine - theirs), initial=0.0)) + ulp_of(cutoff, np.dtype(dtype))
         match = match_detections(ours[image], ref[image], ref_anchor[image], ref_preds[image, :, :4], tie_window)
-        boxes_ours.append(ours[image, match.matched_ours, :4])
-        boxes_ref.append(ref[image, match.matched_ref, :4])
+        pairs_ours.append(ours[image, match.matched_ours, :5])
+        pairs_ref.append(ref[image, match.matched_ref, :5])
         reordered += match.reordered
         cutoff_swaps += match.cutoff_swaps
         problems += [f"image {image}: {text}" for text in match.unexplained]
-    rows.append(compare_tensor(f"{prefix}.boxes", "box", np.concatenate(boxes_ours), np.concatenate(boxes_ref), dtype, bounds,
-                               spread))
+    pairs_ours, pairs_ref = np.concatenate(pairs_ours), np.concatenate(pairs_ref)
+    rows = [compare_tensor(f"{prefix}.scores", "score", pairs_ours[:, 4], pairs_ref[:, 4], dtype, bounds, spread),
+            compare_tensor(f"{prefix}.boxes", "box", pairs_ours[:, :4], pairs_ref[:, :4], dtype, bounds, spread)]
     note = f"{ref.shape[0] * ref.shape[1]} detections; {reordered} reordered near ties; {cutoff_swaps} swapped at the cutoff"
     if problems:
         note += f"; {len(problems)} unmatched: " + "; ".join(problems[:3])
