@@ -85,9 +85,9 @@ BOUNDS: dict[str, dict[str, float]] = {
 #
 # Measured with tools/measure_model_error.py, whose stand-in for ours is the reference with
 # oneDNN off (PyTorch's own im2col + GEMM convolutions, another summation order, much like a
-# NumPy implementation): over n and x, 1x3x64x64 and 2x3x96x128, seeds 0 and 1, the stand-in's
-# float32 error against the reference is at most 5.4 times the reference's spread on the same
-# tensor (a P5 head output, the input gradient, a BatchNorm weight gradient). 32 is six times
+# NumPy implementation): over n and x at 1x3x64x64 (seeds 0 and 1) and 2x3x96x128 (seed 0), the
+# stand-in's float32 error against the reference is at most 5.4 times the reference's spread on
+# the same tensor (a P5 head output, the input gradient, a BatchNorm weight gradient). 32 is six times
 # that: room for an implementation whose summation order is further from PyTorch's. In float64
 # the stand-in gives PyTorch's bits (its float64 convolutions are im2col + GEMM already), so the
 # ratio there is not measured by it; the same factor is used, with the float64 spread measured
