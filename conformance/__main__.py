@@ -16,6 +16,8 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 
+from kernels import gpu_paths
+
 from .case import Case
 from .cases import CASE_MODULES, all_cases
 from .golden import GoldenStore, find_goldens, golden_candidates
@@ -64,6 +66,8 @@ examples:
   python -m conformance --device gpu --junit-xml report.xml --json report.json
                                                  the GPU only, with reports for CI
   python -m conformance --goldens /path/to/goldens.h5
+  python -m conformance --device gpu --gpu-paths paths.json
+                                                 which named GPU paths the run reached
 """
 
 
@@ -107,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
                              "with shards 1/N .. N/N run every case once (tools/sanitize.sh does)")
     parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
+    parser.add_argument("--gpu-paths", metavar="FILE",
+                        help="also write, as JSON, which named GPU paths (kernels.gpu_paths) the run reached, "
+                             "each with the first case that did and its count, and which it did not")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
     return parser
 
@@ -170,26 +177,34 @@ def main(argv: list[str] | None = None) -> int:
         index, count = arguments.shard
         cases = cases[index - 1::count]
 
-    results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule)
+    paths: dict[str, dict] = {}
+    results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths)
     release_gpu_memory()  # so that a leak check at exit sees only what is still held
     _print_summary(results)
     if arguments.junit_xml:
         write_junit_xml(arguments.junit_xml, results, seconds)
     if arguments.json:
         write_json(arguments.json, results, path)
+    if arguments.gpu_paths:
+        write_gpu_paths(arguments.gpu_paths, paths)
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
 def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: bool,
-         schedules: list[str] | None = None) -> tuple[list[Result], list[float]]:
-    """Every case on every device, with progress on stderr; the results and each one's seconds."""
+         schedules: list[str] | None = None, paths: dict[str, dict] | None = None) -> tuple[list[Result], list[float]]:
+    """Every case on every device, with progress on stderr; the results and each one's seconds. The
+    named GPU paths each case reaches are added to `paths` (name -> {"first": case key, "count"})."""
+    paths = {} if paths is None else paths
     total = len(cases) * len(devices)
     results: list[Result] = []
     seconds: list[float] = []
     for device in devices:
         for case in cases:
             start = time.perf_counter()
-            result = run_case(case, store.get(case), device, schedules)
+            with gpu_paths.recording() as recording:
+                result = run_case(case, store.get(case), device, schedules)
+            for name, count in recording.counts.items():
+                paths.setdefault(name, {"first": result.key, "count": 0})["count"] += count
             seconds.append(time.perf_counter() - start)
             results.append(result)
             if sys.stderr.isatty():
@@ -261,6 +276,20 @@ def write_json(path: str, results: list[Result], goldens: str) -> None:
         "summary": {**_counts(results), "goldens": goldens},
         "results": [{"op": r.op, "case": r.case, "device": r.device, "status": r.status, "message": r.message}
                     for r in results],
+    }
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(report, file, indent=1)
+        file.write("\n")
+
+
+def write_gpu_paths(path: str, paths: dict[str, dict]) -> None:
+    """{"summary": {declared, reached}, "reached": {name: {first, count, description}}, "unreached":
+    {name: description}}: the named GPU paths (kernels.gpu_paths) of the run."""
+    declared = gpu_paths.declared()
+    report = {
+        "summary": {"declared": len(declared), "reached": sum(name in paths for name in declared)},
+        "reached": {name: {**paths[name], "description": declared[name]} for name in declared if name in paths},
+        "unreached": {name: description for name, description in declared.items() if name not in paths},
     }
     with open(path, "w", encoding="utf-8") as file:
         json.dump(report, file, indent=1)

@@ -281,6 +281,10 @@ _pool("max_plane_past_block", (1, 3, 257, 256), Pool2DAttrs(3, 3, 1, 1, 1, 1, MA
       paths={"pool_one_plane_blocks": True, "activation_blocks": True})
 _pool("avg_no_pad_count_past_block", (2, 3, 161, 300), Pool2DAttrs(3, 2, 1, 2, 1, 1, AVG, False, activation=GELU),
       seed=43, paths={"activation_blocks": True})
+# The GPU MAX forward: tiles through shared memory up to 48 KB, one thread an output past it.
+_pool("max_tile_past_shared_memory", (2, 3, 96, 96), Pool2DAttrs(32, 32, 32, 32, 0, 0, MAX), dtype="float64", seed=44,
+      description="a 3x3 output tile reads a 96x96 float64 window: past the tiled GPU forward's 48 KB of shared "
+                  "memory, so the direct kernel runs (pool_2d.max.forward_direct), with int argmax taps")
 
 # element_binary: one call below _CPU_PARALLEL_MIN outputs, parts along the first axis at least as
 # long as the threads from it.

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import AttrsError, fail
 
 
@@ -263,8 +263,24 @@ def _gpu_function(direction: str, activation: Activation, dtype: np.dtype,
     return _CUDA.function(f"activation_{direction}_kernel<{gpu.cuda_type(dtype)}, {activation.value}>", device)
 
 
+# The fused activations' own launches (conv_2d and pool_2d; batch_norm fuses them into its kernels).
+gpu_paths.declare("activation", {
+    **{f"{direction}.{activation.name.lower()}": f"activation_{direction}_kernel<T, {activation.name}>"
+       for direction in ("forward", "backward") for activation in Activation},
+    **{f"{direction}.packs": f"{direction}, every pointer 16-byte aligned: 16-byte packs"
+       for direction in ("forward", "backward")},
+    **{f"{direction}.scalars": f"{direction}, some pointer not 16-byte aligned: one element at a time"
+       for direction in ("forward", "backward")},
+})
+
+
+def plan_paths(direction: str, activation: Activation, aligned: bool) -> tuple[str, str]:
+    """The named GPU paths (kernels.gpu_paths) of a launch: the instantiation and the pack form."""
+    return f"activation.{direction}.{activation.name.lower()}", f"activation.{direction}.{'packs' if aligned else 'scalars'}"
+
+
 # Launch plans by (direction, activation, dtype, count, aligned, device): (kernel, grid, count
-# argument, aligned flag), made once, so that a call only looks one up. Bounded: cleared past _PLANS_LIMIT.
+# argument, aligned flag, paths), made once, so that a call only looks one up. Bounded: cleared past _PLANS_LIMIT.
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_LIMIT = 4096
 
@@ -279,7 +295,8 @@ def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, 
         # 16-byte aligned arrays: the kernels move 16-byte packs, 16 // itemsize elements a thread.
         function = _gpu_function(direction, activation, dtype, stream.device)
         per_thread = 16 // dtype.itemsize if aligned else 1
-        plan = (function, gpu.grid_for(count, per_thread=per_thread), np.int64(count), np.int32(aligned))
+        plan = (function, gpu.grid_for(count, per_thread=per_thread), np.int64(count), np.int32(aligned),
+                plan_paths(direction, activation, aligned))
         if len(_PLANS) >= _PLANS_LIMIT:
             _PLANS.clear()
         _PLANS[key] = plan
@@ -291,8 +308,10 @@ def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> N
     output may be pre itself."""
     count = pre.size
     if count:
-        kernel, grid, count_arg, aligned = _plan(stream, "forward", activation, pre.dtype, count,
-                                                 (pre.data.ptr | output.data.ptr) & 15 == 0)
+        kernel, grid, count_arg, aligned, paths = _plan(stream, "forward", activation, pre.dtype, count,
+                                                        (pre.data.ptr | output.data.ptr) & 15 == 0)
+        gpu_paths.reach(paths[0])
+        gpu_paths.reach(paths[1])
         gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output, count_arg, aligned))
 
 
@@ -301,8 +320,10 @@ def gpu_backward(stream: Any, activation: Activation, pre: Any, output_grad: Any
     """pre_grad = output_grad * f'(pre), enqueued on the stream; output_grad is only read."""
     count = pre.size
     if count:
-        kernel, grid, count_arg, aligned = _plan(stream, "backward", activation, pre.dtype, count,
-                                                 (pre.data.ptr | output_grad.data.ptr | pre_grad.data.ptr) & 15 == 0)
+        kernel, grid, count_arg, aligned, paths = _plan(stream, "backward", activation, pre.dtype, count,
+                                                        (pre.data.ptr | output_grad.data.ptr | pre_grad.data.ptr) & 15 == 0)
+        gpu_paths.reach(paths[0])
+        gpu_paths.reach(paths[1])
         gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output_grad, pre_grad, count_arg, aligned))
 
 

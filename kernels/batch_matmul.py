@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, cublas, gpu
+from . import core, cpu, cublas, gpu, gpu_paths
 from .core import FLOAT_DTYPES, ShapeError, TensorShape, fail
 
 OP = "batch_matmul"
@@ -122,6 +122,13 @@ class GemmPlan:
     batch: int = 0
 
 
+gpu_paths.declare(OP, {
+    **{f"cublas.{direction}": f"the {direction.replace('_', ' ')}: one cuBLAS strided batched GEMM (pedantic math)"
+       for direction in ("forward", "lhs_grad", "rhs_grad")},
+    "zero_fill": "K = 0: an empty sum, the result zeros by a memset on the stream",
+})
+
+
 def _gemm_plan(transa: bool, transb: bool, m: int, n: int, k: int, lda: int, stride_a: int, ldb: int, stride_b: int,
                ldc: int, stride_c: int, batch: int) -> GemmPlan:  # pragma: no cover - GPU: cuBLAS's arguments
     if m == 0 or n == 0 or batch == 0:
@@ -154,13 +161,16 @@ def _plan(state: core.KernelState, direction: str) -> GemmPlan:  # pragma: no co
     return plan
 
 
-def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any) -> None:  # pragma: no cover - GPU: cuBLAS
-    """Enqueue one planned GEMM (or its zero fill) on the stream."""
+def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any,
+         path: str) -> None:  # pragma: no cover - GPU: cuBLAS
+    """Enqueue one planned GEMM (or its zero fill) on the stream; `path` names the GEMM (kernels.gpu_paths)."""
     if plan.kind == "skip":
         return
     if plan.kind == "zero":
+        gpu_paths.reach("batch_matmul.zero_fill")
         gpu.cupy.cuda.runtime.memsetAsync(c.data.ptr, 0, c.nbytes, stream.ptr)
         return
+    gpu_paths.reach(path)
     cublas.gemm_strided_batched(stream, handle, dtype, plan.trans_a, plan.trans_b, plan.m, plan.n, plan.k, a.data.ptr,
                                 plan.lda, plan.stride_a, b.data.ptr, plan.ldb, plan.stride_b, 0.0, c.data.ptr,
                                 plan.ldc, plan.stride_c, plan.batch, OP)
@@ -171,7 +181,7 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
                        lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
     """output = lhs @ rhs through cuBLAS strided batched GEMM, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
-    _run(stream, handle, output.dtype, _plan(state, "forward"), rhs, lhs, output)
+    _run(stream, handle, output.dtype, _plan(state, "forward"), rhs, lhs, output, "batch_matmul.cublas.forward")
 
 
 @core.gpu_kernel
@@ -181,9 +191,11 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     """lhs_grad = output_grad @ rhs^T, rhs_grad = lhs^T @ output_grad through cuBLAS, enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
     if lhs_grad is not None:
-        _run(stream, handle, output_grad.dtype, _plan(state, "lhs_grad"), rhs, output_grad, lhs_grad)
+        _run(stream, handle, output_grad.dtype, _plan(state, "lhs_grad"), rhs, output_grad, lhs_grad,
+             "batch_matmul.cublas.lhs_grad")
     if rhs_grad is not None:
-        _run(stream, handle, output_grad.dtype, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad)
+        _run(stream, handle, output_grad.dtype, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad,
+             "batch_matmul.cublas.rhs_grad")
 
 
 # --------------------------------------------------------------------------- entry points

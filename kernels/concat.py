@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "concat"
@@ -103,6 +103,20 @@ BLOCKS_PER_SM = 8
 # An index runs up to UNROLL grid strides past the count; 32-bit arithmetic must hold that too.
 _GRID_SPAN = UNROLL * 65536 * gpu.BLOCK
 
+# The GPU paths of the join/cut primitive (concat, and split, which runs it the other way round).
+gpu_paths.declare(OP, {
+    "memcpy2d": "one cudaMemcpy2DAsync per piece (auto: a join of one row, <= 4 pieces, >= 16 MiB of whole)",
+    "kernel.join": "concat_copy<..., ToWhole=true>: pieces -> whole (concat forward, split backward)",
+    "kernel.cut": "concat_copy<..., ToWhole=false>: whole -> pieces (split forward, concat backward)",
+    **{f"kernel.unit{unit}": f"concat_copy moving {unit}-byte units (the widest that sizes and addresses allow)"
+       for unit in (16, 8, 4, 2, 1)},
+    "kernel.one_row": "outer == 1: a piece's unit index is a plain offset into the whole (no division)",
+    "kernel.rows": "outer > 1: a piece's unit index is split into row and column",
+    "kernel.batches": "more than 12 pieces present: one launch per 12",
+    "kernel.unrolled": "a piece longer than CONCAT_UNROLL - 1 grid strides: the unrolled main loop runs",
+    "kernel.tail": "a piece not a multiple of CONCAT_UNROLL grid strides: the one-unit tail loop runs",
+})
+
 _CUDA = gpu.CudaModule("concat.cu", [
     f"concat_copy<{bits}, {index}, {direction}>"
     for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES for direction in ("true", "false")
@@ -141,7 +155,9 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool,
     if plan is None:
         plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, method, present, bits & 15,
                                                   gpu.sm_count(stream.device))
-    method, steps = plan
+    method, steps, paths = plan
+    for path in paths:
+        gpu_paths.reach(path)
     if method == "memcpy2d":
         runtime = gpu.cupy.cuda.runtime
         for i, offset, destination_pitch, source_pitch, width, height in steps:
@@ -166,10 +182,29 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool,
         gpu.launch(stream, kernel, grid, gpu.BLOCK, (whole, tail[0], tail[1], pointers, tail[2], tail[3]))
 
 
+def kernel_paths(layout: PieceLayout, to_whole: bool, unit: int, active: Sequence[int], sm_count: int) -> tuple[str, ...]:
+    """The named GPU paths (kernels.gpu_paths) that the kernel method's launches take for the
+    `active` pieces moved in `unit`-byte units: direction, unit, row form, batching, and which of
+    copy_piece's loops run (CONCAT_UNROLL units a thread while (UNROLL - 1) grid strides remain, one
+    at a time after). Pure: no device."""
+    paths = [OP + (".kernel.join" if to_whole else ".kernel.cut"), f"{OP}.kernel.unit{unit}",
+             OP + (".kernel.one_row" if layout.outer == 1 else ".kernel.rows")]
+    if len(active) > MAX_PIECES:
+        paths.append(OP + ".kernel.batches")
+    unrolled = tail = False
+    for start in range(0, len(active), MAX_PIECES):  # each launch's grid is sized by its longest piece
+        counts = [layout.outer * (layout.piece_bytes[i] // unit) for i in active[start:start + MAX_PIECES]]
+        stride = _blocks(max(counts), sm_count) * gpu.BLOCK
+        unrolled = unrolled or any(count > (UNROLL - 1) * stride for count in counts)
+        tail = tail or any(count % (UNROLL * stride) for count in counts)
+    return tuple(paths + [OP + ".kernel.unrolled"] * unrolled + [OP + ".kernel.tail"] * tail)
+
+
 def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int,
                    sm_count: int) -> tuple:
-    """(method, steps): the launches (or 2D copies) of one direction, for the pieces in the `present`
-    bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once."""
+    """(method, steps, paths): the launches (or 2D copies) of one direction, for the pieces in the `present`
+    bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once;
+    `paths` are the named GPU paths they take (kernels.gpu_paths)."""
     widths, offsets = layout.piece_bytes, layout.offset_bytes
     active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
     if method == "auto":
@@ -178,7 +213,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
         method = "memcpy2d" if memcpy else "kernel"
     if method == "memcpy2d":
         return method, [(i, offsets[i], *((layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)),
-                         widths[i], layout.outer) for i in active]
+                         widths[i], layout.outer) for i in active], (OP + ".memcpy2d",) if active else ()
     # A unit divides every address iff it divides their OR (units are powers of two up to 16).
     unit = gpu.widest_unit(layout.unit, misalignment)
     index = gpu.index_type(layout.outer * layout.row_bytes + _GRID_SPAN)
@@ -192,7 +227,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
         tail = (scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.ints_arg(units),
                 gpu.ints_arg([offsets[i] // unit for i in batch]))
         plan.append((kernel, grid, batch, tail, [None]))
-    return method, plan
+    return method, plan, kernel_paths(layout, to_whole, unit, active, sm_count) if active else ()
 
 
 # --------------------------------------------------------------------------- init and checks

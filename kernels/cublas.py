@@ -1,64 +1,196 @@
 """cuBLAS: the one place the library makes cuBLAS handles and calls cuBLAS.
 
-cuBLAS is reached through CuPy's bindings (`cupy.cuda.cublas`). Those wrappers call
-`cublasSetStream(handle, <CuPy's current stream>)` before every call, so a handle
-bound once to a stream does not stay bound: a call made while CuPy's current stream
-is another one (the legacy default stream, a user's stream) runs there, unordered
-with the kernels' stream. `gemm_strided_batched` therefore always calls with the
-call's stream current: GPU kernel calls already run inside their stream
-(core.gpu_kernel), and a call from anywhere else enters it here.
+cuBLAS is called through ctypes, on the same ``libcublas`` that CuPy is linked against (found
+in the process's mapped libraries once CuPy's cuBLAS module is imported; else by soname).
+CuPy's own wrappers are not used: they refuse every call while a stream is being captured into
+a CUDA graph, and they rebind the handle to CuPy's current stream before each call.
 
-Handles compute in pedantic math (no TF32, no reduced-precision reductions), so
-exactly representable products and sums stay exact, and read alpha and beta from
-host memory (CUBLAS_POINTER_MODE_HOST, set once).
+Each handle (one per GpuHandle) has its own workspace, allocated once with the handle
+(gpu.device_empty, WORKSPACE_BYTES: cuBLAS's recommended size for Hopper), so that no cuBLAS
+call allocates: a call captured into a CUDA graph must not, and cuBLAS would otherwise draw
+from a pool of its own. The handle is bound to a call's stream only when that stream changed;
+``cublasSetStream`` resets the workspace to cuBLAS's default, so the workspace is set again
+right after it.
+
+Handles compute in pedantic math (no TF32, no reduced-precision reductions), so exactly
+representable products and sums stay exact, and read alpha and beta from host memory
+(CUBLAS_POINTER_MODE_HOST, set once). Every status other than CUBLAS_STATUS_SUCCESS raises
+``core.CudaError("cuBLAS", <status name>, ...)``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import threading
 from typing import Any
 
 import numpy as np
 
 from .core import CudaError
 
-# cublasMath_t's CUBLAS_PEDANTIC_MATH (cublas_api.h); CuPy 14 does not name it.
-PEDANTIC_MATH = 2
+LIBRARY = "cuBLAS"
+SONAMES = ("libcublas.so.13", "libcublas.so.12")
 
-# Host alpha and beta (pointer mode host): cuBLAS reads them during the call; they live as
-# long as the process.
-_SCALARS = {(np.dtype(t), v): np.array(v, dtype=t) for t in (np.float32, np.float64) for v in (0.0, 1.0)}
+# cublas_api.h
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_POINTER_MODE_HOST = 0
+CUBLAS_PEDANTIC_MATH = 2
+STATUS_NAMES = {
+    0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+    7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
+    13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED",
+    16: "CUBLAS_STATUS_LICENSE_ERROR",
+}
+
+# 32 MiB: cuBLAS's documented workspace recommendation for Hopper (4 MiB for older architectures).
+WORKSPACE_BYTES = 32 * 1024 * 1024
+
+_p, _i, _i64, _status = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int
+_GEMM_ARGS = (_p, _i, _i, _i, _i, _i, _p, _p, _i, _i64, _p, _i, _i64, _p, _p, _i, _i64, _i)
+FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    "cublasCreate_v2": (_status, (ctypes.POINTER(_p),)),
+    "cublasDestroy_v2": (_status, (_p,)),
+    "cublasSetStream_v2": (_status, (_p, _p)),
+    "cublasSetWorkspace_v2": (_status, (_p, _p, ctypes.c_size_t)),
+    "cublasSetMathMode": (_status, (_p, _i)),
+    "cublasSetPointerMode_v2": (_status, (_p, _i)),
+    "cublasSgemmStridedBatched": (_status, _GEMM_ARGS),
+    "cublasDgemmStridedBatched": (_status, _GEMM_ARGS),
+}
+
+# Host alpha and beta (pointer mode host): cuBLAS reads them during the call (and a captured
+# graph when it is made); they live as long as the process.
+_SCALARS = {(np.dtype(t), v): ctypes.c_float(v) if t is np.float32 else ctypes.c_double(v)
+            for t in (np.float32, np.float64) for v in (0.0, 1.0)}
 
 
-def _cupy_cublas() -> Any:
-    from cupy.cuda import cublas
+class _Library:
+    def __init__(self, path: str, cdll: ctypes.CDLL):
+        self.path = path
+        for name, (restype, argtypes) in FUNCTIONS.items():
+            try:
+                function = getattr(cdll, name)
+            except AttributeError:
+                raise CudaError(LIBRARY, "SYMBOL_NOT_FOUND", f"{path} has no {name}") from None
+            function.restype, function.argtypes = restype, list(argtypes)
+            setattr(self, name, function)
+        self.cdll = cdll
 
-    return cublas
+
+_LOCK = threading.Lock()
+_LIBRARY: _Library | None = None
 
 
-def create_handle(device: int) -> int:
-    """A new cuBLAS handle on `device`, in pedantic math and host pointer mode."""
-    import cupy
+def _wheel_files() -> list[str]:
+    """libcublas of the nvidia-cublas wheels (nvidia/cublas/lib, nvidia/cu13/lib), without importing them."""
+    import importlib.util
+    import os
 
-    cublas = _cupy_cublas()
     try:
-        with cupy.cuda.Device(device):
-            handle = cublas.create()
-            cublas.setMathMode(handle, PEDANTIC_MATH)
-            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    except cublas.CUBLASError as error:
-        raise CudaError("cuBLAS", str(error), f"creating a handle on GPU {device}") from error
-    return handle
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [os.path.join(root, sub, soname) for root in roots for sub in ("cublas/lib", "cu13/lib", "cu12/lib")
+            for soname in SONAMES if os.path.isfile(os.path.join(root, sub, soname))]
 
 
-def destroy_handle(handle: int, device: int) -> None:
-    import cupy
-
-    cublas = _cupy_cublas()
+def candidates() -> list[str]:
+    """Where libcublas is looked for, in order: the one CuPy's cuBLAS module mapped into this
+    process, the nvidia wheels' files, the system search path, then the sonames."""
+    found = []
     try:
+        import cupy_backends.cuda.libs.cublas  # noqa: F401  (maps CuPy's libcublas)
+
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if "/libcublas.so" in path and path not in found:
+                    found.append(path)
+    except (ImportError, OSError):
+        pass
+    found += _wheel_files()
+    system = ctypes.util.find_library("cublas")
+    if system:
+        found.append(system)
+    return found + list(SONAMES)
+
+
+def library() -> _Library:
+    """The loaded library, loading it on first use; CudaError where none can be loaded."""
+    global _LIBRARY
+    if _LIBRARY is not None:
+        return _LIBRARY
+    with _LOCK:
+        if _LIBRARY is None:
+            failures = []
+            for candidate in candidates():
+                try:
+                    _LIBRARY = _Library(candidate, ctypes.CDLL(candidate))
+                    break
+                except OSError as error:
+                    failures.append(f"{candidate}: {error}")
+            else:
+                raise CudaError(LIBRARY, "LIBRARY_NOT_FOUND", f"no usable libcublas (tried: {'; '.join(failures)})")
+    return _LIBRARY
+
+
+def check(status: int, what: str) -> None:
+    if status != 0:
+        raise CudaError(LIBRARY, STATUS_NAMES.get(int(status), f"status {int(status)}"), what)
+
+
+class CublasHandle:
+    """A cuBLAS handle of one device with its own workspace, and the stream it is bound to."""
+
+    def __init__(self, device: int):
+        import cupy
+
+        from . import gpu
+
+        self.device = device
+        self.stream: int | None = None
+        lib = library()
+        pointer = _p()
         with cupy.cuda.Device(device):
-            cublas.destroy(handle)
-    except cublas.CUBLASError as error:
-        raise CudaError("cuBLAS", str(error), "destroying a handle") from error
+            check(lib.cublasCreate_v2(ctypes.byref(pointer)), f"cublasCreate on GPU {device}")
+            self.ptr = pointer.value
+            try:
+                check(lib.cublasSetMathMode(self.ptr, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode")
+                check(lib.cublasSetPointerMode_v2(self.ptr, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode")
+                self.workspace = gpu.device_empty((WORKSPACE_BYTES,), np.uint8, device)
+            except BaseException:
+                lib.cublasDestroy_v2(self.ptr)
+                raise
+
+    def bind(self, stream_ptr: int) -> None:
+        """Bind to a stream (and set the workspace again, which cublasSetStream resets)."""
+        if stream_ptr != self.stream:
+            lib = library()
+            check(lib.cublasSetStream_v2(self.ptr, stream_ptr), "cublasSetStream")
+            check(lib.cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, self.workspace.nbytes),
+                  "cublasSetWorkspace")
+            self.stream = stream_ptr
+
+    def destroy(self) -> None:
+        import cupy
+
+        if self.ptr is not None:
+            with cupy.cuda.Device(self.device):
+                status = library().cublasDestroy_v2(self.ptr)
+            self.ptr = None
+            self.workspace = None
+            check(status, "cublasDestroy")
+
+
+def create_handle(device: int) -> CublasHandle:
+    """A new cuBLAS handle on `device`, in pedantic math and host pointer mode, with its workspace."""
+    return CublasHandle(device)
+
+
+def destroy_handle(handle: CublasHandle, device: int) -> None:
+    handle.destroy()
 
 
 def gemm_strided_batched(stream: Any, handle: Any, dtype: np.dtype, trans_a: bool, trans_b: bool, m: int, n: int,
@@ -66,22 +198,22 @@ def gemm_strided_batched(stream: Any, handle: Any, dtype: np.dtype, trans_a: boo
                          ldc: int, stride_c: int, batch: int, caller: str) -> None:
     """Enqueue on `stream` the column-major C = op(A) @ op(B) + beta * C for `batch` matrices
     `stride_*` elements apart (a, b, c are device addresses; alpha is 1), through the cuBLAS
-    handle of `handle` (a GpuHandle). `caller` names the op in errors."""
+    handle of `handle` (a GpuHandle), with the handle's device current. `caller` names the op in errors."""
     import cupy
 
-    if cupy.cuda.get_current_stream().ptr != stream.ptr:
-        with stream:
+    blas = handle.cublas()
+    if cupy.cuda.runtime.getDevice() != blas.device:
+        with cupy.cuda.Device(blas.device):
             gemm_strided_batched(stream, handle, dtype, trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b,
                                  beta, c, ldc, stride_c, batch, caller)
         return
-    cublas = _cupy_cublas()
+    blas.bind(stream.ptr)
+    lib = library()
     single = dtype == np.float32
-    function = cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched
-    operations = (cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T)
-    try:
-        function(handle.cublas(), operations[trans_a], operations[trans_b], m, n, k, _SCALARS[(dtype, 1.0)].ctypes.data,
-                 a, lda, stride_a, b, ldb, stride_b, _SCALARS[(dtype, float(beta))].ctypes.data, c, ldc, stride_c,
-                 batch)
-    except cublas.CUBLASError as error:
-        name = "sgemmStridedBatched" if single else "dgemmStridedBatched"
-        raise CudaError("cuBLAS", str(error), f"{caller}: {name} (m={m}, n={n}, k={k}, batch={batch})") from error
+    function = lib.cublasSgemmStridedBatched if single else lib.cublasDgemmStridedBatched
+    status = function(blas.ptr, (CUBLAS_OP_N, CUBLAS_OP_T)[trans_a], (CUBLAS_OP_N, CUBLAS_OP_T)[trans_b], m, n, k,
+                      ctypes.byref(_SCALARS[(dtype, 1.0)]), a, lda, stride_a, b, ldb, stride_b,
+                      ctypes.byref(_SCALARS[(dtype, float(beta))]), c, ldc, stride_c, batch)
+    if status != 0:
+        name = "cublasSgemmStridedBatched" if single else "cublasDgemmStridedBatched"
+        check(status, f"{caller}: {name} (m={m}, n={n}, k={k}, batch={batch})")

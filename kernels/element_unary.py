@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activation, core, cpu, gpu
+from . import activation, core, cpu, gpu, gpu_paths
 from .activation import Activation
 from .core import FLOAT_DTYPES, AttrsError, TensorShape, fail
 
@@ -254,9 +254,25 @@ _CUDA = gpu.CudaModule("element_unary.cu", [
 
 _PACK_BYTES = 16  # each thread moves 16-byte packs where every pointer allows it
 
+gpu_paths.declare(OP, {
+    "copy": "IDENTITY forward, and the backward of IDENTITY, SCALAR_ADD and SCALAR_SUB: one device copy",
+    **{f"{direction}.{op_type.name.lower()}": f"element_unary_{direction}<T, {op_type.name}>"
+       for direction in ("forward", "backward") for op_type in UnaryOpType
+       if not (op_type is UnaryOpType.IDENTITY or (direction == "backward" and op_type.name in ("SCALAR_ADD", "SCALAR_SUB")))},
+    **{f"{direction}.packs": f"{direction}, every pointer 16-byte aligned: 16-byte packs, then the elements after them"
+       for direction in ("forward", "backward")},
+    **{f"{direction}.scalars": f"{direction}, some pointer not 16-byte aligned: one element at a time"
+       for direction in ("forward", "backward")},
+})
+
+
+def plan_paths(direction: str, op_type: UnaryOpType, aligned: bool) -> tuple[str, str]:
+    """The named GPU paths (kernels.gpu_paths) of a launch: the instantiation and the pack form."""
+    return f"{OP}.{direction}.{op_type.name.lower()}", f"{OP}.{direction}.{'packs' if aligned else 'scalars'}"
+
 
 def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, count: int, aligned: bool) -> tuple:
-    """(kernel, grid, count argument, scalar argument, aligned flag) of one direction and alignment,
+    """(kernel, grid, count argument, scalar argument, aligned flag, paths) of one direction and alignment,
     made on first use and kept in the state."""
     key = ("gpu", direction, aligned)
     plan = state.saved.get(key)
@@ -265,7 +281,7 @@ def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, 
         scalar = dtype.type(0.0 if attrs.scalar is None else attrs.scalar)
         per_thread = _PACK_BYTES // dtype.itemsize if aligned else 1
         plan = state.saved[key] = (kernel, gpu.grid_for(count, per_thread=per_thread), np.int64(count), scalar,
-                                   np.int32(aligned))
+                                   np.int32(aligned), plan_paths(direction, attrs.op_type, aligned))
     return plan
 
 
@@ -278,10 +294,13 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
     if not count:
         return
     if attrs.op_type is UnaryOpType.IDENTITY:
+        gpu_paths.reach("element_unary.copy")
         gpu.copy_async(stream, output, input)
         return
-    kernel, grid, count_arg, scalar, aligned = _gpu_plan(state, "forward", attrs, output.dtype, count,
-                                                         (input.data.ptr | output.data.ptr) % _PACK_BYTES == 0)
+    kernel, grid, count_arg, scalar, aligned, paths = _gpu_plan(state, "forward", attrs, output.dtype, count,
+                                                                (input.data.ptr | output.data.ptr) % _PACK_BYTES == 0)
+    gpu_paths.reach(paths[0])
+    gpu_paths.reach(paths[1])
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output, count_arg, scalar, aligned))
 
 
@@ -297,13 +316,16 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     if not count:
         return
     if attrs.op_type in _COPY_BACKWARD:
+        gpu_paths.reach("element_unary.copy")
         gpu.copy_async(stream, input_grad, output_grad)
         return
     # Constant derivatives never read input; output_grad stands in for it when it is None.
     source = output_grad if input is None else input
-    kernel, grid, count_arg, scalar, aligned = _gpu_plan(
+    kernel, grid, count_arg, scalar, aligned, paths = _gpu_plan(
         state, "backward", attrs, input_grad.dtype, count,
         (source.data.ptr | output_grad.data.ptr | input_grad.data.ptr) % _PACK_BYTES == 0)
+    gpu_paths.reach(paths[0])
+    gpu_paths.reach(paths[1])
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (source, output_grad, input_grad, count_arg, scalar, aligned))
 
 

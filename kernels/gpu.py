@@ -181,7 +181,7 @@ class GpuHandle:
 
     A handle serves one stream at a time (its workspace is shared by the calls it serves): give
     each host thread its own. cuDNN is bound to the stream of each call when it changed;
-    cuBLAS is bound by kernels.cublas at every call. Close it (or use it as a context manager)
+    cuBLAS is bound by kernels.cublas when the stream changed. Close it (or use it as a context manager)
     to release everything.
     """
 
@@ -189,7 +189,7 @@ class GpuHandle:
         _require_cupy()
         self.device = int(device)
         self._cudnn: Any = None
-        self._cublas: int | None = None
+        self._cublas: Any = None
         self._cudnn_stream: int | None = None  # the stream pointer cuDNN is bound to now
         self._workspace: Any = None
         self.closed = False
@@ -209,9 +209,9 @@ class GpuHandle:
             self._cudnn_stream = ptr
         return self._cudnn
 
-    def cublas(self) -> int:
-        """The cuBLAS handle (pedantic math, host pointer mode). Call cuBLAS through kernels.cublas,
-        which binds it to the call's stream."""
+    def cublas(self) -> Any:
+        """The cuBLAS handle (kernels.cublas.CublasHandle: pedantic math, host pointer mode, its own
+        workspace). Call cuBLAS through kernels.cublas, which binds it to the call's stream."""
         if self._cublas is None:
             from . import cublas as cublas_module
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import FLOAT_DTYPES, TensorShape
 
 OP = "gradient_reduction"
@@ -96,6 +96,17 @@ _CUDA = gpu.CudaModule("gradient_reduction.cu", [
 ])
 
 
+gpu_paths.declare(OP, {
+    "sum.packs": "gradient_reduction_sum<T, I, 16 / sizeof(T)>: every pointer 16-byte aligned, 16-byte packs",
+    "sum.scalars": "gradient_reduction_sum<T, I, 1>: some pointer not 16-byte aligned, one element at a time",
+    "sum.float": "the sum in the float type itself (float32, float64)",
+    "sum.integer": "an integer sum in the unsigned type of its width (wrap-around defined)",
+    "sum.batches": "more than 12 terms: one launch per 12, the output the next launch's first term",
+    "fanout.batches": "more than 12 gradients wanted: one launch per 12",
+    **{f"fanout.unit{unit}": f"gradient_reduction_fanout moving {unit}-byte units" for unit in (16, 8, 4, 2, 1)},
+})
+
+
 def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs (checked arrays of one shape).
 
@@ -111,7 +122,11 @@ def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -
             plans[key] = plan
     if plan is None:  # nothing to sum
         return
-    kernel, grid, count = plan
+    kernel, grid, count, paths = plan
+    for path in paths:
+        gpu_paths.reach(path)
+    if len(inputs) > MAX_POINTERS:
+        gpu_paths.reach("gradient_reduction.sum.batches")
     pointers = [x.data.ptr for x in inputs]
     while pointers:
         # After the first launch the output holds the sum so far: it is the next launch's first term.
@@ -122,7 +137,7 @@ def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -
 
 
 def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
-    """(kernel, grid, count argument) of the sum, or None for an empty tensor."""
+    """(kernel, grid, count argument, paths) of the sum, or None for an empty tensor."""
     count = output.size
     if not count:
         return None
@@ -131,7 +146,8 @@ def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
     kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
-    return kernel, gpu.grid_for(count // pack), scalar(count)
+    paths = (f"{OP}.sum.{'packs' if aligned else 'scalars'}", f"{OP}.sum.{'float' if dtype.kind == 'f' else 'integer'}")
+    return kernel, gpu.grid_for(count // pack), scalar(count), paths
 
 
 # np.int32(k) for the pointer counts of a launch (1 to MAX_POINTERS), made once.
@@ -155,7 +171,10 @@ def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = Non
             plans[key] = plan
     if plan is None:  # an empty tensor
         return
-    kernel, grid, count = plan
+    kernel, grid, count, path = plan
+    gpu_paths.reach(path)
+    if len(targets) > MAX_POINTERS:
+        gpu_paths.reach("gradient_reduction.fanout.batches")
     for start in range(0, len(targets), MAX_POINTERS):
         batch = targets[start:start + MAX_POINTERS]
         gpu.launch(stream, kernel, grid, gpu.BLOCK,
@@ -163,7 +182,7 @@ def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = Non
 
 
 def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
-    """(kernel, grid, count argument) of the fanout, or None for an empty tensor. A unit divides
+    """(kernel, grid, count argument, path) of the fanout, or None for an empty tensor. A unit divides
     every address iff it divides their OR (units are powers of two up to 16)."""
     if not source.size:
         return None
@@ -172,7 +191,7 @@ def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
     kernel = _CUDA.function(f"gradient_reduction_fanout<{gpu.unit_type(unit)}, {index}>")
-    return kernel, gpu.grid_for(count), scalar(count)
+    return kernel, gpu.grid_for(count), scalar(count), f"{OP}.fanout.unit{unit}"
 
 
 @core.gpu_kernel

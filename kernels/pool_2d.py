@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activation, core, cpu, gpu
+from . import activation, core, cpu, gpu, gpu_paths
 from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 
 OP = "pool_2d"
@@ -326,9 +326,28 @@ def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) 
     return tile_h, tile_w, tiles_h, tiles_w, shared
 
 
+gpu_paths.declare(OP, {
+    "max.forward_tiled": "max_pool_forward_tiled: a block per output tile, its input window staged in shared memory",
+    "max.forward_direct": "max_pool_forward: a thread per output (the tile would exceed 48 KB of shared memory)",
+    "max.backward": "max_pool_backward: a thread per input element, gathering from the saved argmax taps",
+    "max.taps_u8": "argmax taps as unsigned char (a window of at most 255 taps)",
+    "max.taps_i32": "argmax taps as int (a window of more than 255 taps)",
+    "avg.forward": "avg_pool_forward: a thread per output",
+    "avg.backward": "avg_pool_backward: a thread per input element, gathering its windows' shares",
+})
+
+
+def plan_paths(attrs: Pool2DAttrs, direction: str, tiled: bool) -> tuple[str, ...]:
+    """The named GPU paths (kernels.gpu_paths) of one pool launch."""
+    if attrs.pool_type is not PoolOp.MAX:
+        return (f"{OP}.avg.{direction}",)
+    kernel = "forward_tiled" if tiled else "forward_direct" if direction == "forward" else "backward"
+    return f"{OP}.max.{kernel}", f"{OP}.max.taps_{'u8' if tap_dtype(attrs).itemsize == 1 else 'i32'}"
+
+
 def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[int, ...],
               output_dims: tuple[int, ...]) -> tuple:
-    """(kernel, grid, block, scalar arguments, shared bytes) of one pool kernel, made once per state and
+    """(kernel, grid, block, scalar arguments, shared bytes, paths) of one pool kernel, made once per state and
     direction. Forward: a block per tile of outputs (MAX, where the tile fits shared memory) or a
     thread per output; backward: a thread per input element."""
     n, c, height, width = input_dims
@@ -346,18 +365,18 @@ def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[
             tile_h, tile_w, tiles_h, tiles_w, shared = tile
             scalars = (scalar(n * c),) + geometry + (np.int32(tile_h), np.int32(tile_w), np.int32(tiles_w))
             return (_CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, min(n * c, 65535)),
-                    gpu.BLOCK, scalars, shared)
+                    gpu.BLOCK, scalars, shared, plan_paths(attrs, direction, True))
         name = f"max_pool_{direction}{types}"
         scalars = (scalar(count),) + geometry
     else:
         name = f"avg_pool_{direction}<{value}, {index}>"
         scalars = (scalar(count),) + geometry + (np.int32(attrs.count_include_pad),)
-    return _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, scalars, 0
+    return _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, scalars, 0, plan_paths(attrs, direction, False)
 
 
 def _gpu_forward_setup(stream, state, attrs, output) -> tuple:  # pragma: no cover - GPU: CuPy buffers
     """The forward's buffers (argmax taps, pre-activation; made on the stream's device, once)
-    and launch plan, kept in the state: (kernel, grid, block, scalars, shared, taps, pooled), or
+    and launch plan, kept in the state: (kernel, grid, block, scalars, shared, paths, taps, pooled), or
     None for an empty output."""
     taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
     pre = None if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
@@ -378,7 +397,9 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
     plan = saved["gpu_forward"]
     if plan is None:
         return
-    kernel, grid, block, scalars, shared, taps, pre = plan
+    kernel, grid, block, scalars, shared, paths, taps, pre = plan
+    for path in paths:
+        gpu_paths.reach(path)
     pooled = output if pre is None else pre
     arrays = (input, pooled) if taps is None else (input, pooled, taps)
     gpu.launch(stream, kernel, grid, block, arrays + scalars, shared_mem=shared)
@@ -388,7 +409,7 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
 
 def _gpu_backward_setup(stream, state, attrs, output_grad) -> tuple:
     """The backward's buffer (the pre-activation gradient, made once) and launch plan, kept in the
-    state: (kernel, grid, block, scalars, shared, pre_grad)."""
+    state: (kernel, grid, block, scalars, shared, paths, pre_grad)."""
     pre_grad = None
     if attrs.activation is not None:
         pre_grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
@@ -408,7 +429,9 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     saved = state.saved
     if "gpu_backward" not in saved:
         saved["gpu_backward"] = _gpu_backward_setup(stream, state, attrs, output_grad)
-    kernel, grid, block, scalars, shared, pre_grad = saved["gpu_backward"]
+    kernel, grid, block, scalars, shared, paths, pre_grad = saved["gpu_backward"]
+    for path in paths:
+        gpu_paths.reach(path)
     grad = output_grad
     if pre_grad is not None:
         activation.gpu_backward(stream, attrs.activation, saved["pre"], output_grad, pre_grad)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
 OP = "reshape"
@@ -93,11 +93,15 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
 # --------------------------------------------------------------------------- GPU
 
 
+gpu_paths.declare(OP, {"copy": "forward and backward: one cudaMemcpyAsync of the whole tensor on the stream"})
+
+
 @core.gpu_kernel
 def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input, a device-to-device copy enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
+    gpu_paths.reach("reshape.copy")
     gpu.copy_async(stream, output, input)
 
 
@@ -108,6 +112,7 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     """input_grad = output_grad, a device-to-device copy enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is not None:
+        gpu_paths.reach("reshape.copy")
         gpu.copy_async(stream, input_grad, output_grad)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import FLOAT_DTYPES, TensorShape
 
 OP = "softmax"
@@ -149,6 +149,26 @@ _CUDA = gpu.CudaModule("softmax.cu", [
 ])
 
 
+gpu_paths.declare(OP, {
+    "rows.shared_warp": "*_rows<T, WIDTH < 32, 1>: rows of at most 16 in registers, several rows a warp",
+    "rows.warp": "*_rows<T, 32, 1>: rows of 17 to 32, one a warp, an element a lane",
+    "rows.registers": "*_rows<T, 32, PER_LANE > 1>: rows of 33 to 1024, one a warp, PER_LANE elements a lane",
+    "columns_cached": "*_columns_cached<T, SIZE>: inner > 1, a dim of at most 32 kept in a thread's registers",
+    "block": "*_block<T>: a block per row or column (rows over 1024, or few columns along a dim of 512 or more)",
+    "columns": "*_columns<T>: inner > 1, a thread per column along a dim over 32",
+    **{f"{direction}": f"softmax_{direction}_*: the {direction} kernels" for direction in ("forward", "backward")},
+})
+
+
+def plan_path(kind: str) -> str:
+    """The named GPU path (kernels.gpu_paths) of a plan's kernel suffix (gpu_plan's first entry)."""
+    family, _, template = kind.partition("<")
+    if family == "rows":
+        _, width, per_lane = (part.strip() for part in template[:-1].split(","))
+        return f"{OP}.rows." + ("registers" if per_lane != "1" else "warp" if width == "32" else "shared_warp")
+    return f"{OP}.{family}"
+
+
 def gpu_plan(dims: tuple[int, ...], axis: int, dtype: np.dtype) -> tuple[str, Any, Any, tuple]:
     """(kernel suffix with template arguments, grid, block, size arguments) for one softmax.
 
@@ -189,12 +209,13 @@ def _gpu_plan(state: core.KernelState) -> tuple:
 
 
 def _gpu_launch(state: core.KernelState, direction: str) -> tuple:
-    """(kernel, grid, block, size arguments) of one direction, made on first use and kept in the state."""
+    """(kernel, grid, block, size arguments, paths) of one direction, made on first use and kept in the state."""
     key = "gpu_" + direction
     launch = state.saved.get(key)
     if launch is None:
         kind, grid, block, sizes = _gpu_plan(state)
-        launch = state.saved[key] = (_CUDA.function(f"softmax_{direction}_{kind}"), grid, block, sizes)
+        launch = state.saved[key] = (_CUDA.function(f"softmax_{direction}_{kind}"), grid, block, sizes,
+                                     (f"{OP}.{direction}", plan_path(kind)))
     return launch
 
 
@@ -205,7 +226,9 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size == 0:
         return
-    kernel, grid, block, sizes = _gpu_launch(state, "forward")
+    kernel, grid, block, sizes, paths = _gpu_launch(state, "forward")
+    gpu_paths.reach(paths[0])
+    gpu_paths.reach(paths[1])
     gpu.launch(stream, kernel, grid, block, (input, output) + sizes)
 
 
@@ -217,7 +240,9 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
         return
-    kernel, grid, block, sizes = _gpu_launch(state, "backward")
+    kernel, grid, block, sizes, paths = _gpu_launch(state, "backward")
+    gpu_paths.reach(paths[0])
+    gpu_paths.reach(paths[1])
     gpu.launch(stream, kernel, grid, block, (output, output_grad, input_grad) + sizes)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import MOVABLE_DTYPES, AttrsError, TensorShape, fail
 
 OP = "transpose"
@@ -129,6 +129,21 @@ def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtyp
     return ("tiled", name, (tiles, min(batch_count, 65535)), (THREADS_X, THREADS_Y), args)
 
 
+gpu_paths.declare(OP, {
+    "copy": "the permutation is the identity once size-1 dims are dropped and dims merged: one device copy",
+    "gather": "the innermost dim stays innermost: transpose_gather, a thread per output element",
+    "tiled64": "the innermost dims differ: transpose_tiled<..., 64> through shared memory, 16 elements a thread",
+    "tiled32": "transpose_tiled<..., 32>: 16-byte elements, or too few 64x64 tiles to fill the device",
+})
+
+
+def plan_path(plan: tuple) -> str:
+    """The named GPU path (kernels.gpu_paths) of a plan from gpu_plan."""
+    if plan[0] != "tiled":
+        return f"{OP}.{plan[0]}"
+    return f"{OP}.tiled{plan[1].rsplit(', ', 1)[1][:-1]}"
+
+
 THREADS_X, THREADS_Y = 32, 8  # a tiled block's threads (transpose.cu's THREADS_X, THREADS_Y)
 _CUDA = gpu.CudaModule("transpose.cu", [
     f"transpose_gather<{bits}, {index}>" for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES
@@ -140,6 +155,7 @@ _CUDA = gpu.CudaModule("transpose.cu", [
 
 def gpu_run_plan(stream, plan: tuple, source, destination) -> None:  # pragma: no cover - GPU: a launch or device copy
     """Enqueue a plan from gpu_plan on the stream."""
+    gpu_paths.reach(plan_path(plan))
     if plan[0] == "copy":
         gpu.copy_async(stream, destination, source)
         return

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu
+from . import core, cpu, gpu, gpu_paths
 from .core import FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
@@ -221,6 +221,21 @@ _CUDA = gpu.CudaModule("upsample.cu", [
 ], options=("--fmad=false",))  # no contraction: bilinear rounds exactly as the NumPy twin does
 
 
+gpu_paths.declare(OP, {
+    "nearest.forward": "upsample_nearest_forward: a thread per input element, writing its scale x scale block",
+    "nearest.forward_x2": "upsample_nearest_forward_x2: scale 2 and the output pair-aligned, two elements a store",
+    "nearest.backward": "upsample_nearest_backward: a thread per input element, summing its block",
+    "nearest.backward_x2": "upsample_nearest_backward_x2: scale 2 and output_grad pair-aligned, two elements a load",
+    "bilinear.forward": "upsample_bilinear_forward: a thread per output element",
+    "bilinear.backward": "upsample_bilinear_backward: a thread per input element, gathering its weighted sources",
+})
+
+
+def plan_path(attrs: UpsampleAttrs, direction: str, vector: bool) -> str:
+    """The named GPU path (kernels.gpu_paths) of a launch."""
+    return f"{OP}.{attrs.mode.name.lower()}.{direction}" + ("_x2" if vector else "")
+
+
 def _aligned_pair(array: Any) -> bool:
     """Whether `array` may be read or written two elements at a time (the s = 2 vector paths)."""
     return array.dtype.itemsize <= 8 and array.data.ptr % (2 * array.dtype.itemsize) == 0
@@ -271,8 +286,9 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
     key = ("gpu_forward", vector)
     plan = state.saved.get(key)
     if plan is None:
-        plan = state.saved[key] = _forward_plan(attrs, input, output, vector)
-    kernel, grid, scalars = plan
+        plan = state.saved[key] = _forward_plan(attrs, input, output, vector) + (plan_path(attrs, "forward", vector),)
+    kernel, grid, scalars, path = plan
+    gpu_paths.reach(path)
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output) + scalars)
 
 
@@ -288,8 +304,9 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     key = ("gpu_backward", vector)
     plan = state.saved.get(key)
     if plan is None:
-        plan = state.saved[key] = _backward_plan(attrs, output_grad, input_grad, vector)
-    kernel, grid, scalars = plan
+        plan = state.saved[key] = _backward_plan(attrs, output_grad, input_grad, vector) + (plan_path(attrs, "backward", vector),)
+    kernel, grid, scalars, path = plan
+    gpu_paths.reach(path)
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (output_grad, input_grad) + scalars)
 
 

@@ -15,7 +15,8 @@ import pytest
 
 import conformance.__main__ as cli
 import conformance.golden as golden
-from conformance.cases import CASE_MODULES
+import kernels
+from conformance.cases import CASE_MODULES, all_cases
 from conformance.golden import DEFAULT_PATH
 from conformance.harness import device_unavailable
 from conformance.runner import Result
@@ -344,3 +345,33 @@ def test_shards_cover_every_case_once(monkeypatch):
         with pytest.raises(SystemExit) as exit_info:
             cli.main(["--shard", bad])
         assert exit_info.value.code == 2
+
+
+# --------------------------------------------------------------------------- named GPU paths
+
+
+def test_gpu_paths_report(capsys, tmp_path, monkeypatch):
+    """--gpu-paths FILE: each declared path with the first case that reached it and how often, and
+    the ones no case reached. The GPU's launches are played by a run_case that reaches two paths."""
+    real = cli.run_case
+
+    def run_case(case, golden, device, schedules=None):
+        kernels.gpu_paths.reach("transpose.tiled32")
+        if case.name == "3d_cycle_201":
+            kernels.gpu_paths.reach("transpose.tiled32")
+            kernels.gpu_paths.reach("transpose.gather")
+        return real(case, golden, device, schedules)
+
+    monkeypatch.setattr(cli, "run_case", run_case)
+    path = tmp_path / "paths.json"
+    status, _, _ = run(capsys, "--device", "cpu", "--op", "transpose", "-k", "transpose/3d_*", "--gpu-paths", str(path))
+    assert status == 0
+    got = json.loads(path.read_text())
+    cases = [c for c in all_cases() if c.op == "transpose" and c.name.startswith("3d_")]
+    assert got["reached"]["transpose.tiled32"]["first"] == f"{cases[0].key}[cpu]"
+    assert got["reached"]["transpose.tiled32"]["count"] == len(cases) + 1
+    assert got["reached"]["transpose.gather"] == {"first": "transpose/3d_cycle_201[cpu]", "count": 1,
+                                                 "description": kernels.gpu_paths.declared()["transpose.gather"]}
+    declared = kernels.gpu_paths.declared()
+    assert got["summary"] == {"declared": len(declared), "reached": 2}
+    assert set(got["unreached"]) == set(declared) - {"transpose.tiled32", "transpose.gather"}

@@ -77,7 +77,7 @@ def _exact_channels(dims, means, deviation_sets, stride):
 
 
 def _add(name, dims, *, mode=SPATIAL, affine=True, eps=1e-5, momentum=0.1, activation=None, steps=(True, True),
-         dtype=np.float32, tolerance=None, description="", inputs=None):
+         dtype=np.float32, tolerance=None, description="", inputs=None, input_grad=True):
     attrs = BatchNormAttrs(affine=affine, eps=eps, momentum=momentum, mode=mode, activation=activation)
     inputs = _steps_inputs(dims) if inputs is None else inputs
     if affine:
@@ -86,7 +86,9 @@ def _add(name, dims, *, mode=SPATIAL, affine=True, eps=1e-5, momentum=0.1, activ
         inputs["beta"] = pattern(stat_dims, modulus=5, scale=0.25, offset=1)
     if tolerance is None:
         tolerance = TOL if activation is None else TOL_ACTIVATION
-    TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description, steps=tuple(steps))
+    # input_grad=False: backward is given no input_grad (the GPU's SPATIAL finalize path); only then in extra.
+    TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description, steps=tuple(steps),
+              **({} if input_grad else {"input_grad": False}))
 
 
 _add("spatial_affine_2x3x2x4", (2, 3, 2, 4), description="BatchNorm2d defaults, batch 2, H != W, 16 values a channel")
@@ -132,6 +134,8 @@ _add("rank3_4x3x4", (4, 3, 4), momentum=0.5, description="(N, C, L): BatchNorm1d
 _add("long_channel_1x2x40x56", (1, 2, 40, 56), eps=1e-3, momentum=0.03, activation="SILU",
      description="2240 values a row: the GPU reduces each row in two parts (2048 + 192)")
 _add("zero_size_channels", (2, 0, 3, 4), affine=False, description="no channels: nothing to do")
+_add("no_input_grad_2x3x2x4", (2, 3, 2, 4), input_grad=False,
+     description="input_grad not wanted (None): gamma_grad and beta_grad only (the GPU's SPATIAL finalize kernel)")
 
 
 _TORCH_ACTIVATIONS = {
@@ -171,7 +175,8 @@ def torch_program(case, tensors):
             output = getattr(F, _TORCH_ACTIVATIONS[attrs.activation.name])(output)
         grads = torch.autograd.grad(output, [input] + weights, tensors["output_grad" + suffix])
         expected["output" + suffix] = output
-        expected["input_grad" + suffix] = grads[0]
+        if case.extra.get("input_grad", True):
+            expected["input_grad" + suffix] = grads[0]
         if attrs.affine:
             expected["gamma_grad" + suffix] = grads[1].reshape(stat_dims)
             expected["beta_grad" + suffix] = grads[2].reshape(stat_dims)
@@ -193,7 +198,8 @@ def run(case, env):
         gamma_grad = env.write("gamma_grad" + suffix) if attrs.affine else None
         beta_grad = env.write("beta_grad" + suffix) if attrs.affine else None
         batch_norm.backward_kernel(env.stream, env.handle, state, attrs, output, env.read("output_grad" + suffix),
-                                   input, env.write("input_grad" + suffix), gamma, beta, gamma_grad, beta_grad)
+                                   input, env.write("input_grad" + suffix) if case.extra.get("input_grad", True) else None,
+                                   gamma, beta, gamma_grad, beta_grad)
     env.observe("running_mean", state.running_mean)
     env.observe("running_var", state.running_var)
     batch_norm.cleanup_kernel(env.handle, state)

@@ -47,6 +47,7 @@ MEASURED = {
     "rank2_3x6_dim1": 2,
     "rank2_3x6_dim_neg2": 6,
     "row_1100_block": 2,
+    "row_20_warp": 1,  # the CPU measured; the H200 not yet (a warp's shuffle sums: see row_70)
     "row_70": 2,
     "size1_dim": 1,
     "stable_pm1000": 1,
@@ -92,6 +93,7 @@ _add("stable_pm1000_dim0", (2, 3), 0, input=[[1000, -1000, 0.5], [-1000, 1000, 0
 _add("f64_4d_dim2", (2, 3, 4, 5), 2, np.float64)
 _add("f64_3d_dim_neg1", (3, 2, 7), -1, np.float64)
 _add("f64_3d_dim0", (3, 2, 7), 0, np.float64)
+_add("row_20_warp", (3, 20), -1, description="rows of 20: a warp a row, one value a lane (rows of 17 to 32)")
 _add("row_70", (3, 70), 1, description="rows of 70: a warp with 4 values per lane, the last ones padded")
 _add("row_1100_block", (2, 1100), -1, description="rows longer than 1024: one block per row")
 _add("column_20_cached", (2, 20, 3), 1, description="inner > 1, a dim of 20: the column in registers (up to 32)")

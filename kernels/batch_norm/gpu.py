@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import activation as activations
-from .. import gpu
+from .. import gpu, gpu_paths
 from . import SavedForward
 from .plan import APPLY_UNROLL, BLOCK, GpuPlan, gpu_plan
 
@@ -58,6 +58,20 @@ DEFINES = {
     "BN_STATS_SAVED": _STATS_SAVED, "BN_STATS_RUNNING": _STATS_RUNNING, "BN_STATS_PARTIALS": _STATS_PARTIALS,
     "BN_COEF_SAVED": _COEF_SAVED, "BN_COEF_PARTIALS": _COEF_PARTIALS,
 }
+
+gpu_paths.declare("batch_norm", {
+    "forward.by_feature": "training, PER_ACTIVATION (or no spatial dims): bn_feature_stats, a thread per statistic",
+    "forward.one_part": "training, SPATIAL, a channel one part: bn_spatial_forward_one_part, statistics and apply at once",
+    "forward.partials": "training, SPATIAL, a channel of several parts: bn_spatial_partials twice (sums, squares)",
+    "forward.apply_training": "bn_forward_apply with the batch statistics (saved, or from the partials)",
+    "forward.apply_inference": "inference: bn_forward_apply with the running statistics",
+    "backward.by_feature": "bn_feature_grad: a thread per statistic reduces the gradient sums over N",
+    "backward.partials": "SPATIAL: bn_spatial_grad_partials, the gradient sums per (part, channel)",
+    "backward.finalize": "SPATIAL, input_grad not wanted: bn_spatial_grad_finalize writes gamma_grad, beta_grad",
+    "backward.apply_from_partials": "SPATIAL with sums: bn_backward_apply finalizes the partials itself",
+    "backward.apply_from_saved": "bn_backward_apply with coefficients saved (by_feature, or no sums needed)",
+    "empty": "a zero-size input: nothing computed, gamma_grad and beta_grad zeros",
+})
 
 _CUDA = gpu.CudaModule("batch_norm.cu", [
     f"{kernel}<{t}, {i}>"
@@ -199,6 +213,7 @@ def forward(stream: gpu.GpuStream, state: BatchNormState, attrs: BatchNormAttrs,
             output: Any, training: bool) -> None:
     """output = activation((input - mean) * invstd * gamma + beta), enqueued on the stream (see cpu.forward)."""
     if input.size == 0:
+        gpu_paths.reach("batch_norm.empty")
         state.forward = SavedForward(training, empty=True)
         return
     calls = _calls(state, attrs, input.dtype)
@@ -213,19 +228,24 @@ def forward(stream: gpu.GpuStream, state: BatchNormState, attrs: BatchNormAttrs,
             state.num_batches_tracked += 1
         state.forward = _FORWARD_TRAINING
         if calls.by_feature:
+            gpu_paths.reach("batch_norm.forward.by_feature")
             gpu.launch(stream, calls.feature_stats, calls.stat_grid, BLOCK,
                        (input,) + calls.feature_head + (momentum,) + running + calls.saved_stats)
         elif calls.one_part is not None:  # statistics and apply in one launch
+            gpu_paths.reach("batch_norm.forward.one_part")
             gpu.launch(stream, calls.one_part, calls.one_part_grid, BLOCK,
                        (input,) + calls.one_part_head + (momentum,) + running + calls.saved_stats + params
                        + calls.apply_tail + (output,) + calls.one_part_end)
             return
         else:
+            gpu_paths.reach("batch_norm.forward.partials")
             for args in calls.partials_args:
                 gpu.launch(stream, calls.partials, calls.partials_grid, BLOCK, (input,) + args)
         head = calls.apply_training + (momentum,)
+        gpu_paths.reach("batch_norm.forward.apply_training")
     else:
         head = calls.apply_inference
+        gpu_paths.reach("batch_norm.forward.apply_inference")
         state.forward = _FORWARD_INFERENCE
     gpu.launch(stream, calls.apply, calls.apply_grid, BLOCK,
                (input,) + head + running + calls.saved_stats + params + calls.apply_tail + (output,) + calls.apply_end)
@@ -235,6 +255,7 @@ def backward(stream: gpu.GpuStream, state: BatchNormState, attrs: BatchNormAttrs
              output_grad: Any, input: Any, input_grad: Any, gamma: Any, gamma_grad: Any, beta_grad: Any) -> None:
     """Gradients of the forward before, enqueued on the stream (see cpu.backward)."""
     if saved.empty:
+        gpu_paths.reach("batch_norm.empty")
         for grad in (gamma_grad, beta_grad):
             if grad is not None:
                 grad.fill(0)  # on the stream: GPU kernel calls run inside it
@@ -250,16 +271,21 @@ def backward(stream: gpu.GpuStream, state: BatchNormState, attrs: BatchNormAttrs
     coef_from = _COEF_SAVED
     if need_sums:
         if calls.by_feature:
+            gpu_paths.reach("batch_norm.backward.by_feature")
             gpu.launch(stream, calls.feature_grad, calls.stat_grid, BLOCK,
                        upstream + calls.feature_grad_args + (flag,) + grads + calls.coef)
         else:
+            gpu_paths.reach("batch_norm.backward.partials")
             gpu.launch(stream, calls.grad_partials, calls.partials_grid, BLOCK, upstream + calls.grad_partials_args)
             if input_grad is None:
+                gpu_paths.reach("batch_norm.backward.finalize")
                 gpu.launch(stream, calls.grad_finalize, calls.stat_grid, BLOCK,
                            calls.grad_finalize_args + (flag,) + grads + calls.coef)
                 return
             coef_from = _COEF_PARTIALS  # the apply finalizes: gamma_grad and beta_grad too
     if input_grad is not None:
+        gpu_paths.reach("batch_norm.backward.apply_from_partials" if coef_from is _COEF_PARTIALS
+                        else "batch_norm.backward.apply_from_saved")
         gpu.launch(stream, calls.backward_apply, calls.apply_grid, BLOCK,
                    upstream + (coef_from,) + calls.backward_apply_stats + (gamma if attrs.affine else _NULL,) + grads
                    + (input_grad,) + calls.backward_apply_end + (flag,))

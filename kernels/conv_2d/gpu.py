@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .. import activation, core, cublas, gpu
+from .. import activation, core, cublas, gpu, gpu_paths
 from .plan import Fold, Gemm, choose_paths, plan_backward_data, plan_backward_filter, plan_forward, workspace_elements
 
 if TYPE_CHECKING:
@@ -43,6 +43,23 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
+gpu_paths.declare("conv_2d", {
+    "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
+    "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
+    "cudnn.backward_filter": "filter_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
+    "cudnn.add_bias": "the bias added by cuDNN's AddTensor (every path but depthwise, which adds it in its kernel)",
+    "gemm.forward": "pointwise (1x1, stride 1, no padding, groups 1): the forward as one cuBLAS batched GEMM",
+    "gemm.backward_data": "pointwise: input_grad as one cuBLAS batched GEMM",
+    "columns.backward_data": "groups 1: input_grad by a cuBLAS GEMM into columns, then conv_col2im, a chunk at a time",
+    "columns.im2col": "groups 1, not pointwise: filter_grad's columns made by conv_im2col",
+    "filter_grad.per_image": "filter_grad one image a GEMM (chunk 1), beta 0 then 1: the sum in image order",
+    "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
+    "depthwise.forward": "groups == channels > 1: conv_depthwise_forward, the bias added in the kernel",
+    "depthwise.input_grad": "depthwise: conv_depthwise_input_grad",
+    "depthwise.filter_grad": "depthwise: conv_depthwise_filter_grad, a block per filter tap",
+    "bias_grad": "conv_bias_grad: a block per output channel, a tree sum in double",
+    "empty_sum": "zero input channels, or an input of zero size: the output and gradients are zeros (memsets)",
+})
 _GRID_SLACK = 65536 * gpu.BLOCK  # index room for a grid-stride loop's last step (grid_for caps at 65536 blocks)
 _GEOMETRY = np.dtype([("v", np.int64, (CONV_GEOMETRY_FIELDS,))])  # struct ConvGeometry in conv_2d.cu
 
@@ -175,6 +192,7 @@ def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any
     images = step.stop - step.first
     dtype = state.shapes["input_shape"].dtype
     if step.kind == "sum":
+        gpu_paths.reach("conv_2d.filter_grad.chunked")
         size = arrays["filter_grad"].size
         partials = workspace[state.partials_at * dtype.itemsize:(state.partials_at + images * size) * dtype.itemsize]
         gpu.launch(stream, _CUDA.function(f"conv_sum_images<{gpu.cuda_type(dtype)}>"), gpu.grid_for(size), gpu.BLOCK,
@@ -186,6 +204,7 @@ def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any
     index = gpu.index_type(count + _GRID_SLACK, images * c * h * w + _GRID_SLACK)
     index_scalar = np.int32 if index == "int" else np.int64
     columns = workspace[:count * dtype.itemsize].view(dtype)  # the chunk's columns, at the workspace's start
+    gpu_paths.reach("conv_2d.columns.im2col" if step.kind == "im2col" else "conv_2d.columns.backward_data")
     if step.kind == "im2col":
         images_array = arrays["input"][step.first:step.stop]
         total = count
@@ -209,6 +228,7 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
                            o * attrs.kernel_h * attrs.kernel_w + 65536)
     index_scalar = np.int32 if index == "int" else np.int64
     name = "forward" if which == "forward" else f"{which}_grad"
+    gpu_paths.reach("conv_2d.depthwise." + name)
     kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
     if which == "forward":
@@ -230,6 +250,8 @@ def _run_plan(stream: Any, handle: Any, state: Conv2DState, steps: list[Gemm | F
         pointers["workspace"] = workspace.data.ptr
     for step in steps:
         if isinstance(step, Gemm):
+            if step.c[0] == "filter_grad":  # one image a GEMM straight into filter_grad (chunk 1)
+                gpu_paths.reach("conv_2d.filter_grad.per_image")
             _run_gemm(stream, handle, state, dtype, step, pointers)
         else:
             _run_fold(stream, state, step, arrays, workspace)
@@ -251,10 +273,13 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
         if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
             _run_depthwise(stream, state, "forward", None, input, filter, target, bias)
         elif _convolvable(state) and state.paths["forward"] == "gemm":
+            gpu_paths.reach("conv_2d.gemm.forward")
             _run_plan(stream, handle, state, _forward_plan(state), {"input": input, "filter": filter, "output": target})
         if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
+            gpu_paths.reach("conv_2d.empty_sum")
             _zero(stream, target)
         elif state.paths["forward"] == "cudnn":
+            gpu_paths.reach("conv_2d.cudnn.forward")
             cudnn_handle = handle.cudnn(stream)
             workspace, workspace_bytes = _workspace(handle, state)
             d = state.descriptors
@@ -262,6 +287,7 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
                                       d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
                                       workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
         if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+            gpu_paths.reach("conv_2d.cudnn.add_bias")
             cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,
                              cudnn.scalar(dtype, 1), state.descriptors.y, target.data.ptr)
         if attrs.activation is not None:
@@ -283,6 +309,7 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
         grad = state.pre_grad_buffer
         activation.gpu_backward(stream, attrs.activation, state.pre, output_grad, grad)
     if bias_grad is not None and bias_grad.size:
+        gpu_paths.reach("conv_2d.bias_grad")
         n, o, out_h, out_w = grad.shape
         gpu.launch(stream, _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>"), min(o, 65535),
                    CONV_BIAS_GRAD_BLOCK, (grad, bias_grad, np.int64(n), np.int64(o), np.int64(out_h * out_w)))
@@ -291,6 +318,7 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
     if not (wants_input or wants_filter):
         return
     if not _convolvable(state):  # nothing flows through an empty convolution
+        gpu_paths.reach("conv_2d.empty_sum")
         for array in (input_grad, filter_grad):
             if array is not None:
                 _zero(stream, array)
@@ -304,6 +332,8 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
     workspace_array = handle.workspace(state.workspace_size)  # one buffer for every step below, in stream order
     workspace, workspace_bytes = workspace_array.data.ptr, workspace_array.nbytes
     arrays = {"input": input, "filter": filter, "grad": grad, "input_grad": input_grad, "filter_grad": filter_grad}
+    if wants_input and state.paths["backward_data"] == "gemm":
+        gpu_paths.reach("conv_2d.gemm.backward_data")
     if wants_input and state.paths["backward_data"] != "cudnn":
         _run_plan(stream, handle, state, _backward_data_plan(state), arrays, workspace_array)
     if wants_filter and state.paths["backward_filter"] != "cudnn":
@@ -315,10 +345,12 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
     d = state.descriptors
     one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
     if wants_input and state.paths["backward_data"] == "cudnn":
+        gpu_paths.reach("conv_2d.cudnn.backward_data")
         cudnn.convolution_backward_data(cudnn_handle, one, d.w, filter.data.ptr, d.y, grad.data.ptr,
                                         d.conv, state.algorithms["backward_data"], workspace, workspace_bytes,
                                         zero, d.x, input_grad.data.ptr)
     if wants_filter and state.paths["backward_filter"] == "cudnn":
+        gpu_paths.reach("conv_2d.cudnn.backward_filter")
         cudnn.convolution_backward_filter(cudnn_handle, one, d.x, input.data.ptr, d.y, grad.data.ptr,
                                           d.conv, state.algorithms["backward_filter"], workspace,
                                           workspace_bytes, zero, d.w, filter_grad.data.ptr)

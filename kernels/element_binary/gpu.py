@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import gpu
+from .. import gpu, gpu_paths
 from . import BinaryOpType
-from .plan import WARP_SUM_CHUNKS, GpuPlan, gpu_plan
+from .plan import WARP_SUM_CHUNKS, GpuPlan, GradPlan, gpu_plan
 
 if TYPE_CHECKING:
     from . import ElementBinaryAttrs, ElementBinaryState
@@ -30,11 +30,30 @@ _CUDA = {index: gpu.CudaModule("element_binary.cu", [f"{kernel}<{t}, {index}>" f
                                defines=DEFINES, directory=os.path.dirname(__file__))
          for index in gpu.INDEX_TYPES}
 
+_P = "element_binary"
+gpu_paths.declare(_P, {
+    "forward.same.vector": "binary_same, no broadcasting, every pointer 16-byte aligned: 16-byte vectors, then a tail",
+    "forward.same.scalar": "binary_same, no broadcasting, some pointer not 16-byte aligned: one element at a time",
+    "forward.broadcast": "binary_broadcast: a thread per output element, indices through the collapsed dims' strides",
+    "backward.same.vector": "binary_backward_same, no broadcasting, every pointer 16-byte aligned: 16-byte vectors",
+    "backward.same.scalar": "binary_backward_same, no broadcasting, some pointer not aligned: one element at a time",
+    "backward.empty_sum": "an empty output: a broadcast operand's gradient is zeros (a memset on the stream)",
+    "grad.rows": "binary_grad_rows: a thread per gradient element, looping over its broadcast positions",
+    "grad.warps": "binary_grad_warps: a warp per gradient element (the innermost dim is reduced)",
+    "grad.one_chunk": "the reduced positions in one chunk: the gradient written directly, no second pass",
+    "grad.chunks": "the reduced positions split into chunks: partial sums, then a second pass",
+    "sum_partials.threads": f"binary_sum_partials: a thread per gradient element (at most {WARP_SUM_CHUNKS} chunks)",
+    "sum_partials.warps": f"binary_sum_partials_warps: a warp per gradient element (more than {WARP_SUM_CHUNKS} chunks)",
+})
+_FORWARD_SAME = (_P + ".forward.same.scalar", _P + ".forward.same.vector")  # by the alignment flag
+_BACKWARD_SAME = (_P + ".backward.same.scalar", _P + ".backward.same.vector")
+
 # (kernel, grid, scalar arguments, same) of a forward; `same`: the plain elementwise kernel,
 # whose last argument (the alignment flag) each call adds.
 ForwardLaunch = tuple[Any, Any, tuple, bool]
-# (kernel, grid, array slots, scalar arguments, whether the alignment flag of the arrays is added last)
-BackwardStep = tuple[Any, Any, tuple[int, ...], tuple, bool]
+# (kernel, grid, array slots, scalar arguments, whether the alignment flag of the arrays is added last,
+# the step's named GPU paths: for an aligned step, the vector path is taken by the flag at each call)
+BackwardStep = tuple[Any, Any, tuple[int, ...], tuple, bool, tuple[str, ...]]
 
 
 def _function(kernel: str, dtype: np.dtype, index: str) -> Any:
@@ -69,7 +88,11 @@ def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBina
         return
     kernel, grid, tail, same = launch
     if same:
-        tail = tail + (_vector_ok(lhs, rhs, output),)
+        flag = _vector_ok(lhs, rhs, output)
+        gpu_paths.reach(_FORWARD_SAME[flag])
+        tail = tail + (flag,)
+    else:
+        gpu_paths.reach("element_binary.forward.broadcast")
     gpu.launch(stream, kernel, grid, gpu.BLOCK, (lhs, rhs, output) + tail)
 
 
@@ -111,15 +134,32 @@ def backward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBin
     if steps is None:
         steps = state.gpu_backward[want] = _backward_steps(state, attrs, output_grad.dtype, want)
     if steps is None:  # an empty sum: the gradient of a broadcast operand is zero
+        gpu_paths.reach("element_binary.backward.empty_sum")
         for side_grad in (lhs_grad, rhs_grad):
             if side_grad is not None and side_grad.size:
                 gpu.cupy.cuda.runtime.memsetAsync(side_grad.data.ptr, 0, side_grad.nbytes, stream.ptr)
         return
     arrays = (lhs, rhs, output_grad, lhs_grad, rhs_grad, state.partials)
-    for kernel, grid, slots, tail, aligned in steps:
+    for kernel, grid, slots, tail, aligned, paths in steps:
         launched = tuple([arrays[i] for i in slots])
-        flag = (_vector_ok(*launched),) if aligned else ()
+        flag = ()
+        if aligned:
+            flag = (_vector_ok(*launched),)
+            gpu_paths.reach(_BACKWARD_SAME[flag[0]])
+        for path in paths:
+            gpu_paths.reach(path)
         gpu.launch(stream, kernel, grid, gpu.BLOCK, launched + tail + flag)
+
+
+def grad_paths(grad_plan_: GradPlan) -> tuple[str, ...]:
+    """The named GPU paths (kernels.gpu_paths) of one broadcast operand's gradient: its kernel, whether
+    the positions are chunked, and which second pass sums the chunks."""
+    paths = [f"{_P}.grad.{grad_plan_.kind}", _P + (".grad.chunks" if grad_plan_.chunks > 1 else ".grad.one_chunk")]
+    if grad_plan_.chunks > WARP_SUM_CHUNKS:
+        paths.append(_P + ".sum_partials.warps")
+    elif grad_plan_.chunks > 1:
+        paths.append(_P + ".sum_partials.threads")
+    return tuple(paths)
 
 
 def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype: np.dtype,
@@ -142,7 +182,7 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
         return [(_function("binary_backward_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
                  (lhs_slot, rhs_slot, _GRAD, lhs_out, rhs_out),
                  (scalar(plan.count), np.int32(op.value), np.int32(want[0]), np.int32(want[1]),
-                  np.int32(need_lhs), np.int32(need_rhs)), True)]
+                  np.int32(need_lhs), np.int32(need_rhs)), True, ())]
     steps: list[BackwardStep] = []
     for side in (0, 1):
         if not want[side]:
@@ -158,19 +198,20 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
                 scalar(grad_plan_.reduced.count), scalar(grad_plan_.chunks),
                 scalar(grad_plan_.chunk)) + grad_plan_.kept.args + grad_plan_.reduced.args
         slots = (lhs_slot, rhs_slot, _GRAD, destination)
+        paths = grad_paths(grad_plan_)
         if grad_plan_.kind == "warps":
             warps = kept_count * grad_plan_.chunks
             grid = max(1, min(-(-warps // (gpu.BLOCK // 32)), 65535))
-            steps.append((_function("binary_grad_warps", dtype, plan.index), grid, slots, tail, False))
+            steps.append((_function("binary_grad_warps", dtype, plan.index), grid, slots, tail, False, paths))
         else:
             grid = (gpu.grid_for(kept_count), grad_plan_.chunks)
-            steps.append((_function("binary_grad_rows", dtype, plan.index), grid, slots, tail, False))
+            steps.append((_function("binary_grad_rows", dtype, plan.index), grid, slots, tail, False, paths))
         sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
         if grad_plan_.chunks > WARP_SUM_CHUNKS:
             grid = max(1, min(-(-kept_count // (gpu.BLOCK // 32)), 65535))
             steps.append((_function("binary_sum_partials_warps", dtype, plan.index), grid, (destination, grad),
-                          sum_tail, False))
+                          sum_tail, False, ()))
         elif grad_plan_.chunks > 1:
             steps.append((_function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count),
-                          (destination, grad), sum_tail, False))
+                          (destination, grad), sum_tail, False, ()))
     return steps
