@@ -238,6 +238,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
                        inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = concatenate(inputs, axis)."""
@@ -245,6 +246,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     cpu_join(state.saved["layout"], inputs, output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
                         output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
                         input_grads: Sequence[core.Array | None]) -> None:

@@ -56,6 +56,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
                        inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right."""
@@ -65,6 +66,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
         np.add(output, term, out=output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
                         output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
                         input_grads: Sequence[core.Array | None]) -> None:

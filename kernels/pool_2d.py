@@ -263,6 +263,7 @@ def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarr
     np.copyto(input_grad, padded[:, :, attrs.padding_h:attrs.padding_h + height, attrs.padding_w:attrs.padding_w + width])
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = activation(pool(input)); MAX saves the argmax taps, an activation its input."""
@@ -278,6 +279,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
             activation.cpu_forward(attrs.activation, pooled, output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: Pool2DAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:

@@ -74,6 +74,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input.reshape(output dims), copied."""
@@ -81,6 +82,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     np.copyto(output, input.reshape(output.shape))
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:

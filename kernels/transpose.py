@@ -58,6 +58,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input.transpose(permutation)."""
@@ -65,6 +66,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     np.copyto(output, input.transpose(attrs.permutation))
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:

@@ -183,6 +183,7 @@ def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
             input_grad[:, :, low:high, :] += weights_y[j, low:high, None] * sources
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input upsampled by scale_factor (NEAREST or BILINEAR)."""
@@ -193,6 +194,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
         _cpu_bilinear_forward(input, output, attrs.scale_factor)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:

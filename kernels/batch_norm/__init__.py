@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import activation as activations
 from .. import core
+from .. import cpu as cpu_runtime
 from ..activation import Activation
 from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from .plan import GpuPlan, Layout
@@ -232,6 +233,7 @@ from . import cpu, gpu  # noqa: E402
 # --------------------------------------------------------------------------- entry points
 
 
+@cpu_runtime.cpu_kernel
 def cpu_forward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, input: Any,
                        gamma: Any, beta: Any, output: Any, *, training: bool = True) -> None:
     """output = activation((input - mean) * invstd * gamma + beta), with batch statistics (training, which
@@ -240,6 +242,7 @@ def cpu_forward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: B
     cpu.forward(state, attrs, input, gamma, beta, output, training)
 
 
+@cpu_runtime.cpu_kernel
 def cpu_backward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, output: Any,
                         output_grad: Any, input: Any, input_grad: Any, gamma: Any, beta: Any, gamma_grad: Any,
                         beta_grad: Any) -> None:
