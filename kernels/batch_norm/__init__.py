@@ -125,6 +125,9 @@ class BatchNormState(core.KernelState):
     # fused activation (made by the first forward that needs it, kept until cleanup).
     forward: SavedForward | None = None
     pre: Any = None
+    # CPU only: the float64 pre-activation gradient of a fused activation's backward, written by its
+    # sums pass and read by its apply (made by the first such backward, kept until cleanup).
+    cpu_grad: Any = None
     # GPU only. Made by init_kernel: the plan, float64 device arrays of the saved mean and inverse
     # deviation (written by a forward, read by backward), backward's coefficients and the partial sums,
     # and the event recorded after init's fills (None once they are seen complete). Made by the first
@@ -145,7 +148,7 @@ class BatchNormState(core.KernelState):
 
     def release(self) -> None:
         super().release()
-        self.running_mean = self.running_var = self.forward = self.pre = None
+        self.running_mean = self.running_var = self.forward = self.pre = self.cpu_grad = None
         self.saved_mean = self.saved_invstd = self.coef = self.partials = self.ready = self.calls = None
 
 
