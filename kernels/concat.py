@@ -68,16 +68,31 @@ def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLa
 
 
 def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
-    """whole = the pieces side by side along the axis (NumPy)."""
-    np.concatenate(pieces, axis=layout.axis, out=whole)
+    """whole = the pieces side by side along the axis (NumPy): each piece copied to its slice, in parts
+    cut along another axis and shared out to the threads (cpu.cpu_parts)."""
+    lead = (slice(None),) * layout.axis
+    slices = [lead + (slice(offset, offset + size),) for offset, size in zip(layout.offsets, layout.sizes)]
+
+    def join(part: np.ndarray, *piece_parts: np.ndarray) -> None:
+        for where, piece in zip(slices, piece_parts):
+            np.copyto(part[where], piece)
+
+    cpu.cpu_parts(join, whole, *pieces, skip_axis=layout.axis)
 
 
 def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
-    """Each piece that is not None = its slice of whole along the axis (NumPy)."""
+    """Each piece that is not None = its slice of whole along the axis (NumPy), in parts cut along
+    another axis and shared out to the threads (cpu.cpu_parts)."""
     lead = (slice(None),) * layout.axis
-    for piece, offset, size in zip(pieces, layout.offsets, layout.sizes):
-        if piece is not None:
-            np.copyto(piece, whole[lead + (slice(offset, offset + size),)])
+    wanted = [(piece, lead + (slice(offset, offset + size),))
+              for piece, offset, size in zip(pieces, layout.offsets, layout.sizes) if piece is not None]
+    slices = [where for _, where in wanted]
+
+    def cut(part: np.ndarray, *piece_parts: np.ndarray) -> None:
+        for where, piece in zip(slices, piece_parts):
+            np.copyto(piece, part[where])
+
+    cpu.cpu_parts(cut, whole, *(piece for piece, _ in wanted), skip_axis=layout.axis)
 
 
 # "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
