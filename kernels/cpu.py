@@ -187,6 +187,19 @@ def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.n
     cpu_parallel(run, shape[axis])
 
 
+def cpu_planes(function: Callable[..., None], *arrays: np.ndarray) -> None:
+    """function(*parts) over parts of whole (n, c) planes: each C-contiguous (N, C, ...) array seen as
+    (1, N * C, ...) and cut alike along the planes, the parts shared out to the threads (one call on
+    the whole arrays where they are small). For ops whose every output element is computed within its
+    own plane, so the parts never change a result."""
+    planes = arrays[0].shape[0] * arrays[0].shape[1]
+    if cpu_threads() < 2 or planes < 2 or max(a.nbytes for a in arrays) < PARALLEL_MIN_BYTES:
+        function(*arrays)
+        return
+    views = [a.reshape(1, planes, *a.shape[2:]) for a in arrays]
+    cpu_parallel(lambda first, last: function(*(view[:, first:last] for view in views)), planes)
+
+
 def _copy(destination: np.ndarray, source: np.ndarray) -> None:
     np.copyto(destination, source)
 

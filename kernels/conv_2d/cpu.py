@@ -165,7 +165,7 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         # The same product in rows Wq wide: NCHW with spare columns.
         cpu_runtime.cpu_copy(target, np.matmul(weights, columns).reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:
-        target += bias.reshape(1, o, 1, 1)
+        cpu_runtime.cpu_parts(lambda part, bias_part: np.add(part, bias_part, out=part), target, bias.reshape(1, o, 1, 1))
     if attrs.activation is not None:
         activation.cpu_forward(attrs.activation, target, output)
         state.pre = target
