@@ -36,10 +36,18 @@ CASES = {case.id: case for case in LARGE.cases}
 
 
 def test_the_cases_are_past_the_parallel_threshold():
+    """Past cpu.PARALLEL_MIN_BYTES; batch_norm and pool_2d share out their own blocks, past one block."""
+    from kernels import batch_norm, pool_2d
+
     for case_id in IDS:
         case = CASES[case_id]
-        largest = max(int(np.prod(dims)) for dims in case.shapes.values()) * np.dtype(case.dtype).itemsize
-        assert largest >= kernels.cpu.PARALLEL_MIN_BYTES, case_id
+        elements = max(int(np.prod(dims)) for dims in case.shapes.values())
+        if case.op == "batch_norm":
+            assert elements > batch_norm.cpu.CPU_BLOCK_ELEMENTS, case_id
+        elif case.op == "pool_2d":
+            assert elements > pool_2d._CPU_FORWARD_BLOCK, case_id
+        else:
+            assert elements * np.dtype(case.dtype).itemsize >= kernels.cpu.PARALLEL_MIN_BYTES, case_id
 
 
 @pytest.mark.parametrize("case_id", IDS)
