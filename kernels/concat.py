@@ -67,32 +67,52 @@ def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLa
                        row_bytes=row_bytes, unit=gpu.widest_unit(row_bytes, *piece_bytes))
 
 
-def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
-    """whole = the pieces side by side along the axis (NumPy): each piece copied to its slice, in parts
-    cut along another axis and shared out to the threads (cpu.cpu_parts)."""
+def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: bool) -> None:
+    """Copy each piece that is not None to (to_whole) or from its slice of whole along the axis. Shared out
+    to the threads past cpu.PARALLEL_MIN_BYTES: where the dims before the axis hold at least as many rows
+    as threads, each thread copies its rows of every piece (cpu.cpu_parts); else (the channel joins of
+    one image) each piece is cut along the axis itself into a part per thread, each a contiguous block."""
     lead = (slice(None),) * layout.axis
-    slices = [lead + (slice(offset, offset + size),) for offset, size in zip(layout.offsets, layout.sizes)]
+    moves = [(piece, offset) for piece, offset in zip(pieces, layout.offsets) if piece is not None]
 
-    def join(part: np.ndarray, *piece_parts: np.ndarray) -> None:
-        for where, piece in zip(slices, piece_parts):
-            np.copyto(part[where], piece)
+    def copy(part: slice, piece: Any, offset: int) -> None:
+        target = lead + (slice(offset + part.start, offset + part.stop),)
+        if to_whole:
+            np.copyto(whole[target], piece[lead + (part,)])
+        else:
+            np.copyto(piece[lead + (part,)], whole[target])
 
-    cpu.cpu_parts(join, whole, *pieces, skip_axis=layout.axis)
+    threads = cpu.cpu_threads()
+    outer_dims = whole.shape[:layout.axis]
+    if any(size >= threads for size in outer_dims) or whole.nbytes < cpu.PARALLEL_MIN_BYTES or threads < 2:
+        def rows(part: Any, *piece_parts: Any) -> None:
+            for (_, offset), piece in zip(moves, piece_parts):
+                where = lead + (slice(offset, offset + piece.shape[layout.axis]),)
+                if to_whole:
+                    np.copyto(part[where], piece)
+                else:
+                    np.copyto(piece, part[where])
+
+        cpu.cpu_parts(rows, whole, *(piece for piece, _ in moves), skip_axis=layout.axis)
+        return
+    tasks = [(slice(size * i // threads, size * (i + 1) // threads), piece, offset)
+             for piece, offset in moves for size in (piece.shape[layout.axis],) for i in range(min(threads, size))]
+
+    def run(first: int, last: int) -> None:
+        for task in tasks[first:last]:
+            copy(*task)
+
+    cpu.cpu_parallel(run, len(tasks))
+
+
+def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
+    """whole = the pieces side by side along the axis (NumPy), shared out to the threads (_cpu_move)."""
+    _cpu_move(layout, whole, pieces, True)
 
 
 def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
-    """Each piece that is not None = its slice of whole along the axis (NumPy), in parts cut along
-    another axis and shared out to the threads (cpu.cpu_parts)."""
-    lead = (slice(None),) * layout.axis
-    wanted = [(piece, lead + (slice(offset, offset + size),))
-              for piece, offset, size in zip(pieces, layout.offsets, layout.sizes) if piece is not None]
-    slices = [where for _, where in wanted]
-
-    def cut(part: np.ndarray, *piece_parts: np.ndarray) -> None:
-        for where, piece in zip(slices, piece_parts):
-            np.copyto(piece, part[where])
-
-    cpu.cpu_parts(cut, whole, *(piece for piece, _ in wanted), skip_axis=layout.axis)
+    """Each piece that is not None = its slice of whole along the axis (NumPy), shared out to the threads."""
+    _cpu_move(layout, whole, pieces, False)
 
 
 # "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
