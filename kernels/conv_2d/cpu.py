@@ -32,6 +32,30 @@ def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) 
     cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels)
 
 
+def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray, groups: int,
+               out: np.ndarray | None = None, image_left: bool = False) -> np.ndarray:
+    """function(left, right) (np.matmul or np.multiply) on (groups, ...) and (N, groups, ...) operands, in
+    parts of the groups shared out to the threads where there are several groups and the columns are
+    large: one BLAS call per (image, group) matrix either way, so each gets the same sums. BLAS itself
+    only spreads a large GEMM over threads, never the many small ones of a grouped (depthwise) conv.
+    With image_left, left is (N, groups, ...) too."""
+    if out is None:
+        shape = np.broadcast_shapes(left.shape[:-2], right.shape[:-2]) + (left.shape[-2], right.shape[-1])
+        if function is np.multiply:
+            shape = np.broadcast_shapes(left.shape, right.shape)
+        out = np.empty(shape, dtype=np.result_type(left, right))
+    if groups < 2 or right.nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
+        function(left, right, out=out)
+        return out
+
+    def run(first: int, last: int) -> None:
+        part = slice(first, last)
+        function(left[:, part] if image_left else left[part], right[:, part], out=out[:, part])
+
+    cpu_runtime.cpu_parallel(run, groups)
+    return out
+
+
 def _padded(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     if not attrs.padding_h and not attrs.padding_w:
         return input
@@ -157,13 +181,13 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
-        np.matmul(weights, columns, out=_grouped(target, groups))
+        _by_groups(np.matmul, weights, columns, groups, _grouped(target, groups))
     else:
         wide = _phase_layout(attrs, *input.shape[2:])[1]
         columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # The same product in rows Wq wide: NCHW with spare columns.
-        cpu_runtime.cpu_copy(target, np.matmul(weights, columns).reshape(n, o, out_h, wide)[..., :out_w])
+        cpu_runtime.cpu_copy(target, _by_groups(np.matmul, weights, columns, groups).reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:
         cpu_runtime.cpu_parts(lambda part, bias_part: np.add(part, bias_part, out=part), target, bias.reshape(1, o, 1, 1))
     if attrs.activation is not None:
@@ -200,7 +224,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
         else:
             grad_rows, columns = grad_wide, _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         # (N, groups, O/groups, P) @ (N, groups, P, K), summed over N.
-        per_image = np.matmul(grad_rows, columns.transpose(0, 1, 3, 2))
+        per_image = _by_groups(np.matmul, grad_rows, columns.transpose(0, 1, 3, 2), groups, image_left=True)
         np.copyto(filter_grad, per_image.sum(axis=0).reshape(filter_grad.shape))
     if input_grad is None:
         return
@@ -211,7 +235,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
     # (groups, K, O/groups) @ (N, groups, O/groups, Ho * Wq): what each tap of each window sends back
     # (one output channel a group: a product, without BLAS's per-group overhead); then col2im,
     # tap by tap in row-major order, each tap one contiguous span of its stride phase.
-    sent = (np.multiply(weights, grad_wide) if o == groups else np.matmul(weights, grad_wide)).reshape(
+    sent = _by_groups(np.multiply if o == groups else np.matmul, weights, grad_wide, groups).reshape(
         n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
     phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
     spans = _tap_spans(attrs, wide, out_h)
