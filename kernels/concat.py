@@ -67,11 +67,26 @@ def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLa
                        row_bytes=row_bytes, unit=gpu.widest_unit(row_bytes, *piece_bytes))
 
 
+def _slices(layout: PieceLayout) -> list[tuple]:
+    """Each piece's index in the whole, made once per layout."""
+    slices = layout.plans.get("cpu_slices")
+    if slices is None:
+        lead = (slice(None),) * layout.axis
+        slices = layout.plans["cpu_slices"] = [lead + (slice(offset, offset + size),)
+                                               for offset, size in zip(layout.offsets, layout.sizes)]
+    return slices
+
+
 def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: bool) -> None:
     """Copy each piece that is not None to (to_whole) or from its slice of whole along the axis. Shared out
     to the threads past cpu.PARALLEL_MIN_BYTES: where the dims before the axis hold at least as many rows
     as threads, each thread copies its rows of every piece (cpu.cpu_parts); else (the channel joins of
     one image) each piece is cut along the axis itself into a part per thread, each a contiguous block."""
+    if whole.nbytes < cpu.PARALLEL_MIN_BYTES:  # small (most calls): one copy a piece, nothing more
+        for piece, where in zip(pieces, _slices(layout)):
+            if piece is not None:
+                np.copyto(*((whole[where], piece) if to_whole else (piece, whole[where])))
+        return
     lead = (slice(None),) * layout.axis
     moves = [(piece, offset) for piece, offset in zip(pieces, layout.offsets) if piece is not None]
 
@@ -84,7 +99,7 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
 
     threads = cpu.cpu_threads()
     outer_dims = whole.shape[:layout.axis]
-    if any(size >= threads for size in outer_dims) or whole.nbytes < cpu.PARALLEL_MIN_BYTES or threads < 2:
+    if any(size >= threads for size in outer_dims) or threads < 2:
         def rows(part: Any, *piece_parts: Any) -> None:
             for (_, offset), piece in zip(moves, piece_parts):
                 where = lead + (slice(offset, offset + piece.shape[layout.axis]),)

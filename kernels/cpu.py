@@ -172,10 +172,13 @@ def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.n
     and cut alike; with skip_axis, the output is never cut along it and the operands, which may differ
     from the output along it only (the pieces of a concat), are cut as they are. Elementwise work
     only: each element gets the same arithmetic whatever the parts."""
+    if output.nbytes < PARALLEL_MIN_BYTES:  # first: the cheapest test, and small calls are the common ones
+        function(output, *operands)
+        return
     threads = cpu_threads()
     shape = output.shape
     axis = next((i for i, size in enumerate(shape) if size >= threads and i != skip_axis), None)
-    if threads < 2 or axis is None or output.nbytes < PARALLEL_MIN_BYTES:
+    if threads < 2 or axis is None:
         function(output, *operands)
         return
     views = [np.broadcast_to(operand, shape) for operand in operands] if skip_axis is None else operands
