@@ -71,23 +71,27 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
                        lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
     """output = lhs @ rhs, batched over the leading dims."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
     if output.size:
-        np.matmul(lhs, rhs, out=output)
+        with cpu.blas_threads():
+            np.matmul(lhs, rhs, out=output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
                         output: core.Array | None, output_grad: core.Array, lhs: core.Array | None, lhs_grad: core.Array | None,
                         rhs: core.Array | None, rhs_grad: core.Array | None) -> None:
     """lhs_grad = output_grad @ rhs^T; rhs_grad = lhs^T @ output_grad (None grads skipped)."""
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
-    if lhs_grad is not None and lhs_grad.size:
-        np.matmul(output_grad, np.swapaxes(rhs, -1, -2), out=lhs_grad)
-    if rhs_grad is not None and rhs_grad.size:
-        np.matmul(np.swapaxes(lhs, -1, -2), output_grad, out=rhs_grad)
+    with cpu.blas_threads():
+        if lhs_grad is not None and lhs_grad.size:
+            np.matmul(output_grad, np.swapaxes(rhs, -1, -2), out=lhs_grad)
+        if rhs_grad is not None and rhs_grad.size:
+            np.matmul(np.swapaxes(lhs, -1, -2), output_grad, out=rhs_grad)
 
 
 # --------------------------------------------------------------------------- GPU

@@ -67,17 +67,67 @@ def piece_layout(whole: TensorShape, sizes: Sequence[int], axis: int) -> PieceLa
                        row_bytes=row_bytes, unit=gpu.widest_unit(row_bytes, *piece_bytes))
 
 
+def _slices(layout: PieceLayout) -> list[tuple]:
+    """Each piece's index in the whole, made once per layout."""
+    slices = layout.plans.get("cpu_slices")
+    if slices is None:
+        lead = (slice(None),) * layout.axis
+        slices = layout.plans["cpu_slices"] = [lead + (slice(offset, offset + size),)
+                                               for offset, size in zip(layout.offsets, layout.sizes)]
+    return slices
+
+
+def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: bool) -> None:
+    """Copy each piece that is not None to (to_whole) or from its slice of whole along the axis. Shared out
+    to the threads past cpu.PARALLEL_MIN_BYTES: where the dims before the axis hold at least as many rows
+    as threads, each thread copies its rows of every piece (cpu.cpu_parts); else (the channel joins of
+    one image) each piece is cut along the axis itself into a part per thread, each a contiguous block."""
+    if whole.nbytes < cpu.PARALLEL_MIN_BYTES:  # small (most calls): one copy a piece, nothing more
+        for piece, where in zip(pieces, _slices(layout)):
+            if piece is not None:
+                np.copyto(*((whole[where], piece) if to_whole else (piece, whole[where])))
+        return
+    lead = (slice(None),) * layout.axis
+    moves = [(piece, offset) for piece, offset in zip(pieces, layout.offsets) if piece is not None]
+
+    def copy(part: slice, piece: Any, offset: int) -> None:
+        target = lead + (slice(offset + part.start, offset + part.stop),)
+        if to_whole:
+            np.copyto(whole[target], piece[lead + (part,)])
+        else:
+            np.copyto(piece[lead + (part,)], whole[target])
+
+    threads = cpu.cpu_threads()
+    outer_dims = whole.shape[:layout.axis]
+    if any(size >= threads for size in outer_dims) or threads < 2:
+        def rows(part: Any, *piece_parts: Any) -> None:
+            for (_, offset), piece in zip(moves, piece_parts):
+                where = lead + (slice(offset, offset + piece.shape[layout.axis]),)
+                if to_whole:
+                    np.copyto(part[where], piece)
+                else:
+                    np.copyto(piece, part[where])
+
+        cpu.cpu_parts(rows, whole, *(piece for piece, _ in moves), skip_axis=layout.axis)
+        return
+    tasks = [(slice(size * i // threads, size * (i + 1) // threads), piece, offset)
+             for piece, offset in moves for size in (piece.shape[layout.axis],) for i in range(min(threads, size))]
+
+    def run(first: int, last: int) -> None:
+        for task in tasks[first:last]:
+            copy(*task)
+
+    cpu.cpu_parallel(run, len(tasks))
+
+
 def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
-    """whole = the pieces side by side along the axis (NumPy)."""
-    np.concatenate(pieces, axis=layout.axis, out=whole)
+    """whole = the pieces side by side along the axis (NumPy), shared out to the threads (_cpu_move)."""
+    _cpu_move(layout, whole, pieces, True)
 
 
 def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
-    """Each piece that is not None = its slice of whole along the axis (NumPy)."""
-    lead = (slice(None),) * layout.axis
-    for piece, offset, size in zip(pieces, layout.offsets, layout.sizes):
-        if piece is not None:
-            np.copyto(piece, whole[lead + (slice(offset, offset + size),)])
+    """Each piece that is not None = its slice of whole along the axis (NumPy), shared out to the threads."""
+    _cpu_move(layout, whole, pieces, False)
 
 
 # "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
@@ -273,6 +323,7 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
                        inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = concatenate(inputs, axis)."""
@@ -280,6 +331,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     cpu_join(state.saved["layout"], inputs, output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ConcatAttrs,
                         output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
                         input_grads: Sequence[core.Array | None]) -> None:

@@ -352,7 +352,7 @@ def entry_point(op: str, name: str, cpu_function: Callable[..., Any], gpu_functi
     device of the stream it is given (the twins' signature, shown by help(), is cpu_function's).
     The twins are looked up in the op's module at each call, by name (cpu_<name>, gpu_<name>), as
     a call written out in the module would: replacing one there (a test's monkeypatch) takes effect."""
-    namespace = cpu_function.__globals__
+    namespace = inspect.unwrap(cpu_function).__globals__  # the op module, past cpu.cpu_kernel
     cpu_name, gpu_name = "cpu_" + name, "gpu_" + name
     if namespace.get(cpu_name) is not cpu_function or namespace.get(gpu_name) is not gpu_function:
         raise KernelError(f"{op}: entry_point({name!r}) needs {cpu_name} and {gpu_name} of the op's module")

@@ -1,11 +1,29 @@
-"""The CPU half of the runtime: the CPU stream and handle, and the thread pool that shares a
-kernel's blocks out across the cores. :mod:`kernels.gpu` is its GPU twin."""
+"""The CPU half of the runtime: the CPU stream and handle, the thread pool that shares a kernel's
+blocks out across the cores, and the BLAS thread count of the GEMMs (through threadpoolctl).
+:mod:`kernels.gpu` is its GPU twin.
+
+A handle carries the number of threads its kernels use (default: the cores this process may run
+on). Every op's cpu_forward_kernel / cpu_backward_kernel is decorated with :func:`cpu_kernel`,
+which makes its handle's count current for the call: :func:`cpu_parallel` shares blocks out to
+that many threads, and :func:`blas_threads` gives NumPy's BLAS that many for the GEMMs inside it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .core import AttrsError, fail
+
+
+def available_cores() -> int:
+    """The cores this process may run on (os.sched_getaffinity where the OS has it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class CpuStream:
@@ -21,9 +39,18 @@ class CpuStream:
 
 
 class CpuHandle:
-    """The CPU handle: holds nothing, kept so that every op is called the same way."""
+    """The CPU handle: the number of threads its kernels share their work out to (blocks of the
+    elementwise and data-movement passes, and NumPy's BLAS for the GEMMs)."""
 
     device = "cpu"
+
+    def __init__(self, threads: int | None = None):
+        if threads is None:
+            threads = available_cores()
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise fail(AttrsError, "cpu_handle", "threads", "a positive int or None (the available cores)",
+                       repr(threads))
+        self.threads = threads
 
     def close(self) -> None:
         pass
@@ -34,42 +61,87 @@ class CpuHandle:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return f"CpuHandle(threads={self.threads})"
+
 
 def cpu_stream() -> CpuStream:
     """A stream for CPU kernels."""
     return CpuStream()
 
 
-def cpu_handle() -> CpuHandle:
-    """A handle for CPU kernels."""
-    return CpuHandle()
+def cpu_handle(threads: int | None = None) -> CpuHandle:
+    """A handle for CPU kernels, running them on `threads` threads (None: the cores this process may use)."""
+    return CpuHandle(threads)
 
 
 # --------------------------------------------------------------------------- threads
 
 _CPU_POOL: Any = None
+_CPU_POOL_WORKERS = 0
+_CPU_POOL_LOCK = threading.Lock()
 _CPU_WORKER = threading.local()
+_CALL = threading.local()  # the thread count of the CPU kernel running in this thread
+
+
+def handle_threads() -> int:
+    """The thread count of the CPU kernel running in this thread (its handle's), else the available cores."""
+    threads = getattr(_CALL, "threads", None)
+    return available_cores() if threads is None else threads
 
 
 def cpu_threads() -> int:
-    """The cores this process may run on (PyTorch's CPU twin uses as many)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """The parts cpu_parallel makes: the handle's thread count (handle_threads). Kept apart from the
+    BLAS count so that a test may change one alone: the parts never change a result's bits, the
+    BLAS thread count may (see blas_threads)."""
+    return handle_threads()
+
+
+def cpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorates every op's cpu_forward_kernel and cpu_backward_kernel (the twin of core.gpu_kernel):
+    the call runs with its handle's thread count current (cpu_threads). A handle that is not a CPU
+    handle is passed through to the kernel, whose checks refuse it."""
+
+    @functools.wraps(function)
+    def call(stream: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(handle, CpuHandle):
+            return function(stream, handle, *args, **kwargs)
+        previous = getattr(_CALL, "threads", None)
+        _CALL.threads = handle.threads
+        try:
+            return function(stream, handle, *args, **kwargs)
+        finally:
+            _CALL.threads = previous
+
+    return call
+
+
+def _pool(workers: int) -> Any:
+    """A thread pool of at least `workers` threads, made (or replaced by a larger one) on demand."""
+    global _CPU_POOL, _CPU_POOL_WORKERS
+    with _CPU_POOL_LOCK:
+        if _CPU_POOL_WORKERS < workers:
+            from concurrent.futures import ThreadPoolExecutor
+
+            old = _CPU_POOL
+            _CPU_POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernels-cpu")
+            _CPU_POOL_WORKERS = workers
+            if old is not None:
+                old.shutdown(wait=False)  # its running parts finish; new ones go to the larger pool
+        return _CPU_POOL
 
 
 def cpu_parallel(function: Callable[[int, int], None], count: int) -> None:
     """Call function(first, last) on contiguous parts [first, last) of range(count), one part per
-    core, in threads (NumPy releases the GIL in its loops); returns when all are done, raising the
-    first error. The parts are disjoint, so each output element is computed once, by the same
-    arithmetic whatever the thread. Runs in the calling thread when nested or with one core."""
-    global _CPU_POOL
+    thread (cpu_threads), in threads (NumPy releases the GIL in its loops); returns when all are
+    done, raising the first error. The parts are disjoint, so each output element is computed
+    once, by the same arithmetic whatever the thread. Runs in the calling thread when nested or
+    with one thread."""
     parts = min(cpu_threads(), count)
     if parts <= 1 or getattr(_CPU_WORKER, "busy", False):
         function(0, count)
         return
-    if _CPU_POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _CPU_POOL = ThreadPoolExecutor(max_workers=cpu_threads() - 1, thread_name_prefix="kernels-cpu")
+    pool = _pool(parts - 1)
     bounds = [count * i // parts for i in range(parts + 1)]
 
     def part(i: int) -> None:
@@ -79,9 +151,111 @@ def cpu_parallel(function: Callable[[int, int], None], count: int) -> None:
         finally:
             _CPU_WORKER.busy = False
 
-    futures = [_CPU_POOL.submit(part, i) for i in range(1, parts)]
+    futures = [pool.submit(part, i) for i in range(1, parts)]
     try:
         part(0)
     finally:
         for future in futures:
             future.result()
+
+
+# Bytes of output below which a copy or an elementwise pass runs in one call: past them, the
+# hand-off to the pool (12-90 us measured) is small beside the work (2 MB: about 100 us of copying).
+PARALLEL_MIN_BYTES = 1 << 21
+
+
+def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.ndarray,
+              skip_axis: int | None = None) -> None:
+    """function(output part, *operand parts) over parts of the output cut along its first axis at least
+    as long as the threads, shared out to the threads; one call on the whole where the output is small
+    or no axis is long enough. The operands are broadcast to the output's shape (views of any strides)
+    and cut alike; with skip_axis, the output is never cut along it and the operands, which may differ
+    from the output along it only (the pieces of a concat), are cut as they are. Elementwise work
+    only: each element gets the same arithmetic whatever the parts."""
+    if output.nbytes < PARALLEL_MIN_BYTES:  # first: the cheapest test, and small calls are the common ones
+        function(output, *operands)
+        return
+    threads = cpu_threads()
+    shape = output.shape
+    axis = next((i for i, size in enumerate(shape) if size >= threads and i != skip_axis), None)
+    if threads < 2 or axis is None:
+        function(output, *operands)
+        return
+    views = [np.broadcast_to(operand, shape) for operand in operands] if skip_axis is None else operands
+
+    def run(first: int, last: int) -> None:
+        index = (slice(None),) * axis + (slice(first, last),)
+        function(output[index], *(view[index] for view in views))
+
+    cpu_parallel(run, shape[axis])
+
+
+def cpu_planes(function: Callable[..., None], *arrays: np.ndarray) -> None:
+    """function(*parts) over parts of whole (n, c) planes: each C-contiguous (N, C, ...) array seen as
+    (1, N * C, ...) and cut alike along the planes, the parts shared out to the threads (one call on
+    the whole arrays where they are small). For ops whose every output element is computed within its
+    own plane, so the parts never change a result."""
+    planes = arrays[0].shape[0] * arrays[0].shape[1]
+    if cpu_threads() < 2 or planes < 2 or max(a.nbytes for a in arrays) < PARALLEL_MIN_BYTES:
+        function(*arrays)
+        return
+    views = [a.reshape(1, planes, *a.shape[2:]) for a in arrays]
+    cpu_parallel(lambda first, last: function(*(view[:, first:last] for view in views)), planes)
+
+
+def _copy(destination: np.ndarray, source: np.ndarray) -> None:
+    np.copyto(destination, source)
+
+
+def cpu_copy(destination: np.ndarray, source: np.ndarray) -> None:
+    """destination[...] = source (a view of the same shape, any strides), in parts shared out to the threads."""
+    cpu_parts(_copy, destination, source)
+
+
+# --------------------------------------------------------------------------- BLAS
+
+_BLAS: list[Any] | None = None  # threadpoolctl's controllers of NumPy's BLAS, found on first use
+
+
+def blas_controllers() -> list[Any]:
+    """threadpoolctl's controllers of the BLAS NumPy calls: the BLAS libraries loaded from NumPy's
+    own folders (a wheel's bundled OpenBLAS), else every BLAS loaded (a NumPy built on a system
+    BLAS). Another library's BLAS in the process (PyTorch's, say) is left alone where it can be told apart."""
+    global _BLAS
+    if _BLAS is None:
+        import numpy
+        from threadpoolctl import ThreadpoolController
+
+        found = ThreadpoolController().select(user_api="blas").lib_controllers
+        root = os.path.dirname(os.path.dirname(os.path.realpath(numpy.__file__)))
+        package = os.path.basename(os.path.dirname(os.path.realpath(numpy.__file__)))
+        own = [c for c in found if os.path.realpath(c.filepath).startswith(
+            tuple(os.path.join(root, name) + os.sep for name in (package, package + ".libs")))]
+        _BLAS = own or list(found)
+    return _BLAS
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """What NumPy's BLAS is and how many threads it uses now (threadpoolctl's info of each library)."""
+    return [controller.info() for controller in blas_controllers()]
+
+
+@contextlib.contextmanager
+def blas_threads() -> Iterator[None]:
+    """Inside the block NumPy's BLAS uses handle_threads() threads (the running kernel's handle's);
+    the counts it had are restored after. The GEMMs of conv_2d and batch_matmul run inside one.
+    OpenBLAS may sum a GEMM in another order with another thread count (conv_2d's filter gradient
+    differs in the last bits between 1 and 3 threads), so a result's bits depend on the handle's
+    threads wherever a GEMM computes it; for a given count they are the same on every run."""
+    threads = handle_threads()
+    changed = []
+    for controller in blas_controllers():
+        before = controller.get_num_threads()
+        if before != threads:
+            controller.set_num_threads(threads)
+            changed.append((controller, before))
+    try:
+        yield
+    finally:
+        for controller, before in changed:
+            controller.set_num_threads(before)

@@ -158,6 +158,7 @@ def _pow(x: np.ndarray, exponent: float) -> np.ndarray:
     return np.power(x, x.dtype.type(exponent))
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = f(input), over cache-sized blocks."""
@@ -198,6 +199,7 @@ def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) ->
         raise AssertionError(op)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ElementUnaryAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:

@@ -56,15 +56,22 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 # --------------------------------------------------------------------------- CPU
 
 
+def _sum(output: np.ndarray, first: np.ndarray, *rest: np.ndarray) -> None:
+    """output = first + rest[0] + ..., left to right."""
+    np.copyto(output, first)
+    for term in rest:
+        np.add(output, term, out=output)
+
+
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
                        inputs: Sequence[core.Array], output: core.Array) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right."""
     inputs = _check_forward(stream, handle, state, attrs, inputs, output)
-    np.copyto(output, inputs[0])
-    for term in inputs[1:]:
-        np.add(output, term, out=output)
+    cpu.cpu_parts(_sum, output, *inputs)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: GradientReductionAttrs,
                         output: core.Array | None, output_grad: core.Array, inputs: Sequence[core.Array] | None,
                         input_grads: Sequence[core.Array | None]) -> None:
@@ -72,7 +79,7 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     input_grads = _check_backward(stream, handle, state, attrs, output, output_grad, inputs, input_grads)
     for input_grad in input_grads:
         if input_grad is not None:
-            np.copyto(input_grad, output_grad)
+            cpu.cpu_copy(input_grad, output_grad)
 
 
 # --------------------------------------------------------------------------- GPU

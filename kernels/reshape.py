@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from . import core, cpu, gpu, gpu_paths
 from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
@@ -74,20 +72,22 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input.reshape(output dims), copied."""
     _check_forward(stream, handle, state, attrs, input, output)
-    np.copyto(output, input.reshape(output.shape))
+    cpu.cpu_copy(output, input.reshape(output.shape))
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = output_grad.reshape(input dims), copied."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is not None:
-        np.copyto(input_grad, output_grad.reshape(input_grad.shape))
+        cpu.cpu_copy(input_grad, output_grad.reshape(input_grad.shape))
 
 
 # --------------------------------------------------------------------------- GPU

@@ -110,6 +110,7 @@ def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray) -> None:
     np.multiply(y, dx, out=dx)
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = exp(input - max) / sum(exp(input - max)) along dim."""
@@ -119,6 +120,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     _cpu_blocks(state, _cpu_forward_block, input, output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:

@@ -79,6 +79,7 @@ def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, 
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
                        input: core.Array, outputs: Sequence[core.Array]) -> None:
     """outputs[i] = input's i-th slice along the axis."""
@@ -86,6 +87,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     cpu_cut(state.saved["layout"], input, outputs)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
                         outputs: Sequence[core.Array], output_grads: Sequence[core.Array], input: core.Array | None,
                         input_grad: core.Array | None) -> None:

@@ -58,20 +58,22 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 # --------------------------------------------------------------------------- CPU
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
                        input: core.Array, output: core.Array) -> None:
     """output = input.transpose(permutation)."""
     _check_forward(stream, handle, state, attrs, input, output)
-    np.copyto(output, input.transpose(attrs.permutation))
+    cpu.cpu_copy(output, input.transpose(attrs.permutation))
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: TransposeAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
     """input_grad = output_grad.transpose(inverse permutation)."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is not None:
-        np.copyto(input_grad, output_grad.transpose(attrs.inverse))
+        cpu.cpu_copy(input_grad, output_grad.transpose(attrs.inverse))
 
 
 # --------------------------------------------------------------------------- GPU

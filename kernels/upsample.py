@@ -183,16 +183,17 @@ def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
             input_grad[:, :, low:high, :] += weights_y[j, low:high, None] * sources
 
 
+@cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
                        input: core.Array, output: core.Array) -> None:
-    """output = input upsampled by scale_factor (NEAREST or BILINEAR)."""
+    """output = input upsampled by scale_factor (NEAREST or BILINEAR), in parts of whole planes shared out
+    to the threads (an output element reads only its own plane)."""
     _check_forward(stream, handle, state, attrs, input, output)
-    if attrs.mode is UpsampleMode.NEAREST:
-        _cpu_nearest_forward(input, output, attrs.scale_factor)
-    else:
-        _cpu_bilinear_forward(input, output, attrs.scale_factor)
+    forward = _cpu_nearest_forward if attrs.mode is UpsampleMode.NEAREST else _cpu_bilinear_forward
+    cpu.cpu_planes(lambda x, y: forward(x, y, attrs.scale_factor), input, output)
 
 
+@cpu.cpu_kernel
 def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: UpsampleAttrs,
                         output: core.Array | None, output_grad: core.Array, input: core.Array | None,
                         input_grad: core.Array | None) -> None:
@@ -200,10 +201,8 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None:
         return
-    if attrs.mode is UpsampleMode.NEAREST:
-        _cpu_nearest_backward(output_grad, input_grad, attrs.scale_factor)
-    else:
-        _cpu_bilinear_backward(output_grad, input_grad, attrs.scale_factor)
+    backward = _cpu_nearest_backward if attrs.mode is UpsampleMode.NEAREST else _cpu_bilinear_backward
+    cpu.cpu_planes(lambda dy, dx: backward(dy, dx, attrs.scale_factor), output_grad, input_grad)
 
 
 # --------------------------------------------------------------------------- GPU

@@ -15,6 +15,7 @@ from tests.bench.summary import (
     records_from_benchmarks,
     records_from_json,
     summarize,
+    threads_line,
     to_json,
     variant_of,
 )
@@ -154,3 +155,26 @@ def test_json_round_trip_and_bench_table(tmp_path, capsys):
     assert out == format_markdown(summarize(RECORDS))
     assert f"| {ADD} | test_large[add] | gpu | 1500.0 | 1200.0 | 1.25 | 2000.0 | - | 80 |" in out
     assert "concat: geomean ours/PyTorch 1.00 over 3 rows" in out
+
+
+THREADS = {"ours": 16, "cores": 16, "torch": 16,
+           "blas": [{"internal_api": "openblas", "version": "0.3.31", "num_threads": 16}]}
+
+
+def test_threads_line_says_what_each_side_ran_on():
+    assert threads_line(THREADS) == ("CPU threads: ours 16, GEMMs included (NumPy's BLAS: openblas 0.3.31, "
+                                     "16 by default); PyTorch 16; 16 cores available")
+    assert threads_line({"ours": 2, "cores": 2, "blas": []}) == \
+        "CPU threads: ours 2, GEMMs included (NumPy's BLAS: not found); PyTorch ?; 2 cores available"
+
+
+def test_bench_table_opens_with_the_threads_line(tmp_path, capsys):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(to_json(RECORDS[:4], THREADS)))
+    assert json.loads(path.read_text())["threads"] == THREADS
+    spec = importlib.util.spec_from_file_location("bench_table", Path(__file__).parents[1] / "tools" / "bench_table.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["bench_table.py", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [threads_line(THREADS), "", *format_markdown(summarize(RECORDS[:4]))]

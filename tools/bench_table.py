@@ -15,7 +15,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
-    records = summary.records_from_json(json.loads(Path(argv[1]).read_text()))
+    data = json.loads(Path(argv[1]).read_text())
+    records = summary.records_from_json(data)
+    if "threads" in data:
+        print(summary.threads_line(data["threads"]) + "\n")
     print("\n".join(summary.format_markdown(summary.summarize(records))))
     return 0
 

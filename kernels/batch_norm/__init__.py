@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import activation as activations
 from .. import core
+from .. import cpu as cpu_runtime
 from ..activation import Activation
 from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from .plan import GpuPlan, Layout
@@ -124,6 +125,9 @@ class BatchNormState(core.KernelState):
     # fused activation (made by the first forward that needs it, kept until cleanup).
     forward: SavedForward | None = None
     pre: Any = None
+    # CPU only: the float64 pre-activation gradient of a fused activation's backward, written by its
+    # sums pass and read by its apply (made by the first such backward, kept until cleanup).
+    cpu_grad: Any = None
     # GPU only. Made by init_kernel: the plan, float64 device arrays of the saved mean and inverse
     # deviation (written by a forward, read by backward), backward's coefficients and the partial sums,
     # and the event recorded after init's fills (None once they are seen complete). Made by the first
@@ -144,7 +148,7 @@ class BatchNormState(core.KernelState):
 
     def release(self) -> None:
         super().release()
-        self.running_mean = self.running_var = self.forward = self.pre = None
+        self.running_mean = self.running_var = self.forward = self.pre = self.cpu_grad = None
         self.saved_mean = self.saved_invstd = self.coef = self.partials = self.ready = self.calls = None
 
 
@@ -232,6 +236,7 @@ from . import cpu, gpu  # noqa: E402
 # --------------------------------------------------------------------------- entry points
 
 
+@cpu_runtime.cpu_kernel
 def cpu_forward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, input: Any,
                        gamma: Any, beta: Any, output: Any, *, training: bool = True) -> None:
     """output = activation((input - mean) * invstd * gamma + beta), with batch statistics (training, which
@@ -240,6 +245,7 @@ def cpu_forward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: B
     cpu.forward(state, attrs, input, gamma, beta, output, training)
 
 
+@cpu_runtime.cpu_kernel
 def cpu_backward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: BatchNormAttrs, output: Any,
                         output_grad: Any, input: Any, input_grad: Any, gamma: Any, beta: Any, gamma_grad: Any,
                         beta_grad: Any) -> None:

@@ -1,9 +1,13 @@
-"""batch_norm on the CPU: float64 statistics and elements in NumPy, the elementwise passes
-in cache-sized blocks shared out to the cores. The arguments are checked
-(kernels.batch_norm's entry points) before anything here runs."""
+"""batch_norm on the CPU: float64 statistics and elements in NumPy. Every pass (the sums of the
+statistics, the apply, the backward's sums and its apply) runs over cache-sized blocks of the
+(outer, stats, inner) view, shared out to the handle's threads; a block is cast to float64 in the
+thread's own scratch, so no float64 copy of the tensor is ever made. Each block's sums per
+statistic are kept apart and added in a fixed order (block by block), so the thread count never
+changes a bit. The arguments are checked (kernels.batch_norm's entry points) before anything here runs."""
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -16,17 +20,71 @@ from .plan import Layout
 if TYPE_CHECKING:
     from . import BatchNormAttrs, BatchNormState
 
-# Elements of one block of the CPU elementwise passes: several float64 passes stay in cache, and
-# the calls are long enough for two threads not to wait on each other for the GIL (2^14: twice the time).
+# Elements of one block: its few float64 buffers (512 KB each) stay in cache, and the calls are long
+# enough for two threads not to wait on each other for the GIL (2^14: twice the time).
 CPU_BLOCK_ELEMENTS = 1 << 16
+
+_SCRATCH = threading.local()
+
+
+def _scratch(slot: int, shape: tuple[int, int]) -> np.ndarray:
+    """A float64 (stats, inner) buffer of this thread (slot 0, 1 or 2): blocks allocate nothing."""
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = [np.empty(CPU_BLOCK_ELEMENTS, np.float64) for _ in range(3)]
+    return buffers[slot][:shape[0] * shape[1]].reshape(shape)
 
 
 def _view(array: np.ndarray, layout: Layout) -> np.ndarray:
     return array.reshape(layout.outer, layout.stats, layout.inner)
 
 
-def _params(array: np.ndarray | None, layout: Layout) -> np.ndarray | None:
-    return None if array is None else array.reshape(1, layout.stats, 1).astype(np.float64)
+Block = tuple[int, slice, slice, int]  # (outer index, stats slice, inner slice, inner part)
+
+
+def _blocks(layout: Layout) -> tuple[list[Block], int]:
+    """The blocks of the (outer, stats, inner) view, and the parts inner is cut into: whole rows of
+    several statistics where inner is short, else parts of one row CPU_BLOCK_ELEMENTS long."""
+    if layout.inner >= CPU_BLOCK_ELEMENTS:
+        stats_step, inner_step = 1, CPU_BLOCK_ELEMENTS
+    else:
+        stats_step, inner_step = max(1, CPU_BLOCK_ELEMENTS // layout.inner), layout.inner
+    inner_parts = -(-layout.inner // inner_step)
+    blocks = [(o, slice(s, s + stats_step), slice(k * inner_step, (k + 1) * inner_step), k)
+              for o in range(layout.outer) for s in range(0, layout.stats, stats_step) for k in range(inner_parts)]
+    return blocks, inner_parts
+
+
+def _run(blocks: list[Block], function: Callable[[Block], None]) -> None:
+    def run(first: int, last: int) -> None:
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the contract, as torch's
+            for block in blocks[first:last]:
+                function(block)
+
+    cpu_runtime.cpu_parallel(run, len(blocks))
+
+
+def _sums(layout: Layout, blocks: list[Block], inner_parts: int, terms: int,
+          function: Callable[[Block], tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """`terms` sums per statistic: function(block) gives each term's sums over the block's inner
+    part; they are added over the blocks in a fixed order (outer, then inner part)."""
+    partial = np.zeros((terms, layout.outer, inner_parts, layout.stats))
+
+    def one(block: Block) -> None:
+        o, stats, _, part = block
+        for term, sums in enumerate(function(block)):
+            partial[term, o, part, stats] = sums
+
+    _run(blocks, one)
+    return [partial[term].sum(axis=(0, 1)) for term in range(terms)]
+
+
+def _wide(array: np.ndarray, block: Block, slot: int) -> np.ndarray:
+    """The block of a (outer, stats, inner) view, cast to float64 in this thread's scratch."""
+    part = array[block[:3]]
+    wide = _scratch(slot, part.shape)
+    np.copyto(wide, part)
+    return wide
 
 
 def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gamma: np.ndarray | None,
@@ -37,11 +95,20 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
     if input.size == 0:
         state.forward = SavedForward(training, empty=True)
         return
-    x = _view(input, layout).astype(np.float64, copy=False) if training else _view(input, layout)
+    x = _view(input, layout)
+    blocks, inner_parts = _blocks(layout)
     if training:
-        mean = x.sum(axis=(0, 2)) / layout.count
-        centered = x - mean[:, None]
-        var_sum = np.square(centered).sum(axis=(0, 2))
+        def total(block: Block) -> tuple[np.ndarray]:
+            return (_wide(x, block, 0).sum(axis=1),)
+
+        mean = _sums(layout, blocks, inner_parts, 1, total)[0] / layout.count
+
+        def squares(block: Block) -> tuple[np.ndarray]:
+            centered = _wide(x, block, 0)
+            centered -= mean[block[1], None]
+            return (np.square(centered, out=centered).sum(axis=1),)
+
+        var_sum = _sums(layout, blocks, inner_parts, 1, squares)[0]
         invstd = 1.0 / np.sqrt(var_sum / layout.count + attrs.eps)
         momentum = state.training_step()
         running_mean = state.running_mean.reshape(-1)
@@ -51,7 +118,6 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
     else:
         mean = state.running_mean.reshape(-1).astype(np.float64)
         invstd = 1.0 / np.sqrt(state.running_var.reshape(-1).astype(np.float64) + attrs.eps)
-        centered = None  # inference: each block centres its own part of x
     state.forward = SavedForward(training, mean=mean, invstd=invstd)
     pre = None
     if attrs.activation is not None:
@@ -62,45 +128,25 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
     beta64 = None if not attrs.affine else beta.reshape(-1).astype(np.float64)
     out = _view(output, layout)
 
-    def apply(block: tuple) -> None:
+    def apply(block: Block) -> None:
         # The same float64 operations, element by element, as over the whole tensor at once.
-        stats = block[1]
-        if centered is None:
-            normalized = np.subtract(x[block], mean[stats, None])
-        else:
-            normalized = centered[block]
+        stats, where = block[1], block[:3]
+        normalized = _wide(x, block, 0)
+        normalized -= mean[stats, None]
         normalized *= invstd[stats, None]
         if gamma64 is not None:
             normalized *= gamma64[stats, None]
             normalized += beta64[stats, None]
         if pre is None:
-            out[block] = normalized
+            out[where] = normalized
             return
-        pre[block] = normalized
+        pre[where] = normalized
         # f in float64 at the kept (rounded) pre-activation, rounded once: as the GPU does.
-        wide = pre[block].astype(np.float64)
+        wide = _wide(pre, block, 0)
         activations.cpu_forward(attrs.activation, wide, wide)
-        out[block] = wide
+        out[where] = wide
 
-    _blocks(layout, apply)
-
-
-def _blocks(layout: Layout, function: Callable[[tuple], None]) -> None:
-    """Call function((outer slice, stats slice, inner slice)) over cache-sized blocks of the (outer,
-    stats, inner) view, shared out to the cores (cpu_runtime.cpu_parallel): elementwise work only."""
-    if layout.inner >= CPU_BLOCK_ELEMENTS:
-        stats_step, inner_step = 1, CPU_BLOCK_ELEMENTS
-    else:
-        stats_step, inner_step = max(1, CPU_BLOCK_ELEMENTS // max(layout.inner, 1)), layout.inner
-    blocks = [(slice(o, o + 1), slice(s, s + stats_step), slice(i, i + inner_step))
-              for o in range(layout.outer) for s in range(0, layout.stats, stats_step)
-              for i in range(0, max(layout.inner, 1), max(inner_step, 1))]
-
-    def run(first: int, last: int) -> None:
-        for block in blocks[first:last]:
-            function(block)
-
-    cpu_runtime.cpu_parallel(run, len(blocks))
+    _run(blocks, apply)
 
 
 def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, output_grad: np.ndarray,
@@ -114,33 +160,70 @@ def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, 
             if grad is not None:
                 grad[...] = 0
         return
-    if attrs.activation is not None:
-        # f' in float64 at the kept pre-activation, not rounded to the dtype: as the GPU does.
-        pre_grad = state.pre.astype(np.float64)
-        activations.cpu_backward(attrs.activation, pre_grad, output_grad.astype(np.float64), pre_grad)
-        output_grad = pre_grad
     mean, invstd, training = saved.mean, saved.invstd, saved.training
-    g = _view(output_grad, layout).astype(np.float64, copy=False)
-    centered = _view(input, layout) - mean[:, None]
+    x, dy = _view(input, layout), _view(output_grad, layout)
+    pre = None if attrs.activation is None else _view(state.pre, layout)
+    blocks, inner_parts = _blocks(layout)
+
+    # With an activation, g (f' in float64 at the kept pre-activation, not rounded to the dtype, as the
+    # GPU does) is worked out once, by the sums pass, and kept in float64 for the apply: recomputing
+    # it costs about 10 float64 passes, keeping it one write and one read.
+    kept = None
+    if pre is not None and input_grad is not None:
+        if state.cpu_grad is None:
+            state.cpu_grad = np.empty(input.shape, np.float64)
+        kept = _view(state.cpu_grad, layout)
+
+    def grad(block: Block, first: bool) -> np.ndarray:
+        """g, the pre-activation gradient of the block in float64."""
+        if pre is None:
+            return _wide(dy, block, 1)
+        if not first and kept is not None:
+            return kept[block[:3]]
+        g = _wide(dy, block, 1)
+        activations.cpu_backward(attrs.activation, _wide(pre, block, 2), g, g)
+        if kept is not None:
+            kept[block[:3]] = g
+        return g
+
+    def centered(block: Block) -> np.ndarray:
+        """x - mean of the block in float64 (slot 0)."""
+        c = _wide(x, block, 0)
+        c -= mean[block[1], None]
+        return c
+
     need_sums = gamma_grad is not None or beta_grad is not None or (training and input_grad is not None)
     if need_sums:
-        sum_g = g.sum(axis=(0, 2))
-        dot = (g * centered).sum(axis=(0, 2))
+        def sums(block: Block) -> tuple[np.ndarray, np.ndarray]:
+            g = grad(block, True)
+            product = centered(block)
+            product *= g
+            return g.sum(axis=1), product.sum(axis=1)
+
+        sum_g, dot = _sums(layout, blocks, inner_parts, 2, sums)
         if gamma_grad is not None:
             gamma_grad.reshape(-1)[...] = dot * invstd
         if beta_grad is not None:
             beta_grad.reshape(-1)[...] = sum_g
     if input_grad is None:
         return
+    gamma64 = gamma.reshape(-1).astype(np.float64) if attrs.affine else None
+    dx = _view(input_grad, layout)
     if training:
         grad_mean = sum_g / layout.count
         k = dot * invstd * invstd / layout.count
-        centered *= k[:, None]
-        result = g - grad_mean[:, None]
-        result -= centered
-        result *= invstd[:, None]
-    else:
-        result = g * invstd[:, None]
-    if attrs.affine:
-        result *= _params(gamma, layout)
-    _view(input_grad, layout)[...] = result
+
+    def apply(block: Block) -> None:
+        stats = block[1]
+        result = grad(block, not need_sums)
+        if training:
+            scaled = centered(block)
+            scaled *= k[stats, None]
+            result -= grad_mean[stats, None]
+            result -= scaled
+        result *= invstd[stats, None]
+        if gamma64 is not None:
+            result *= gamma64[stats, None]
+        dx[block[:3]] = result
+
+    _run(blocks, apply)

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from .. import activation, core
+from .. import cpu as cpu_runtime
 from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from . import cpu, gpu
 
@@ -262,20 +263,24 @@ def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: An
 # unwanted gradient.
 
 
+@cpu_runtime.cpu_kernel
 def cpu_forward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray,
                        filter: np.ndarray, bias: np.ndarray | None, output: np.ndarray) -> None:
     """output = activation(conv(input, filter) + bias)."""
     _check_forward(stream, handle, state, attrs, input, filter, bias, output)
-    cpu.forward(state, attrs, input, filter, bias, output)
+    with cpu_runtime.blas_threads():
+        cpu.forward(state, attrs, input, filter, bias, output)
 
 
+@cpu_runtime.cpu_kernel
 def cpu_backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Conv2DAttrs, output: np.ndarray | None,
                         output_grad: np.ndarray, input: np.ndarray | None, input_grad: np.ndarray | None,
                         filter: np.ndarray | None, filter_grad: np.ndarray | None, bias_grad: np.ndarray | None) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None) from output_grad."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad, filter, filter_grad,
                     bias_grad)
-    cpu.backward(state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
+    with cpu_runtime.blas_threads():
+        cpu.backward(state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
 
 
 @core.gpu_kernel

@@ -7,11 +7,12 @@ forward and backward run after the package's checks (cpu_forward_kernel, cpu_bac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .. import activation
+from .. import cpu as cpu_runtime
 
 if TYPE_CHECKING:
     from . import Conv2DAttrs, Conv2DState
@@ -22,12 +23,45 @@ if TYPE_CHECKING:
 WIDE_ROWS_BELOW = 64
 
 
+def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) -> None:
+    """function(channel slice) over parts of the channels shared out to the threads (one call where the
+    arrays are small): each channel's elements get the same operations, in the same order, whatever the parts."""
+    if nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
+        function(slice(0, channels))
+        return
+    cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels)
+
+
+def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray, groups: int,
+               out: np.ndarray | None = None, image_left: bool = False) -> np.ndarray:
+    """function(left, right) (np.matmul or np.multiply) on (groups, ...) and (N, groups, ...) operands, in
+    parts of the groups shared out to the threads where there are several groups and the columns are
+    large: one BLAS call per (image, group) matrix either way, so each gets the same sums. BLAS itself
+    only spreads a large GEMM over threads, never the many small ones of a grouped (depthwise) conv.
+    With image_left, left is (N, groups, ...) too."""
+    if out is None:
+        shape = np.broadcast_shapes(left.shape[:-2], right.shape[:-2]) + (left.shape[-2], right.shape[-1])
+        if function is np.multiply:
+            shape = np.broadcast_shapes(left.shape, right.shape)
+        out = np.empty(shape, dtype=np.result_type(left, right))
+    if groups < 2 or right.nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
+        function(left, right, out=out)
+        return out
+
+    def run(first: int, last: int) -> None:
+        part = slice(first, last)
+        function(left[:, part] if image_left else left[part], right[:, part], out=out[:, part])
+
+    cpu_runtime.cpu_parallel(run, groups)
+    return out
+
+
 def _padded(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     if not attrs.padding_h and not attrs.padding_w:
         return input
     n, c, h, w = input.shape
     padded = np.zeros((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), dtype=input.dtype)
-    padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w] = input
+    cpu_runtime.cpu_copy(padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w], input)
     return padded
 
 
@@ -44,10 +78,17 @@ def _taps(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> np.
 
 
 def _columns(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> np.ndarray:
-    """im2col: (N, groups, C/groups * kh * kw, Ho * Wo), so that filter rows times columns is NCHW."""
+    """im2col: (N, groups, C/groups * kh * kw, Ho * Wo), so that filter rows times columns is NCHW (a view
+    of the input itself for a 1x1 kernel at stride 1 without padding; else copied in parts of the channels
+    shared out to the threads)."""
     taps = _taps(padded, attrs, out_h, out_w)
     n, groups, group_channels = taps.shape[:3]
-    return taps.reshape(n, groups, group_channels * attrs.kernel_h * attrs.kernel_w, out_h * out_w)
+    shape = (n, groups, group_channels * attrs.kernel_h * attrs.kernel_w, out_h * out_w)
+    if _plain(attrs):
+        return taps.reshape(shape)
+    columns = np.empty(taps.shape, dtype=taps.dtype)
+    cpu_runtime.cpu_copy(columns.reshape(n * groups, -1, *taps.shape[3:]), taps.reshape(n * groups, -1, *taps.shape[3:]))
+    return columns.reshape(shape)
 
 
 def _grouped(array: np.ndarray, groups: int) -> np.ndarray:
@@ -105,8 +146,13 @@ def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     n, c, height, width = input.shape
     rows, wide = _phase_layout(attrs, height, width)
     phases = np.zeros((n, c, attrs.stride_h, attrs.stride_w, rows, wide), dtype=input.dtype)
-    for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
-        phases[:, :, a, b, phase_rows, phase_columns] = input[:, :, input_rows, input_columns]
+    blocks = _phase_blocks(attrs, height, width)
+
+    def fill(channels: slice) -> None:
+        for a, b, input_rows, input_columns, phase_rows, phase_columns in blocks:
+            phases[:, channels, a, b, phase_rows, phase_columns] = input[:, channels, input_rows, input_columns]
+
+    _by_channels(fill, c, phases.nbytes)
     return phases.reshape(n, c, attrs.stride_h, attrs.stride_w, rows * wide)
 
 
@@ -114,8 +160,13 @@ def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int)
     """im2col in rows Wq wide: (N, groups, C/groups * kh * kw, Ho * Wq), one contiguous copy a tap."""
     n, c = phases.shape[:2]
     columns = np.empty((n, c, attrs.kernel_h, attrs.kernel_w, out_h * wide), dtype=phases.dtype)
-    for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
-        columns[:, :, i, j] = phases[:, :, a, b, span]
+    spans = _tap_spans(attrs, wide, out_h)
+
+    def fill(channels: slice) -> None:
+        for i, j, a, b, span in spans:
+            columns[:, channels, i, j] = phases[:, channels, a, b, span]
+
+    _by_channels(fill, c, columns.nbytes)
     return columns.reshape(n, attrs.groups, c // attrs.groups * attrs.kernel_h * attrs.kernel_w, out_h * wide)
 
 
@@ -130,15 +181,15 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
-        np.matmul(weights, columns, out=_grouped(target, groups))
+        _by_groups(np.matmul, weights, columns, groups, _grouped(target, groups))
     else:
         wide = _phase_layout(attrs, *input.shape[2:])[1]
         columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # The same product in rows Wq wide: NCHW with spare columns.
-        np.copyto(target, np.matmul(weights, columns).reshape(n, o, out_h, wide)[..., :out_w])
+        cpu_runtime.cpu_copy(target, _by_groups(np.matmul, weights, columns, groups).reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:
-        target += bias.reshape(1, o, 1, 1)
+        cpu_runtime.cpu_parts(lambda part, bias_part: np.add(part, bias_part, out=part), target, bias.reshape(1, o, 1, 1))
     if attrs.activation is not None:
         activation.cpu_forward(attrs.activation, target, output)
         state.pre = target
@@ -165,7 +216,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
     if not plain and (input_grad is not None or (filter_grad is not None and out_w < WIDE_ROWS_BELOW)):
         # The gradient in rows Wq wide, zero in the spare columns: they then add exact zeros.
         grad_wide = np.zeros((n, o, out_h, wide), dtype=grad.dtype)
-        grad_wide[..., :out_w] = grad
+        cpu_runtime.cpu_copy(grad_wide[..., :out_w], grad)
         grad_wide = grad_wide.reshape(n, groups, o // groups, out_h * wide)
     if filter_grad is not None:
         if out_w >= WIDE_ROWS_BELOW or plain:
@@ -173,7 +224,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
         else:
             grad_rows, columns = grad_wide, _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         # (N, groups, O/groups, P) @ (N, groups, P, K), summed over N.
-        per_image = np.matmul(grad_rows, columns.transpose(0, 1, 3, 2))
+        per_image = _by_groups(np.matmul, grad_rows, columns.transpose(0, 1, 3, 2), groups, image_left=True)
         np.copyto(filter_grad, per_image.sum(axis=0).reshape(filter_grad.shape))
     if input_grad is None:
         return
@@ -184,12 +235,19 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
     # (groups, K, O/groups) @ (N, groups, O/groups, Ho * Wq): what each tap of each window sends back
     # (one output channel a group: a product, without BLAS's per-group overhead); then col2im,
     # tap by tap in row-major order, each tap one contiguous span of its stride phase.
-    sent = (np.multiply(weights, grad_wide) if o == groups else np.matmul(weights, grad_wide)).reshape(
+    sent = _by_groups(np.multiply if o == groups else np.matmul, weights, grad_wide, groups).reshape(
         n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
     phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
-    for i, j, a, b, span in _tap_spans(attrs, wide, out_h):
-        phases[:, :, a, b, span] += sent[:, :, i, j]
-    phases = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
-    for a, b, input_rows, input_columns, phase_rows, phase_columns in _phase_blocks(attrs, height, width):
-        input_grad[:, :, input_rows, input_columns] = phases[:, :, a, b, phase_rows, phase_columns]
+    spans = _tap_spans(attrs, wide, out_h)
+    blocks = _phase_blocks(attrs, height, width)
+    grid = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
+
+    def fold(part: slice) -> None:
+        # Per channel, the taps added in row-major order whatever the parts: the same sums.
+        for i, j, a, b, span in spans:
+            phases[:, part, a, b, span] += sent[:, part, i, j]
+        for a, b, input_rows, input_columns, phase_rows, phase_columns in blocks:
+            input_grad[:, part, input_rows, input_columns] = grid[:, part, a, b, phase_rows, phase_columns]
+
+    _by_channels(fold, channels, sent.nbytes)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import core
+from .. import cpu as cpu_runtime
 from ..core import FLOAT_DTYPES, ShapeError, TensorShape, fail
 from .plan import (  # noqa: F401  (element_binary's plans, as tests and tools know them)
     REDUCTION_THREADS,
@@ -147,6 +148,7 @@ from .cpu import grad as _cpu_grad  # noqa: E402, F401  (the emulation of tests/
 # --------------------------------------------------------------------------- entry points
 
 
+@cpu_runtime.cpu_kernel
 def cpu_forward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attrs: ElementBinaryAttrs, lhs: Any,
                        rhs: Any, output: Any) -> None:
     """output = lhs (op) rhs, broadcast by NumPy."""
@@ -154,6 +156,7 @@ def cpu_forward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attr
     cpu.forward(attrs.op_type, lhs, rhs, output)
 
 
+@cpu_runtime.cpu_kernel
 def cpu_backward_kernel(stream: Any, handle: Any, state: ElementBinaryState, attrs: ElementBinaryAttrs, output: Any,
                         output_grad: Any, lhs: Any, lhs_grad: Any, rhs: Any, rhs_grad: Any) -> None:
     """Write lhs_grad and rhs_grad (those not None), each summed over its broadcast dims."""

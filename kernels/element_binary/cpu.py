@@ -98,5 +98,30 @@ def backward(op: BinaryOpType, output_grad: np.ndarray, lhs: np.ndarray | None, 
                 function, operands = _DIRECT_GRADS[op](side, lhs, rhs)
                 elementwise(function, side_grad, output_grad, *operands)
                 continue
-            full = grad(op, side, lhs, rhs, output_grad)
-            np.copyto(side_grad, sum_to(np.broadcast_to(full, output_grad.shape), side_grad.shape))
+            _reduced_grad(op, side, lhs, rhs, output_grad, side_grad)
+
+
+def _reduced_grad(op: BinaryOpType, side: int, lhs: np.ndarray, rhs: np.ndarray, output_grad: np.ndarray,
+                  side_grad: np.ndarray) -> None:
+    """side_grad = grad summed over side's broadcast dims: in parts along a dim that side keeps (at
+    least as long as the threads), shared out to them; each part's sums are the same NumPy reduction,
+    over the same dims of the same elements, as over the whole (a kept index's sum never crosses parts)."""
+    shape = output_grad.shape
+    dims = (1,) * (len(shape) - side_grad.ndim) + side_grad.shape  # side_grad at the output's rank
+    threads = cpu_runtime.cpu_threads()
+    axis = next((d for d, size in enumerate(dims) if size == shape[d] >= threads), None)
+    if threads < 2 or axis is None or output_grad.nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
+        full = grad(op, side, lhs, rhs, output_grad)
+        np.copyto(side_grad, sum_to(np.broadcast_to(full, shape), side_grad.shape))
+        return
+    operands = [None if a is None else np.broadcast_to(a, shape) for a in (lhs, rhs)]
+    target = side_grad.reshape(dims)
+
+    def run(first: int, last: int) -> None:
+        index = (slice(None),) * axis + (slice(first, last),)
+        part = output_grad[index]
+        with np.errstate(all="ignore"):  # per thread: IEEE results as torch gives them, without warnings
+            full = grad(op, side, *(None if a is None else a[index] for a in operands), part)
+            np.copyto(target[index], sum_to(np.broadcast_to(full, part.shape), target[index].shape))
+
+    cpu_runtime.cpu_parallel(run, shape[axis])

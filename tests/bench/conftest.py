@@ -7,6 +7,10 @@ summary (tests/bench/summary.py): one row per benchmark with our median beside
 PyTorch's, the ratio, our GB/s (bytes each call must move) and TFLOP/s, and each
 op's geometric-mean ratio. It also writes the summary as JSON to
 $BENCH_SUMMARY_JSON or .benchmarks/summary.json; tools/bench_table.py reads it.
+
+CPU threads: ours run on a handle of $KERNELS_BENCH_THREADS threads and PyTorch is set to as many
+(torch.set_num_threads); unset, each takes its default (ours: the cores this process may use).
+The summary's header line says what each side used.
 """
 
 from __future__ import annotations
@@ -22,6 +26,24 @@ import kernels
 from conformance.harness import device_unavailable
 
 from . import summary
+
+# The CPU threads of both sides ($KERNELS_BENCH_THREADS), or None: each side's default.
+THREADS = int(os.environ["KERNELS_BENCH_THREADS"]) if os.environ.get("KERNELS_BENCH_THREADS") else None
+
+
+def cpu_threads_used() -> dict:
+    """What each side runs on: our handle's threads, NumPy's BLAS (threadpoolctl), PyTorch's threads."""
+    used = {"ours": kernels.cpu_handle(THREADS).threads, "cores": kernels.cpu.available_cores(),
+            "blas": [{k: info.get(k) for k in ("internal_api", "version", "num_threads")}
+                     for info in kernels.cpu.blas_info()]}
+    try:
+        import torch
+    except ImportError:  # the summary says so; the torch rows skip
+        return used
+    if THREADS is not None:
+        torch.set_num_threads(THREADS)
+    used["torch"] = torch.get_num_threads()
+    return used
 
 IMPLS = [
     pytest.param(("ours", "cpu"), id="ours-cpu"),
@@ -45,8 +67,10 @@ class Bench:
                 pytest.skip("torch has no CUDA here")
             self.torch.backends.cuda.matmul.allow_tf32 = False
             self.torch.backends.cudnn.allow_tf32 = False
+            if THREADS is not None:
+                self.torch.set_num_threads(THREADS)
         if device == "cpu":
-            self.stream, self.handle, self.xp = kernels.cpu_stream(), kernels.cpu_handle(), np
+            self.stream, self.handle, self.xp = kernels.cpu_stream(), kernels.cpu_handle(THREADS), np
         else:
             import cupy
 
@@ -106,9 +130,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not records:
         return
     terminalreporter.write_sep("-", summary.TITLE)
+    threads = cpu_threads_used()
+    terminalreporter.write_line(summary.threads_line(threads))
     for line in summary.format_text(summary.summarize(records)):
         terminalreporter.write_line(line)
     path = Path(os.environ.get("BENCH_SUMMARY_JSON") or config.rootpath / ".benchmarks" / "summary.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary.to_json(records), indent=1) + "\n")
+    path.write_text(json.dumps(summary.to_json(records, threads), indent=1) + "\n")
     terminalreporter.write_line(f"summary JSON: {path} (python3 tools/bench_table.py {path})")

@@ -185,11 +185,24 @@ def format_markdown(summaries: list[OpSummary]) -> list[str]:
     return lines[:-1]
 
 
-def to_json(records: list[Record]) -> dict:
-    """The records (what tools/bench_table.py reads back) and the rows built from them."""
-    return {"records": [asdict(r) for r in records],
+def threads_line(threads: dict) -> str:
+    """The header line saying how many CPU threads each side ran on: ours (the handle's count, and
+    NumPy's BLAS as threadpoolctl reports it) and PyTorch's (torch.get_num_threads())."""
+    blas = ", ".join(f"{b.get('internal_api', '?')} {b.get('version', '?')}, {b.get('num_threads', '?')} by default"
+                     for b in threads.get("blas", [])) or "not found"
+    return (f"CPU threads: ours {threads.get('ours', '?')}, GEMMs included (NumPy's BLAS: {blas}); "
+            f"PyTorch {threads.get('torch', '?')}; {threads.get('cores', '?')} cores available")
+
+
+def to_json(records: list[Record], threads: dict | None = None) -> dict:
+    """The records (what tools/bench_table.py reads back), the rows built from them and, where
+    known, the CPU threads of each side (threads_line)."""
+    data = {"records": [asdict(r) for r in records],
             "ops": [{"op": s.op, "geomean": s.geomean, "count": s.count, "rows": [asdict(r) for r in s.rows]}
                     for s in summarize(records)]}
+    if threads is not None:
+        data["threads"] = threads
+    return data
 
 
 def records_from_json(data: dict) -> list[Record]:

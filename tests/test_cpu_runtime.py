@@ -1,0 +1,106 @@
+"""kernels.cpu: the handle's thread count, how cpu_kernel makes it current for a call, the parts
+cpu_parallel shares out to that many threads, and the BLAS thread count set through threadpoolctl."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import AttrsError, cpu
+
+
+def test_handle_threads_default_to_the_available_cores():
+    import os
+
+    with kernels.cpu_handle() as handle:
+        assert handle.threads == len(os.sched_getaffinity(0)) == cpu.available_cores()
+        assert repr(handle) == f"CpuHandle(threads={handle.threads})"
+    assert kernels.cpu_handle(3).threads == 3
+
+
+@pytest.mark.parametrize("threads", [0, -2, 1.5, "2", True])
+def test_handle_refuses_a_thread_count_that_is_not_a_positive_int(threads):
+    with pytest.raises(AttrsError, match=r"^cpu_handle: threads: expected a positive int or None"):
+        kernels.cpu_handle(threads)
+
+
+def _parts_seen(handle, count):
+    """The (first, last) parts cpu_parallel makes of range(count) inside a kernel run on `handle`,
+    with the thread each ran on. Every part waits for all the others (a barrier), so the test fails
+    (BrokenBarrierError) unless the parts run at the same time, each in its own thread."""
+    seen = []
+    barrier = threading.Barrier(min(handle.threads, count), timeout=10)
+
+    def part(first, last):
+        seen.append((first, last, threading.get_ident()))
+        barrier.wait()
+
+    @cpu.cpu_kernel
+    def kernel(stream, handle):
+        assert cpu.cpu_threads() == handle.threads
+        cpu.cpu_parallel(part, count)
+
+    kernel(kernels.cpu_stream(), handle)
+    return sorted(seen)
+
+
+def test_cpu_parallel_shares_out_to_the_handles_threads():
+    one = _parts_seen(kernels.cpu_handle(1), 10)
+    assert [part[:2] for part in one] == [(0, 10)]
+    three = _parts_seen(kernels.cpu_handle(3), 10)
+    assert [part[:2] for part in three] == [(0, 3), (3, 6), (6, 10)]
+    # More threads than the pool had: it is replaced by a larger one; never more parts than items.
+    five = _parts_seen(kernels.cpu_handle(5), 4)
+    assert [part[:2] for part in five] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert len({part[2] for part in five}) == 4, "each part in its own thread"
+    assert cpu.cpu_threads() == cpu.available_cores(), "outside a kernel: the available cores"
+
+
+def test_cpu_kernel_restores_the_count_after_a_nested_call_and_passes_other_handles_through():
+    @cpu.cpu_kernel
+    def inner(stream, handle):
+        return cpu.cpu_threads()
+
+    @cpu.cpu_kernel
+    def outer(stream, handle):
+        nested = inner(stream, kernels.cpu_handle(7))
+        return nested, cpu.cpu_threads()
+
+    assert outer(kernels.cpu_stream(), kernels.cpu_handle(2)) == (7, 2)
+    assert inner(kernels.cpu_stream(), object()) == cpu.available_cores()  # the op's checks refuse it
+
+
+def test_blas_threads_sets_the_handles_count_for_the_block_and_restores_it():
+    controllers = cpu.blas_controllers()
+    assert controllers, "NumPy's BLAS is found"
+    assert all(info["user_api"] == "blas" for info in cpu.blas_info())
+    before = [c.get_num_threads() for c in controllers]
+    inside = {}
+
+    @cpu.cpu_kernel
+    def kernel(stream, handle):
+        with cpu.blas_threads():
+            inside[handle.threads] = [c.get_num_threads() for c in controllers]
+            np.ones((64, 64)) @ np.ones((64, 64))
+
+    kernel(kernels.cpu_stream(), kernels.cpu_handle(1))
+    kernel(kernels.cpu_stream(), kernels.cpu_handle(before[0]))  # already so: nothing to set
+    assert inside == {1: [1] * len(controllers), before[0]: [before[0]] * len(controllers)}
+    assert [c.get_num_threads() for c in controllers] == before
+
+
+def test_blas_controllers_fall_back_to_every_blas_when_none_is_numpys(monkeypatch):
+    import threadpoolctl
+
+    class Found:
+        filepath = "/usr/lib/libopenblas.so.0"
+
+    class Controller:
+        def select(self, user_api):
+            assert user_api == "blas"
+            return type("Selected", (), {"lib_controllers": [Found()]})()
+
+    monkeypatch.setattr(threadpoolctl, "ThreadpoolController", Controller)
+    monkeypatch.setattr(cpu, "_BLAS", None)
+    assert [c.filepath for c in cpu.blas_controllers()] == ["/usr/lib/libopenblas.so.0"]
