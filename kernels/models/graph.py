@@ -414,6 +414,24 @@ class Plan:
         for function, args in self.backward_calls:
             function(*args)
 
+    def capture(self, backward: bool = False) -> Any:  # pragma: no cover - GPU: CUDA graph capture
+        """GPU: a CUDA graph (``cupy.cuda.Graph``) of this plan's forward, and its backward when asked
+        (training plans), captured on the network's stream. Run the plan once eagerly first (states make
+        what they keep on their first call). ``graph.launch(stream.cupy_stream)`` replays it: it reads the
+        plan's input (and output-gradient) buffers and writes the same buffers as ``forward()`` and
+        ``backward()`` do, with no host work; running statistics are updated by a training replay,
+        ``num_batches_tracked`` is not (the network counts that on the host)."""
+        stream = self.runtime.stream.cupy_stream
+        with self.runtime.active():
+            stream.begin_capture()
+            try:
+                self.forward()
+                if backward:
+                    self.backward()
+            finally:
+                graph = stream.end_capture()
+        return graph
+
     def close(self) -> None:
         """Clean up every op state of the plan (each once) and drop the buffers."""
         states, self.states, self.node_states = self.states, [], []

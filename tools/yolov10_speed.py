@@ -1,0 +1,150 @@
+"""The whole YOLOv10 network on the GPU, ours beside PyTorch in one run (fp32, TF32 off on both sides):
+eval forward eager and as a CUDA graph replay, a training step (forward + backward) eager, and peak
+device memory of the eval forward. Run on the GPU machine from the repository root:
+
+    python3 tools/yolov10_speed.py [--variants n,x] [--batches 1,16] [--runs 20] [--json FILE]
+
+Ours: YOLOv10(v, device="gpu"), eval calls with detections=False (the top-k is left out; PyTorch's
+eval includes ultralytics' top-k selection), graph = Plan.capture() replayed with Graph.launch.
+PyTorch: the reference program (conformance/models/reference.py), eval under no_grad, graph =
+torch.cuda.CUDAGraph of the same call. Times are medians of `runs` calls, each synchronized."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, ".")
+import cupy  # noqa: E402
+import torch  # noqa: E402
+
+from conformance.models import reference  # noqa: E402
+from kernels import gpu  # noqa: E402
+from kernels.models import YOLOv10  # noqa: E402
+
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def median_ms(call, sync, runs):
+    call()
+    sync()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        call()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def ours(variant, batch, runs, train):
+    row = {}
+    cupy.get_default_memory_pool().free_all_blocks()
+    before = gpu.live_allocations().get("bytes", 0)
+    with YOLOv10(variant, device="gpu") as model:
+        dims = (batch, 3, 640, 640)
+        with model.stream:
+            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32))
+        model.eval()
+        sync = model.stream.synchronize
+        row["eager"] = median_ms(lambda: model(x, detections=False), sync, runs)
+        plan = model.plan(dims)
+        graph = plan.capture()
+        cs = model.stream.cupy_stream
+        row["graph"] = median_ms(lambda: graph.launch(cs), sync, runs)
+        sync()
+        pool = cupy.get_default_memory_pool().total_bytes()
+        kept = (gpu.live_allocations().get("bytes", 0)) - before
+        row["eval_memory_mib"] = (pool + kept) / 2**20
+        graph = None
+        if train:
+            model.train()
+            out = model(x)
+            with model.stream:
+                grads = {k: [cupy.ones_like(a) for a in out[k]] for k in ("one2many", "one2one")}
+
+            def step():
+                model(x)
+                model.backward(grads)
+            row["train_step"] = median_ms(step, sync, max(3, runs // 4))
+    return row
+
+
+def theirs(variant, batch, runs, train):
+    row = {}
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model = reference.build(variant).cuda().eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((batch, 3, 640, 640)).astype(np.float32)).cuda()
+    sync = torch.cuda.synchronize
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        row["eager"] = median_ms(lambda: model(x), sync, runs)
+        row["eval_memory_mib"] = (torch.cuda.max_memory_allocated() - base + sum(
+            p.numel() * p.element_size() for p in model.parameters())) / 2**20
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(x)
+        row["graph"] = median_ms(graph.replay, sync, runs)
+        graph = None
+    if train:
+        model.train()
+        out = model(x)
+        feats = out["one2many"] + out["one2one"] if isinstance(out, dict) else None
+        grads = [torch.ones_like(t) for t in feats]
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            o = model(x)
+            torch.autograd.backward(o["one2many"] + o["one2one"], grads)
+        row["train_step"] = median_ms(step, sync, max(3, runs // 4))
+    model = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="n,x")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--train", default="n:1,x:16", help="variant:batch pairs that also time a training step")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    train = {tuple(p.split(":")) for p in args.train.split(",") if p}
+    rows = []
+    print(f"{'model':8} {'batch':>5} {'what':12} {'ours ms':>9} {'torch ms':>9} {'ratio':>6}")
+    for variant in args.variants.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            t = (variant, str(batch)) in train
+            try:
+                a = ours(variant, batch, args.runs, t)
+                b = theirs(variant, batch, args.runs, t)
+            except Exception as error:  # report and go on with the next configuration
+                print(f"yolov10{variant} batch {batch}: {type(error).__name__}: {error}")
+                continue
+            for what in ("eager", "graph", "train_step", "eval_memory_mib"):
+                if what in a and what in b:
+                    ratio = a[what] / b[what]
+                    print(f"yolov10{variant:2} {batch:5} {what:12} {a[what]:9.2f} {b[what]:9.2f} {ratio:6.2f}")
+                    rows.append(dict(variant=variant, batch=batch, what=what, ours=a[what], torch=b[what], ratio=ratio))
+            sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
