@@ -1,0 +1,99 @@
+"""The whole YOLOv10 network on the GPU beside PyTorch (fp32, TF32 off on both sides), 640x640: the eval
+forward eager and as a CUDA graph replay (ours: Plan.capture; PyTorch: torch.cuda.CUDAGraph of the same
+call), and a training step (forward + backward) for yolov10n at batch 1. PyTorch runs the reference
+program of conformance/models/reference.py; its eval includes ultralytics' top-k selection, ours leaves
+it out (detections=False). tools/yolov10_speed.py measures the same and more (memory, x's training step)
+in one script. GPU only: the CPU model is timed by `python -m conformance.models --device cpu`."""
+
+import numpy as np
+import pytest
+
+CONFIGS = [
+    pytest.param("n", 1, "eval", id="n_b1_eval"),
+    pytest.param("n", 1, "graph", id="n_b1_graph"),
+    pytest.param("n", 1, "train", id="n_b1_train"),
+    pytest.param("n", 16, "eval", id="n_b16_eval"),
+    pytest.param("n", 16, "graph", id="n_b16_graph"),
+    pytest.param("x", 1, "eval", id="x_b1_eval"),
+    pytest.param("x", 1, "graph", id="x_b1_graph"),
+    pytest.param("x", 16, "eval", id="x_b16_eval"),
+    pytest.param("x", 16, "graph", id="x_b16_graph"),
+]
+
+
+def _torch_call(bench, variant, dims, mode):
+    torch = bench.torch
+    from conformance.models import reference
+
+    model = reference.build(variant).cuda()
+    x = bench.array(dims)
+    if mode == "train":
+        model.train()
+        out = model(x)
+        grads = [torch.ones_like(t) for t in out["one2many"] + out["one2one"]]
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            o = model(x)
+            torch.autograd.backward(o["one2many"] + o["one2one"], grads)
+        return step
+    model.eval()
+    if mode == "eval":
+        def forward():
+            with torch.no_grad():
+                model(x)
+        return forward
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(x)
+    return graph.replay
+
+
+@pytest.mark.parametrize("variant, batch, mode", CONFIGS)
+def test_yolov10(benchmark, bench, variant, batch, mode):
+    if bench.device != "gpu":
+        pytest.skip("the whole-network benchmark is GPU-only (the CPU model: python -m conformance.models)")
+    group = f"yolov10{variant} {mode} batch {batch} 640x640"
+    dims = (batch, 3, 640, 640)
+    if bench.impl == "torch":
+        bench.run(benchmark, _torch_call(bench, variant, dims, mode), 0, group)
+        return
+    import cupy
+
+    from kernels.models import YOLOv10
+
+    with YOLOv10(variant, device="gpu") as model:
+        with model.stream:
+            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32))
+        sync = model.stream.synchronize
+        if mode == "train":
+            out = model.train()(x)
+            with model.stream:
+                grads = {k: [cupy.ones_like(a) for a in out[k]] for k in ("one2many", "one2one")}
+
+            def function():
+                model(x)
+                model.backward(grads)
+                sync()
+        else:
+            model.eval()(x, detections=False)
+            if mode == "eval":
+                def function():
+                    model(x, detections=False)
+                    sync()
+            else:
+                graph = model.plan(dims).capture()
+                stream = model.stream.cupy_stream
+
+                def function():
+                    graph.launch(stream)
+                    sync()
+        bench.run(benchmark, function, 0, group)
+        sync()
