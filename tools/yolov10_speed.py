@@ -88,15 +88,7 @@ def theirs(variant, batch, runs, train):
         row["eager"] = median_ms(lambda: model(x), sync, runs)
         row["eval_memory_mib"] = (torch.cuda.max_memory_allocated() - base + sum(
             p.numel() * p.element_size() for p in model.parameters())) / 2**20
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                model(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            model(x)
+        graph = reference.cuda_graph(model, x)
         row["graph"] = median_ms(graph.replay, sync, runs)
         graph = None
     if train:

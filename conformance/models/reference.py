@@ -478,6 +478,22 @@ def load_numpy(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
             tensor.copy_(torch.as_tensor(np.asarray(state[name])).to(dtype=tensor.dtype))
 
 
+def cuda_graph(model: nn.Module, x: torch.Tensor) -> torch.cuda.CUDAGraph:
+    """model(x) under no_grad captured in a torch.cuda.CUDAGraph (after three warm-up calls on a side
+    stream, as torch's documentation asks): the PyTorch twin of our Plan.capture; replay() reruns it."""
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(x)
+    return graph
+
+
 def parameter_count(model: nn.Module) -> int:
     """Every parameter's element count, the fixed DFL weight included (as ultralytics counts)."""
     return sum(p.numel() for p in model.parameters())

@@ -43,17 +43,7 @@ def _torch_call(bench, variant, dims, mode):
             with torch.no_grad():
                 model(x)
         return forward
-    with torch.no_grad():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                model(x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            model(x)
-    return graph.replay
+    return reference.cuda_graph(model, x).replay
 
 
 @pytest.mark.parametrize("variant, batch, mode", CONFIGS)
