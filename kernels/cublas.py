@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 from typing import Any
 
 import numpy as np
 
+from . import gpu
 from .core import CudaError
 
 LIBRARY = "cuBLAS"
@@ -68,13 +70,7 @@ _SCALARS = {(np.dtype(t), v): ctypes.c_float(v) if t is np.float32 else ctypes.c
 class _Library:
     def __init__(self, path: str, cdll: ctypes.CDLL):
         self.path = path
-        for name, (restype, argtypes) in FUNCTIONS.items():
-            try:
-                function = getattr(cdll, name)
-            except AttributeError:
-                raise CudaError(LIBRARY, "SYMBOL_NOT_FOUND", f"{path} has no {name}") from None
-            function.restype, function.argtypes = restype, list(argtypes)
-            setattr(self, name, function)
+        gpu.bind_functions(self, cdll, FUNCTIONS, LIBRARY, path)
         self.cdll = cdll
 
 
@@ -84,16 +80,8 @@ _LIBRARY: _Library | None = None
 
 def _wheel_files() -> list[str]:
     """libcublas of the nvidia-cublas wheels (nvidia/cublas/lib, nvidia/cu13/lib), without importing them."""
-    import importlib.util
-    import os
-
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return []
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    return [os.path.join(root, sub, soname) for root in roots for sub in ("cublas/lib", "cu13/lib", "cu12/lib")
-            for soname in SONAMES if os.path.isfile(os.path.join(root, sub, soname))]
+    return [os.path.join(folder, soname) for soname in SONAMES
+            for folder in gpu.nvidia_wheel_folders(("cublas/lib", "cu13/lib", "cu12/lib"), soname)]
 
 
 def candidates() -> list[str]:
@@ -146,8 +134,6 @@ class CublasHandle:
 
     def __init__(self, device: int):
         import cupy
-
-        from . import gpu
 
         self.device = device
         self.stream: int | None = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import importlib.util
 import os
 import threading
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import gpu
 from .core import CudaError, DTypeError
 
 LIBRARY = "cuDNN"
@@ -225,14 +225,7 @@ class _Library:
         self.path = path
         self.cdll = cdll
         self.preloaded = preloaded  # kept referenced so that they stay loaded
-        for name, (restype, argtypes) in FUNCTIONS.items():
-            try:
-                function = getattr(cdll, name)
-            except AttributeError:
-                raise CudaError(LIBRARY, "SYMBOL_NOT_FOUND", f"{path} has no {name}") from None
-            function.restype = restype
-            function.argtypes = list(argtypes)
-            setattr(self, name, function)
+        gpu.bind_functions(self, cdll, FUNCTIONS, LIBRARY, path)
         self.version = int(self.cudnnGetVersion())
 
 
@@ -242,19 +235,7 @@ _LIBRARY: _Library | None = None
 
 def _wheel_folders() -> list[str]:
     """lib folders of the nvidia-cudnn wheels, without importing anything of them."""
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    folders = []
-    for root in spec.submodule_search_locations:
-        for sub in ("cudnn/lib", "cu13/lib", "cu12/lib"):
-            folder = os.path.join(root, sub)
-            if os.path.isfile(os.path.join(folder, SONAME)):
-                folders.append(folder)
-    return folders
+    return gpu.nvidia_wheel_folders(("cudnn/lib", "cu13/lib", "cu12/lib"), SONAME)
 
 
 def candidates() -> list[str]:

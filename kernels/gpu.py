@@ -161,6 +161,33 @@ def live_allocations() -> dict[str, int]:
         return dict(_ALLOCATIONS)
 
 
+def nvidia_wheel_folders(subfolders: Sequence[str], soname: str) -> list[str]:
+    """The folders `nvidia/<sub>` (for sub in subfolders) of the installed nvidia-* wheels that hold
+    `soname`, found without importing anything of them (cuDNN's and cuBLAS's bindings look there)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [os.path.join(root, sub) for root in roots for sub in subfolders
+            if os.path.isfile(os.path.join(root, sub, soname))]
+
+
+def bind_functions(target: Any, cdll: Any, functions: Mapping[str, tuple[Any, Sequence[Any]]], library: str,
+                   path: str) -> None:
+    """Set on `target` each ctypes function of `functions` (name -> (restype, argtypes)) from `cdll`,
+    typed; CudaError(library, "SYMBOL_NOT_FOUND") names one the library lacks."""
+    for name, (restype, argtypes) in functions.items():
+        try:
+            function = getattr(cdll, name)
+        except AttributeError:
+            raise CudaError(library, "SYMBOL_NOT_FOUND", f"{path} has no {name}") from None
+        function.restype, function.argtypes = restype, list(argtypes)
+        setattr(target, name, function)
+
+
 _HANDLES_LOCK = threading.Lock()
 _HANDLES = {"cudnn": 0, "cublas": 0}
 
