@@ -74,6 +74,8 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # The half-precision storage dtypes: stored in 16 bits, computed in float32 (see compute_dtype).
 HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)
+# What the compute ops take once their half-precision code exists: half, single and double.
+ALL_FLOAT_DTYPES = HALF_DTYPES + FLOAT_DTYPES
 
 
 def is_floating(dtype: Any) -> bool:
