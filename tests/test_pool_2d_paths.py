@@ -5,7 +5,10 @@ backward gathers against the CPU, bit for bit (same order, same IEEE operations)
 import numpy as np
 import pytest
 
+from conformance.case import EXACT, ulp
+from conformance.compare import compare
 from kernels import Pool2DAttrs, PoolOp, ShapeError, TensorShape, pool_2d
+from kernels.core import BFLOAT16
 
 from .conftest import Dev, require
 
@@ -78,9 +81,40 @@ def test_cpu_matches_torch(index, case):
         np.testing.assert_allclose(input_grad, expected_grad.numpy(), rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("index, case", list(enumerate(_geometries(20, seed=2))))
+def test_cpu_half_matches_torch_rounded_once(index, case, dtype):
+    """Half inputs against PyTorch in float64 rounded once to the dtype: MAX moves values and sums at
+    most 36 gradients in quarters (exact in float32, and the result fits the half mantissa: exact);
+    AVG divides once in float32 and rounds once: within 1 ulp of the half dtype. NaN matches NaN."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    attrs, dims = case
+    x = _input(dims, attrs, dtype, index)
+    out_dims = pool_2d.output_dims(attrs, dims)
+    output_grad = (np.random.default_rng(index).integers(-8, 9, out_dims) / 4).astype(dtype)
+    output, input_grad, _ = _run(Dev("cpu"), attrs, x, output_grad)
+    tensor = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
+    padding = (attrs.padding_h, attrs.padding_w)
+    if attrs.pool_type is PoolOp.MAX:
+        expected = F.max_pool2d(tensor, kernel, stride, padding)
+    else:
+        expected = F.avg_pool2d(tensor, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
+    (expected_grad,) = torch.autograd.grad(expected, [tensor], torch.from_numpy(output_grad.astype(np.float64)))
+    expected_output = expected.detach().numpy().astype(dtype)
+    expected_grad = expected_grad.numpy().astype(dtype)
+    assert output.dtype == input_grad.dtype == dtype
+    # (AVG's backward sums shares of both signs: an element near zero is held to 1 ulp of the largest, as
+    # the conformance comparison's floor does.)
+    tolerance = EXACT if attrs.pool_type is PoolOp.MAX else ulp(1)
+    for name, got, want in (("output", output, expected_output), ("input_grad", input_grad, expected_grad)):
+        assert compare(got, want, tolerance) is None, name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "direct"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("index, case", list(enumerate(_geometries(24, seed=1))))
 def test_gpu_matches_cpu_bits(index, case, dtype, tiled, monkeypatch):
     require("gpu")
