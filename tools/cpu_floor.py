@@ -13,7 +13,6 @@ target cannot reach it without fusing passes, which NumPy's one-pass-per-ufunc m
 """
 
 import json
-import math
 import sys
 
 
