@@ -33,7 +33,8 @@ def main(argv: list[str]) -> int:
     cores = json.load(open(argv[3]))["threads"]["ours"]
     hand_off = float(argv[4]) if len(argv) == 5 else 18.0
     print(f"hand-off {hand_off:.0f} us a part; all cores = {cores} threads\n")
-    print(f"| benchmark | 1 thr ours µs | {cores} thr ours / torch µs | ratio | floor ratio | 2 thr ours / torch µs | ratio | floor ratio |")
+    print(f"| benchmark | 1 thr ours µs | {cores} thr ours / torch µs | ratio | floor ratio "
+          "| 2 thr ours / torch µs | ratio | floor ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     counts = {"met": [0, 0], "floor over": [0, 0], "floor under": [0, 0]}
     for group in sorted({g for g, _ in every}):
