@@ -150,13 +150,13 @@ def main(argv=None):
         device = f"gpu:{communicator.device}"
         unique = b"nccl"
     else:
-        if arguments.device.startswith("gpu"):
-            from kernels.models import nccl
+        from kernels.models import nccl
 
-            make_id = nccl.unique_id  # the real id, through the real file bootstrap
-        else:
-            def make_id():
-                return tuple(np.frombuffer(os.urandom(128), np.int8).tolist())
+        def make_id():
+            return tuple(np.frombuffer(os.urandom(128), np.int8).tolist())
+
+        if arguments.device.startswith("gpu") and nccl.nccl_unavailable_reason() is None:
+            make_id = nccl.unique_id  # noqa: F811 - the real id, through the real file bootstrap
         unique_id = parallel.share_unique_id(launch, path, make_id)  # the file stays: no collective init to wait on
         unique = hashlib.sha256(np.array(unique_id, np.int64).tobytes()).digest()
         communicator = FileCommunicator(arguments.folder, launch.rank, launch.world_size)
