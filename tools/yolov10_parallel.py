@@ -109,14 +109,17 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy
 
+    from kernels.models import nccl
+
     visible = cupy.cuda.runtime.getDeviceCount()
+    no_nccl = nccl.nccl_unavailable_reason()
     rows = []
     print(f"{'variant':<8}{'GPUs':>8}{'batch':>7}{'step ms':>10}{'images/s':>10}{'efficiency':>11}{'GiB':>7}  ranks ms")
     for variant in arguments.variants.split(","):
         base = None
         for gpus, plain in [(1, True)] + [(int(g), False) for g in arguments.gpus.split(",")]:
-            if gpus > visible:
-                print(f"{variant:<8}{gpus:>8}  skipped: {visible} GPUs visible")
+            if gpus > visible or (no_nccl and not plain):
+                print(f"{variant:<8}{gpus:>8}  skipped: " + (no_nccl if gpus <= visible else f"{visible} GPUs visible"))
                 continue
             row = launch(variant, gpus, arguments, plain)
             base = row if plain else base
