@@ -85,7 +85,11 @@ __global__ void max_pool_forward_tiled(const T* __restrict__ input, T* __restric
     const int in_h = (tile_h - 1) * stride_h + kernel_h, in_w = (tile_w - 1) * stride_w + kernel_w;
     T* tile = reinterpret_cast<T*>(shared);
     T* row_best = tile + in_h * in_w;
-    Tap* row_column = reinterpret_cast<Tap*>(row_best + in_h * tile_w);
+    // The columns start at the next multiple of sizeof(Tap): 2-byte values may leave an odd offset
+    // for int taps (the host's shared size counts the same padding, pool_2d.max_forward_tile).
+    const size_t column_offset = ((size_t)(in_h * in_w + in_h * tile_w) * sizeof(T) + sizeof(Tap) - 1)
+                                 / sizeof(Tap) * sizeof(Tap);
+    Tap* row_column = reinterpret_cast<Tap*>(shared + column_offset);
     const int oh0 = (int)(blockIdx.x / tiles_w) * tile_h, ow0 = (int)(blockIdx.x % tiles_w) * tile_w;
     const int h0 = oh0 * stride_h - padding_h, w0 = ow0 * stride_w - padding_w;
     for (I plane = blockIdx.y; plane < planes; plane += gridDim.y) {

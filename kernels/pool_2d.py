@@ -429,7 +429,9 @@ def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) 
     tile_h = -(-out_h // tiles_h)
     in_h = (tile_h - 1) * attrs.stride_h + attrs.kernel_h
     in_w = (tile_w - 1) * attrs.stride_w + attrs.kernel_w
-    shared = in_h * in_w * itemsize + in_h * tile_w * (itemsize + tap_dtype(attrs).itemsize)
+    tap_size = tap_dtype(attrs).itemsize
+    values = in_h * in_w * itemsize + in_h * tile_w * itemsize
+    shared = -(-values // tap_size) * tap_size + in_h * tile_w * tap_size  # the taps aligned to their size
     if shared > TILE_SHARED_LIMIT:
         return None
     return tile_h, tile_w, tiles_h, tiles_w, shared

@@ -12,6 +12,10 @@ from kernels.core import BFLOAT16
 
 from .conftest import Dev, require
 
+# A 17x16 window (int32 taps) whose tile holds an odd count of values: in float16 and bfloat16 the
+# taps after them need padding to 4-byte alignment in shared memory. Output 5x10.
+ODD_INT_TAPS = (Pool2DAttrs(17, 16, 1, 1, 8, 8, PoolOp.MAX), (1, 2, 5, 9))
+
 
 def _geometries(count, seed):
     rng = np.random.default_rng(seed)
@@ -27,6 +31,7 @@ def _geometries(count, seed):
         out.append((attrs, (2, 3, height, width)))
     out.append((Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), (1, 4, 80, 80)))  # SPPF, several tiles a plane
     out.append((Pool2DAttrs(16, 17, 2, 1, 3, 8, PoolOp.MAX), (1, 2, 33, 40)))  # int32 taps
+    out.append(ODD_INT_TAPS)  # int32 taps after an odd count of 2-byte values in the tile (half dtypes)
     return out
 
 
@@ -150,6 +155,19 @@ def test_max_tile_too_large_for_shared_memory_falls_back():
     assert pool_2d.max_forward_tile(big, 64, 64, 8) is None
     tile_h, tile_w, tiles_h, tiles_w, shared = pool_2d.max_forward_tile(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), 20, 20, 4)
     assert (tile_w, tiles_w) == (20, 1) and tile_h * tiles_h >= 20 and shared <= pool_2d.TILE_SHARED_LIMIT
+
+
+def test_max_tile_aligns_int_taps_after_half_values():
+    """2-byte values can end at an odd multiple of 2 bytes: the int32 taps after them start at the next
+    multiple of 4 (the kernel's column_offset), and the shared size counts that padding."""
+    attrs = ODD_INT_TAPS[0]  # 272 taps: int32
+    tile_h, tile_w, _, _, shared = pool_2d.max_forward_tile(attrs, 5, 10, 2)
+    in_h, in_w = tile_h - 1 + 17, tile_w - 1 + 16
+    values = (in_h * in_w + in_h * tile_w) * 2
+    taps = in_h * tile_w * 4
+    assert values % 4 == 2  # this geometry needs the padding
+    assert shared == values + 2 + taps
+    assert pool_2d.max_forward_tile(attrs, 5, 10, 4)[4] == (in_h * in_w + in_h * tile_w) * 4 + taps
 
 
 def test_output_dims_refuse_a_rank_other_than_4():
