@@ -204,7 +204,8 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
 #endif
 
 // One element of the forward: output[index] = f((x - mean) * invstd * gamma[s] + beta[s]) (gamma and beta
-// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation.
+// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation
+// and pre is not null (a state made with attrs.backward False passes null: it keeps nothing for a backward).
 template <typename T, typename I>
 __device__ __forceinline__ void forward_one(T x, double mean, double invstd, const T* gamma, const T* beta, I s,
                                             T* pre, T* output, I index, int activation) {
@@ -214,7 +215,7 @@ __device__ __forceinline__ void forward_one(T x, double mean, double invstd, con
         output[index] = (T)value;
     } else {
         const T pre_value = (T)value;
-        pre[index] = pre_value;
+        if (pre) pre[index] = pre_value;  // null: a state without backward keeps no pre-activation
         output[index] = (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
     }
 }

@@ -263,8 +263,8 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
     pre-activation is kept in the state's buffer (state.pre) for the backward."""
     from .. import cudnn
 
-    target = output
-    if attrs.activation is not None:
+    target = output  # without backward, a fused activation is applied in the output itself
+    if attrs.activation is not None and attrs.backward:
         if state.pre_buffer is None:
             state.pre_buffer = _device_buffer(state, output)
         target = state.pre_buffer
@@ -292,7 +292,7 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
                              cudnn.scalar(dtype, 1), state.descriptors.y, target.data.ptr)
         if attrs.activation is not None:
             activation.gpu_forward(stream, attrs.activation, target, output)
-    if attrs.activation is not None:
+    if attrs.activation is not None and attrs.backward:
         state.pre = target
 
 

@@ -18,6 +18,7 @@ passed for that input gradient), as torch's `detach()`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from ..core import TensorShape
 #   CONCAT: forward (inputs, output);       backward (output, output_grad, inputs, input_grads)
 #   SPLIT:  forward (input, outputs);       backward (outputs, output_grads, input, input_grad)
 CONV, BN, UNARY, BINARY, CONCAT, SPLIT = "conv", "bn", "unary", "binary", "concat", "split"
+ARENA_ALIGN = 256  # bytes: where each activation of an inference plan's arena starts (cudaMalloc's alignment)
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,24 @@ def _structure(outputs: Any, function: Callable[[Tensor], Any]) -> Any:
     return [_structure(value, function) for value in outputs]
 
 
+def _inference_attrs(attrs: Any) -> Any:
+    """attrs with backward=False where the op takes that option (its state then keeps nothing for a backward)."""
+    if getattr(attrs, "backward", False):
+        return dataclasses.replace(attrs, backward=False)
+    return attrs
+
+
+def _arrays(items: Any, xp: Any) -> list[Any]:
+    """The arrays among items, and among the values of the dicts among them (a state's fields)."""
+    found = []
+    for item in items:
+        if isinstance(item, dict):
+            found += _arrays(item.values(), xp)
+        elif isinstance(item, (np.ndarray, xp.ndarray)):
+            found.append(item)
+    return found
+
+
 def _leaves(outputs: Any) -> list[Tensor]:
     found: list[Tensor] = []
     _structure(outputs, found.append)
@@ -192,20 +212,27 @@ class Plan:
     forward the backward, without allocating."""
 
     def __init__(self, graph: Graph, outputs: Any, runtime: Any, training: bool,
-                 grad_outputs: Sequence[str] = (), reuse: bool = True):
+                 grad_outputs: Sequence[str] = (), reuse: bool = True, inference_states: bool = True):
         """outputs: the Tensors to return (a dict); grad_outputs: its keys whose gradients backward takes
         (training plans only). runtime: the network's device runtime (stream, handle, arrays, parameters).
         reuse: share buffers between values whose lives do not overlap: the activations of an inference
-        plan, the gradients of a training plan (it keeps every activation: its backward reads them)."""
+        plan, the gradients of a training plan (it keeps every activation: its backward reads them).
+        inference_states: an inference plan makes the states of the ops that take it with
+        ``attrs.backward=False``, so that they keep nothing for a backward (False: as a training plan's)."""
         self.graph, self.training, self.runtime = graph, training, runtime
         self.states: list[tuple[Any, Any]] = []  # (op module, state) of every call, for cleanup
         self.node_states: list[Any] = []  # the state of each node
+        # The attrs each node's state is made and called with.
+        self.node_attrs = [_inference_attrs(node.attrs) if inference_states and not training else node.attrs
+                           for node in graph.nodes]
+        self.activation_bytes = 0  # of the activation buffers the plan made (see memory())
         dtype = runtime.dtype
         with runtime.active():
             self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=reuse and not training)
             self.input = next(b for b, v in zip(self.buffers, graph.values) if v.kind == "input")
             self.outputs = _structure(outputs, lambda t: self.buffers[t.index])
-            self.forward_calls = [self._forward_call(node, runtime, dtype) for node in graph.nodes]
+            self.forward_calls = [self._forward_call(node, attrs, runtime, dtype)
+                                  for node, attrs in zip(graph.nodes, self.node_attrs)]
             self.bn_names = [node.bn for node in graph.nodes if node.bn is not None]
             self.grads: dict[str, Any] = {}
             self.backward_calls: list[tuple[Callable[..., None], tuple]] = []
@@ -216,27 +243,45 @@ class Plan:
                 self._compile_backward(outputs, grad_outputs, runtime, dtype, reuse)
 
     def _allocate(self, outputs: Any, runtime: Any, reuse: bool) -> list[Any]:
-        """A buffer per value. With reuse, an activation's buffer returns to a pool (by element count) after
-        the last node that reads it, and a later value of that size takes it: the outputs of a node are
-        placed before its inputs are released, so no node writes a buffer it reads. Outputs are never shared."""
+        """A buffer per value. With reuse, the activations (outputs aside, which are never shared) are views
+        of one arena, placed at compile time: each lives from the node that writes it to the last node that
+        reads it, and two values whose lives overlap (a node's inputs and outputs included) never overlap in
+        the arena. Placement is greedy by size: the largest value first, each at the lowest offset clear of
+        every placed value whose life overlaps its own (offsets aligned to ARENA_ALIGN bytes)."""
         values = self.graph.values
-        if not reuse:
-            return [self._bind(value, runtime) for value in values]
-        buffers = [None if value.kind == "activation" else self._bind(value, runtime) for value in values]
         kept = {tensor.index for tensor in _leaves(outputs)}
-        last_read = [-1] * len(values)
-        for n, node in enumerate(self.graph.nodes):
-            for index in node.inputs:
-                last_read[index] = n
-        pool: dict[int, list[Any]] = {}
+        shared = [i for i, value in enumerate(values) if reuse and value.kind == "activation" and i not in kept]
+        buffers = [None if i in shared else self._bind(value, runtime) for i, value in enumerate(values)]
+        self.activation_bytes = sum(b.nbytes for b, v in zip(buffers, values) if b is not None and v.kind == "activation")
+        if not shared:
+            return buffers
+        life = {i: [len(self.graph.nodes), -1] for i in shared}  # [written, last read]
         for n, node in enumerate(self.graph.nodes):
             for index in node.outputs:
-                dims = values[index].dims
-                free = pool.get(math.prod(dims))
-                buffers[index] = free.pop().reshape(dims) if free else runtime.empty(dims)
-            for index in set(node.inputs) | set(node.outputs):
-                if values[index].kind == "activation" and index not in kept and last_read[index] <= n:
-                    pool.setdefault(buffers[index].size, []).append(buffers[index])
+                if index in life:
+                    life[index] = [n, n]
+            for index in node.inputs:
+                if index in life:
+                    life[index][1] = n
+        itemsize = np.dtype(runtime.dtype).itemsize
+        align = ARENA_ALIGN // itemsize
+        sizes = {i: -(-math.prod(values[i].dims) // align) * align for i in shared}
+        placed: list[tuple[int, int, int, int]] = []  # (offset, end, written, last read), in elements
+        offsets: dict[int, int] = {}
+        for index in sorted(shared, key=lambda i: (-sizes[i], life[i][0])):
+            first, last = life[index]
+            offset = 0
+            for begin, end, _, _ in sorted(p for p in placed if p[2] <= last and first <= p[3]):
+                if offset + sizes[index] <= begin:
+                    break
+                offset = max(offset, end)
+            offsets[index] = offset
+            placed.append((offset, offset + sizes[index], first, last))
+        arena = runtime.empty((max(end for _, end, _, _ in placed),))
+        self.activation_bytes += arena.nbytes
+        for index in shared:
+            dims = values[index].dims
+            buffers[index] = arena[offsets[index]:offsets[index] + math.prod(dims)].reshape(dims)
         return buffers
 
     def _bind(self, value: Value, runtime: Any) -> Any:
@@ -249,17 +294,17 @@ class Plan:
     def _shape(self, index: int, dtype: Any) -> TensorShape:
         return TensorShape(self.graph.values[index].dims, dtype)
 
-    def _state(self, node: Node, runtime: Any, dtype: Any) -> Any:
+    def _state(self, node: Node, attrs: Any, runtime: Any, dtype: Any) -> Any:
         ins = [self._shape(i, dtype) for i in node.inputs]
         outs = [self._shape(o, dtype) for o in node.outputs]
         if node.kind == BINARY:
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins[0], ins[1], outs[0])
+            state = node.module.init_kernel(runtime.handle, attrs, ins[0], ins[1], outs[0])
         elif node.kind == CONCAT:
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins, outs[0])
+            state = node.module.init_kernel(runtime.handle, attrs, ins, outs[0])
         elif node.kind == SPLIT:
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins[0], outs)
+            state = node.module.init_kernel(runtime.handle, attrs, ins[0], outs)
         else:  # conv, bn and the unary-like ops: (input_shape, output_shape)
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins[0], outs[0])
+            state = node.module.init_kernel(runtime.handle, attrs, ins[0], outs[0])
         self.node_states.append(state)
         self.states.append((node.module, state))
         if node.kind == BN:
@@ -267,10 +312,10 @@ class Plan:
             state.running_mean, state.running_var = runtime.running[node.bn]
         return state
 
-    def _forward_call(self, node: Node, runtime: Any, dtype: Any) -> tuple[Callable[..., None], tuple]:
-        state = self._state(node, runtime, dtype)
+    def _forward_call(self, node: Node, attrs: Any, runtime: Any, dtype: Any) -> tuple[Callable[..., None], tuple]:
+        state = self._state(node, attrs, runtime, dtype)
         function = getattr(node.module, runtime.prefix + "forward_kernel")
-        head = (runtime.stream, runtime.handle, state, node.attrs)
+        head = (runtime.stream, runtime.handle, state, attrs)
         ins = [self.buffers[i] for i in node.inputs]
         outs = [self.buffers[o] for o in node.outputs]
         if node.kind == CONV:
@@ -387,7 +432,7 @@ class Plan:
                        runtime: Any) -> tuple[Callable[..., None], tuple]:
         state = self.node_states[n]
         function = getattr(node.module, runtime.prefix + "backward_kernel")
-        head = (runtime.stream, runtime.handle, state, node.attrs)
+        head = (runtime.stream, runtime.handle, state, self.node_attrs[n])
         ins = [self.buffers[i] for i in node.inputs]
         outs = [self.buffers[o] for o in node.outputs]
         out_grads = [grad[o] for o in node.outputs]
@@ -405,6 +450,24 @@ class Plan:
         else:
             args = head + (outs[0], out_grads[0], ins[0], in_grads[0])
         return function, args
+
+    def memory(self) -> dict[str, int]:
+        """Bytes the plan holds beside the network's parameters and running statistics: "activations" (the
+        activation buffers it made, shared ones counted once), "gradients" (gradient_bytes), "states" (the
+        arrays its op states keep: pre-activations, argmax taps, saved statistics; made by a state's first
+        call, so count after a forward) and "total"."""
+        shared = {id(array) for array in self.runtime.params.values()}
+        shared.update(id(array) for pair in self.runtime.running.values() for array in pair)
+        seen: set[int] = set()
+        states = 0
+        for _, state in self.states:
+            for array in _arrays(vars(state).values(), self.runtime.xp):
+                if id(array) not in shared and id(array) not in seen:
+                    seen.add(id(array))
+                    states += array.nbytes
+        result = {"activations": self.activation_bytes, "gradients": self.gradient_bytes, "states": states}
+        result["total"] = sum(result.values())
+        return result
 
     def forward(self) -> None:
         for function, args in self.forward_calls:
