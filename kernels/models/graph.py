@@ -95,6 +95,7 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     params: dict[str, int] = field(default_factory=dict)  # parameter name -> value
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # host arrays, placed at compile time
+    fused: bool = False  # the fused inference graph (BatchNorms folded into the convs: Network.fuse)
 
     def _value(self, dims: Sequence[int], kind: str, name: str | None = None) -> Tensor:
         self.values.append(Value(tuple(int(d) for d in dims), kind, name))
@@ -286,7 +287,7 @@ class Plan:
 
     def _bind(self, value: Value, runtime: Any) -> Any:
         if value.kind in ("param", "frozen"):
-            return runtime.params[value.name]
+            return runtime.array(value.name)
         if value.kind == "constant":
             return runtime.place(self.graph.constants[value.name])
         return runtime.empty(value.dims)
@@ -456,7 +457,7 @@ class Plan:
         activation buffers it made, shared ones counted once), "gradients" (gradient_bytes), "states" (the
         arrays its op states keep: pre-activations, argmax taps, saved statistics; made by a state's first
         call, so count after a forward) and "total"."""
-        shared = {id(array) for array in self.runtime.params.values()}
+        shared = {id(array) for array in [*self.runtime.params.values(), *self.runtime.fused_params.values()]}
         shared.update(id(array) for pair in self.runtime.running.values() for array in pair)
         seen: set[int] = set()
         states = 0
