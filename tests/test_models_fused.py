@@ -176,3 +176,27 @@ def test_gpu_fused_graph_replay_equals_eager(dims):
         model.stream.synchronize()
         for i, (a, b) in enumerate(zip(replay, eager)):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i} differs after replay"
+
+
+def test_every_call_knows_its_layer_for_the_profile():
+    """Node.layer (what tools/yolov10_profile.py sums by): every forward call of an eval, fused and training
+    plan is in one of ultralytics' layers model.0 .. model.23, in trace order; every backward call too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("yolov10_profile", "tools/yolov10_profile.py")
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    with YOLOv10("n") as model:
+        x = np.random.default_rng(2).standard_normal((2, 3, 64, 64)).astype(np.float32)
+        for plan in (model.eval().plan(x.shape), model.fuse().plan(x.shape), model.train().plan(x.shape)):
+            layers = [int(node.layer.split(".")[1]) for node in plan.graph.nodes]
+            assert layers == sorted(layers) and layers[0] == 0 and layers[-1] == 23
+            assert set(layers) == set(range(24))  # every layer makes calls (Upsample and Concat one each)
+        assert len(plan.backward_layers) == len(plan.backward_calls) > 0
+        assert all(layer in {f"model.{i}" for i in range(24)} for layer in plan.backward_layers)
+        first = plan.graph.nodes[0]
+        assert profile.describe(first) == "conv 3x3 s2 ->16" and profile.describe(plan.graph.nodes[1]) == "batch_norm+silu"
+        rows = profile.layer_table({"model.0": 2.0, "model.1": 1.0}, {"model.0": 1.0},
+                                   {"model.0": [(0.5, "b"), (1.5, "a")]}, 24)
+        assert rows[0] == {"layer": "model.0", "ours": 2.0, "torch": 1.0, "ratio": 2.0, "top": ["a 1.500", "b 0.500"]}
+        assert rows[1]["ratio"] is None and rows[-1]["layer"] == "total" and rows[-1]["ours"] == 3.0

@@ -85,6 +85,7 @@ class Node:
     outputs: tuple[int, ...]
     no_grad: tuple[bool, ...]  # per input: read through detach (no gradient flows back)
     bn: str | None = None  # a batch norm's name (its running statistics are the network's)
+    layer: str | None = None  # the network's layer that traced it (Graph.layer then), for profiles
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Graph:
     params: dict[str, int] = field(default_factory=dict)  # parameter name -> value
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # host arrays, placed at compile time
     fused: bool = False  # the fused inference graph (BatchNorms folded into the convs: Network.fuse)
+    layer: str | None = None  # the layer being traced (a network sets it; each node records it)
 
     def _value(self, dims: Sequence[int], kind: str, name: str | None = None) -> Tensor:
         self.values.append(Value(tuple(int(d) for d in dims), kind, name))
@@ -125,7 +127,7 @@ class Graph:
               bn: str | None = None) -> list[Tensor]:
         outputs = [self._value(dims, "activation") for dims in output_dims]
         self.nodes.append(Node(kind, module, attrs, tuple(t.index for t in inputs), tuple(t.index for t in outputs),
-                               tuple(t.detached for t in inputs), bn))
+                               tuple(t.detached for t in inputs), bn, self.layer))
         return outputs
 
     # The ops, one builder each: they check nothing (init_kernel does, at compile time) but the dims.
@@ -237,6 +239,7 @@ class Plan:
             self.bn_names = [node.bn for node in graph.nodes if node.bn is not None]
             self.grads: dict[str, Any] = {}
             self.backward_calls: list[tuple[Callable[..., None], tuple]] = []
+            self.backward_layers: list[str | None] = []  # the layer of each backward call (Node.layer)
             self.output_grads: Any = None
             self.input_grad: Any = None
             self.gradient_bytes = 0  # of the gradient buffers the plan made (the network's parameter ones aside)
@@ -387,8 +390,9 @@ class Plan:
         parts: dict[int, list[Any]] = {}  # per value read more than once: its gradient's terms so far
         calls = self.backward_calls
 
-        def reduce(index: int) -> None:
-            """Sum a value's per-use gradients (and the given one of an output also read) into its gradient."""
+        def reduce(index: int, layer: str | None) -> None:
+            """Sum a value's per-use gradients (and the given one of an output also read) into its gradient
+            (a call of `layer`'s)."""
             terms = ([grad[index]] if index in given else []) + parts.pop(index)
             grad[index] = take(index)
             shape = TensorShape(values[index].dims, dtype)
@@ -397,6 +401,7 @@ class Plan:
             self.states.append((gradient_reduction, state))
             function = getattr(gradient_reduction, runtime.prefix + "forward_kernel")
             calls.append((function, (runtime.stream, runtime.handle, state, attrs, terms, grad[index])))
+            self.backward_layers.append(layer)
             for term in terms[1 if index in given else 0:]:
                 release(index, term)
 
@@ -406,7 +411,7 @@ class Plan:
             node = graph.nodes[n]
             for o in node.outputs:
                 if o in parts:
-                    reduce(o)
+                    reduce(o, node.layer)
                 elif grad[o] is None:  # an output nothing reads (one part of a split): its gradient is zero
                     grad[o] = runtime.zeros(values[o].dims)
                     given.add(o)  # a constant: never shared
@@ -421,11 +426,12 @@ class Plan:
                     in_grads.append(take(index, part=True))
                     parts.setdefault(index, []).append(in_grads[-1])
             calls.append(self._backward_call(n, node, grad, in_grads, runtime))
+            self.backward_layers.append(node.layer)
             for o in node.outputs:
                 if o not in given:
                     release(o, grad[o])
-        for index in list(parts):  # the leaves (input, parameters) read more than once
-            reduce(index)
+        for index in list(parts):  # the leaves (input, parameters) read more than once: their first reader's
+            reduce(index, graph.nodes[uses[index][-1][0]].layer)
         self.input_grad = next((grad[i] for i, v in enumerate(values) if v.kind == "input"), None)
         self.grads = {v.name: grad[i] for i, v in enumerate(values) if v.kind == "param" and grad[i] is not None}
 

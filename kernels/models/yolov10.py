@@ -419,7 +419,8 @@ class YOLOv10(Network):
     def trace(self, graph: Graph, x: Tensor, training: bool) -> dict[str, Any]:
         saved: list[Tensor] = []
         upsample = UpsampleAttrs(2)
-        for source, (kind, block) in self.layers[:-1]:
+        for i, (source, (kind, block)) in enumerate(self.layers[:-1]):
+            graph.layer = f"model.{i}"  # each node records its ultralytics layer (profiles)
             if kind == "Upsample":
                 x = graph.upsample(x, upsample)
             elif kind == "Concat":
@@ -428,6 +429,7 @@ class YOLOv10(Network):
                 x = block(graph, x)
             saved.append(x)
         source, (_, detect) = self.layers[-1]
+        graph.layer = f"model.{len(self.layers) - 1}"
         return detect(graph, [saved[j] for j in source], training)
 
     def finish(self, plan: Any, detections: bool = True) -> dict[str, Any]:
