@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from kernels.core import is_floating
+
 # --------------------------------------------------------------------------- tolerances
 
 
@@ -78,7 +80,7 @@ class Case:
         cast = {}
         for name, value in self.inputs.items():
             array = np.asarray(value)
-            if array.dtype.kind in "fiub" and dtype.kind in "fiub":
+            if array.dtype.kind in "fiub" and (dtype.kind in "fiub" or is_floating(dtype)):
                 converted = np.ascontiguousarray(array.astype(dtype))
                 # Declared values must be representable in the case's dtype.
                 if not np.array_equal(converted.astype(np.float64), array.astype(np.float64), equal_nan=True):

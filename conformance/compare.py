@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.core import is_floating
+
 from .case import Tolerance
 
 FIRST_FEW = 5
@@ -42,7 +44,7 @@ def compare(got: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> str 
         return f"dtype {got.dtype}, expected {expected.dtype}"
     if got.size == 0:
         return None
-    if got.dtype.kind == "f":
+    if is_floating(got.dtype):
         distance = ulp_distance(got, expected)
         if tolerance.exact:
             bad = distance > 0
@@ -73,7 +75,7 @@ def needed_ulps(got: np.ndarray, expected: np.ndarray) -> float:
     non-float mismatch): what a case's tolerance is measured with before it is stated."""
     if got.size == 0:
         return 0.0
-    if got.dtype.kind != "f":
+    if not is_floating(got.dtype):
         return 0.0 if np.array_equal(got, expected) else np.inf
     distance = ulp_distance(got, expected)
     finite = expected[np.isfinite(expected)]

@@ -7,6 +7,9 @@ Layout::
     /<op>/<case>/          attrs: attrs (JSON), dtype, tolerance (JSON), description
     /<op>/<case>/inputs/<name>
     /<op>/<case>/expected/<name>
+
+HDF5 has no bfloat16: a bfloat16 tensor is stored as its 16-bit patterns (uint16) with
+the dataset attribute dtype = "bfloat16", and read back as ml_dtypes' bfloat16.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from kernels.core import BFLOAT16
+
 from .case import Case, Golden
 from .cases import CASE_MODULES, all_cases
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: bfloat16 datasets (uint16 bits + a dtype attribute)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The one committed copy, at the root of a checkout; the generator writes it.
 DEFAULT_PATH = os.path.join(ROOT, "goldens.h5")
@@ -116,7 +121,17 @@ def run_program(module: Any, case: Case) -> dict[str, np.ndarray]:
 
 def _dataset(group: Any, name: str, array: np.ndarray) -> None:
     # No timestamps, no compression, fixed layout: regeneration gives the same bytes.
-    group.create_dataset(name, data=array, track_times=False)
+    if array.dtype == BFLOAT16:
+        group.create_dataset(name, data=array.view(np.uint16), track_times=False)
+        group[name].attrs["dtype"] = "bfloat16"
+    else:
+        group.create_dataset(name, data=array, track_times=False)
+
+
+def _read(dataset: Any) -> np.ndarray:
+    """A stored tensor as written: bfloat16 datasets back from their bit patterns."""
+    array = dataset[()]
+    return array.view(BFLOAT16) if dataset.attrs.get("dtype") == "bfloat16" else array
 
 
 # ATen's float64 transcendentals (tanh, erf, pow, exp) come from SIMD code chosen by the CPU it
@@ -193,8 +208,8 @@ class GoldenStore:
                 for name in store[op]:
                     group = store[op][name]
                     self.goldens[f"{op}/{name}"] = Golden(
-                        inputs={k: group["inputs"][k][()] for k in group["inputs"]},
-                        expected={k: group["expected"][k][()] for k in group["expected"]},
+                        inputs={k: _read(group["inputs"][k]) for k in group["inputs"]},
+                        expected={k: _read(group["expected"][k]) for k in group["expected"]},
                     )
 
     def staleness(self, op: str | None = None) -> str | None:

@@ -23,6 +23,7 @@ import numpy as np
 
 import kernels
 from kernels import TensorShape
+from kernels.core import is_floating
 
 from . import red_zones
 from .case import Case, Golden
@@ -101,13 +102,14 @@ def poison_array(shape: tuple[int, ...], dtype: np.dtype, poison: str, seed: int
     """Values a kernel must overwrite: random ones, or NaN (the dtype's maximum for integers)."""
     dtype = np.dtype(dtype)
     rng = np.random.default_rng(seed)
+    floating = dtype.kind == "c" or is_floating(dtype)
     if poison == "nan":
-        if dtype.kind in "fc":
+        if floating:
             return np.full(shape, np.nan, dtype=dtype)
         if dtype.kind == "b":
             return np.ones(shape, dtype=dtype)
         return np.full(shape, np.iinfo(dtype).max, dtype=dtype)
-    if dtype.kind in "fc":
+    if floating:  # (within float16's range: 1e3 times a normal sample stays far below 65504)
         return (rng.standard_normal(shape) * 1e3).astype(dtype)
     if dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(dtype)

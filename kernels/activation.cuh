@@ -14,6 +14,8 @@
 // __expf-style intrinsics, and NVRTC is not given -use_fast_math.
 #pragma once
 
+#include "half.cuh"
+
 // KERNELS_ACTIVATION_NONE, _RELU, _SIGMOID, _TANH, _GELU and _SILU are the codes of
 // kernels.activation.Activation, passed by CudaModule as -D options.
 #if !defined(KERNELS_ACTIVATION_NONE) || !defined(KERNELS_ACTIVATION_SILU)

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import ml_dtypes
 import numpy as np
 
 # --------------------------------------------------------------------------- errors
@@ -68,6 +69,28 @@ Array = Any
 
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# bfloat16 is ml_dtypes' NumPy dtype (the one JAX and TensorFlow use; CuPy takes it too). Its
+# dtype.kind is "V", not "f": ask is_floating, never dtype.kind, whether a dtype is a float.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# The half-precision storage dtypes: stored in 16 bits, computed in float32 (see compute_dtype).
+HALF_DTYPES = (np.dtype(np.float16), BFLOAT16)
+# What the compute ops take once their half-precision code exists: half, single and double.
+ALL_FLOAT_DTYPES = HALF_DTYPES + FLOAT_DTYPES
+
+
+def is_floating(dtype: Any) -> bool:
+    """True for every real floating dtype this library knows: float16, bfloat16, float32, float64."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def compute_dtype(dtype: Any) -> np.dtype:
+    """The dtype a kernel computes and accumulates in for tensors stored in `dtype`: float32 for
+    the half dtypes (as on the GPU: each value is widened when read and rounded once when
+    written), the dtype itself otherwise."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
+
 # The dtypes data-movement ops accept: every NumPy numeric type and bool.
 MOVABLE_DTYPES = tuple(
     np.dtype(t)
@@ -75,7 +98,7 @@ MOVABLE_DTYPES = tuple(
         np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
         np.uint64, np.float16, np.float32, np.float64, np.complex64, np.complex128,
     )
-)
+) + (BFLOAT16,)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .core import CudaError, DeviceError, DTypeError, KernelError, ShapeError
+from .core import BFLOAT16, CudaError, DeviceError, DTypeError, KernelError, ShapeError
 
 try:  # CuPy is the optional 'cuda' extra; its absence is reported when a GPU object is asked for.
     import cupy
@@ -299,6 +299,8 @@ def gpu_handle(device: int = 0) -> GpuHandle:
 # --------------------------------------------------------------------------- NVRTC modules
 
 _CUDA_TYPES = {
+    np.dtype(np.float16): "half_t",  # half.cuh's storage structs: computed in float
+    BFLOAT16: "bfloat16_t",
     np.dtype(np.float32): "float",
     np.dtype(np.float64): "double",
     np.dtype(np.int8): "signed char",
@@ -317,6 +319,7 @@ _BITS_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "u
 
 BITS_TYPES = tuple(_BITS_TYPES.values())
 FLOAT_TYPES = ("float", "double")
+HALF_TYPES = ("half_t", "bfloat16_t")
 INDEX_TYPES = ("int", "long long")
 
 

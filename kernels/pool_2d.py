@@ -284,7 +284,7 @@ def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarra
             else:
                 _cpu_avg_forward(x, attrs, y)
 
-    cpu.cpu_parallel(run, -(-planes // per_block))
+    cpu.cpu_parallel(run, -(-planes // per_block), input.nbytes * (3 if taps is not None else 2))
 
 
 _CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles at once
@@ -321,7 +321,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             block.fill(0)
             np.add.at(block, target.reshape(-1), grad[start:stop].reshape(-1))
 
-    cpu.cpu_parallel(run, -(-(n * c) // planes))
+    cpu.cpu_parallel(run, -(-(n * c) // planes), input_grad.nbytes + grad.nbytes * 3)
 
 
 def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:

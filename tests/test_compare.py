@@ -19,3 +19,28 @@ def test_0d_matches_exactly_and_within_ulps():
     assert compare(np.array(np.nan, np.float64), np.array(np.nan, np.float64), EXACT) is None
     assert ulp_distance(np.array(np.nan, np.float32), np.array(one)) == np.inf
     assert needed_ulps(np.array(np.nextafter(one, np.float32(2))), np.array(one)) == 1.0
+
+
+def test_half_dtypes_count_ulps_in_their_own_spacing():
+    from kernels.core import BFLOAT16
+
+    for dtype, step in ((np.dtype(np.float16), 2.0 ** -10), (BFLOAT16, 2.0 ** -7)):
+        one = np.array([1.0, -1.0], dtype)
+        two_up = np.array([1.0 + 2 * step, -1.0 - 2 * step], dtype)  # 2 ulps each, both signs
+        assert ulp_distance(two_up, one).tolist() == [2.0, 2.0]
+        assert needed_ulps(two_up, one) == 2.0
+        assert compare(two_up, one, ulp(2)) is None
+        report = compare(two_up, one, ulp(1))
+        assert report is not None and report.startswith("2 of 2 values differ (ulp(1)); max ulp distance 2")
+        assert compare(np.array([np.nan], dtype), np.array([1.0], dtype), ulp(8)) is not None
+
+
+def test_poison_of_half_dtypes_is_nan_or_large_finite_values():
+    from conformance.harness import poison_array
+    from kernels.core import BFLOAT16
+
+    for dtype in (np.dtype(np.float16), BFLOAT16):
+        nan = poison_array((3, 4), dtype, "nan", seed=1)
+        assert nan.dtype == dtype and np.isnan(nan.astype(np.float32)).all()
+        noise = poison_array((3, 4), dtype, "random", seed=1).astype(np.float32)
+        assert np.isfinite(noise).all() and np.abs(noise).max() > 100 and len(np.unique(noise)) > 6

@@ -96,3 +96,22 @@ def test_digest_follows_the_torch_program(tmp_path, old, new):
 def test_digest_follows_a_case_declaration(tmp_path):
     edited = _edited_softmax(tmp_path, 'description="DFL decode:', 'description="DFL:')
     assert _digest(edited) != _digest(softmax)
+
+
+def test_bfloat16_is_stored_as_its_bits_and_read_back(tmp_path):
+    import h5py
+    import numpy as np
+
+    from conformance.golden import _dataset, _read
+    from kernels.core import BFLOAT16
+
+    values = np.array([1.0, -2.5, 3.0e38, 2.0 ** -130, np.inf], dtype=BFLOAT16)
+    with h5py.File(tmp_path / "t.h5", "w") as store:
+        _dataset(store, "b", values)
+        _dataset(store, "h", values.astype(np.float16))
+    with h5py.File(tmp_path / "t.h5", "r") as store:
+        assert store["b"].dtype == np.uint16 and store["b"].attrs["dtype"] == "bfloat16"
+        back = _read(store["b"])
+        half = _read(store["h"])
+    assert back.dtype == BFLOAT16 and back.view(np.uint16).tolist() == values.view(np.uint16).tolist()
+    assert half.dtype == np.float16 and half.tolist()[:2] == [1.0, -2.5]

@@ -61,7 +61,8 @@ def _run(blocks: list[Block], function: Callable[[Block], None]) -> None:
             for block in blocks[first:last]:
                 function(block)
 
-    cpu_runtime.cpu_parallel(run, len(blocks))
+    # Each block's elements are read and written in float64 several times over: 16 bytes a pass.
+    cpu_runtime.cpu_parallel(run, len(blocks), len(blocks) * CPU_BLOCK_ELEMENTS * 16)
 
 
 def _sums(layout: Layout, blocks: list[Block], inner_parts: int, terms: int,

@@ -29,7 +29,7 @@ def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) 
     if nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
         function(slice(0, channels))
         return
-    cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels)
+    cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels, 2 * nbytes)
 
 
 def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray, groups: int,
@@ -52,7 +52,7 @@ def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.
         part = slice(first, last)
         function(left[:, part] if image_left else left[part], right[:, part], out=out[:, part])
 
-    cpu_runtime.cpu_parallel(run, groups)
+    cpu_runtime.cpu_parallel(run, groups, left.nbytes + right.nbytes + out.nbytes)
     return out
 
 
