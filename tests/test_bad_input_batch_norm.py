@@ -155,6 +155,7 @@ def test_bad_call(row, device):
     ({"mode": "CHANNEL"}, r"mode: expected a BatchNormMode"),
     ({"activation": "SWISH"}, r"activation: expected a Activation"),
     ({"affine": 1}, r"affine: expected a bool"),
+    ({"backward": 0}, r"backward: expected a bool"),
 ])
 def test_bad_attrs(kwargs, pattern):
     with pytest.raises(AttrsError, match=r"^batch_norm: " + pattern):

@@ -8,7 +8,7 @@ import pytest
 
 from conformance.case import pattern, ulp
 from conformance.compare import compare
-from kernels import BatchNormAttrs, BatchNormMode, TensorShape, batch_norm
+from kernels import BatchNormAttrs, BatchNormMode, StateError, TensorShape, batch_norm
 from kernels.core import BFLOAT16, compute_dtype
 
 from .conftest import DEVICE_PARAMS, Dev, require
@@ -176,6 +176,39 @@ def test_zero_batch_does_nothing(dev):
     assert np.array_equal(dev.host(gamma_grad), np.zeros(3, np.float32))  # sums over no values
     assert np.array_equal(dev.host(beta_grad), np.zeros(3, np.float32))
     batch_norm.cleanup_kernel(dev.handle, state)
+
+
+@pytest.mark.parametrize("dims", [(1, 3, 8, 8), (2, 3, 40, 60), (4, 5)], ids=["one_part", "partials", "rank2"])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_state_without_backward_keeps_nothing_and_writes_the_same_bits(dev, dims, training, dtype):
+    """attrs.backward=False (inference only): the forward's output and running statistics are the bits of a
+    state made for a backward, no pre-activation is kept, and a backward is refused with StateError."""
+    stat_dims = (dims[1],)
+    x = dev.array(pattern(dims, 13, 0.75).astype(dtype))
+    gamma = dev.array(pattern(stat_dims, 9, 0.5, 5).astype(dtype))
+    beta = dev.array(pattern(stat_dims, 7, 0.25).astype(dtype))
+    results = []
+    for backward in (True, False):
+        attrs = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU", backward=backward)
+        state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, dtype), _shape(dims, dtype))
+        state.running_mean[...] = dev.array(np.array([0.5, -0.25, 0.125][:dims[1]] + [0.0] * (dims[1] - 3), dtype))
+        state.running_var[...] = dev.array(np.linspace(0.5, 2, dims[1]).astype(dtype))
+        output = dev.array(np.full(dims, np.nan, dtype))
+        for _ in range(2):
+            batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, x, gamma, beta, output, training=training)
+        dev.stream.synchronize()
+        results.append([dev.host(output), dev.host(state.running_mean), dev.host(state.running_var)])
+        assert (state.pre is None) is (not backward)
+        if not backward:
+            g = dev.array(np.ones(dims, dtype))
+            with pytest.raises(StateError, match=r"batch_norm: state: expected a state made for a backward"):
+                batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, g, x, g, gamma, beta,
+                                           None, None)
+        batch_norm.cleanup_kernel(dev.handle, state)
+    for kept, alone in zip(*results):
+        assert np.array_equal(kept.view(np.uint8), alone.view(np.uint8))
+    assert np.isfinite(results[1][0]).all()
 
 
 def _run_all(device, attrs, dims, dtype, steps=2):

@@ -4,12 +4,14 @@ depthwise, PSA's depthwise positional conv, the head's 1x1 convs with bias and D
 fixed 1x1 conv from 16 bins to 1), and the shapes that hid bugs before: kernels
 and strides that differ in h and w, padding wider than half the kernel, dilation,
 groups neither 1 nor C, batch > 1, odd spatial sizes, float64, zero batch, and
-every fused activation.
+every fused activation, and the fused inference convs (states without backward).
 
 Inputs and filters are quarters in [-2, 2] (pattern()), so every product is a
 multiple of 1/16 and every partial sum of the forward and of both gradients is
 exact in float32 (|sum| < 2^10): EXACT on every device, whatever order cuDNN sums in.
 """
+
+import dataclasses
 
 import numpy as np
 
@@ -34,7 +36,8 @@ def _add(name, input_dims, attrs, dtype=np.float32, tolerance=EXACT, description
         inputs["bias"] = pattern((attrs.out_channels,), modulus=13, offset=5)
     # Positive output gradients for the activation cases: the bias gradient then adds terms of one sign
     # (mostly), so the few-ulp errors of the activation's derivative do not meet cancellation.
-    inputs["output_grad"] = pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0)
+    if attrs.backward:  # a state made with backward=False runs the forward only
+        inputs["output_grad"] = pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0)
     TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description)
 
 
@@ -130,6 +133,28 @@ _add("f64_k1_silu", (2, 3, 4, 5), _conv(5, (1, 1), activation=Activation.SILU), 
      filter_scale=0.125, positive_output_grad=True)
 
 
+# Inference states (backward=False): no pre-activation kept, the bias and activation applied as one
+# epilogue (in the depthwise kernel, else one conv_bias_activation launch on the GPU); the forward only.
+# YOLOv10's fused inference convs: 3x3 and 1x1 with bias and SILU, RepVGGDW folded into a 7x7 depthwise
+# with bias and SILU, SCDown's depthwise with bias alone. The pre-activations are exact (as above) and
+# SILU's value is a few ulps off in the dtype: the forward's bound of the cases above, 2 (float64: 1).
+def _inference(out_channels, kernel, stride=(1, 1), padding=(0, 0), groups=1, activation=Activation.SILU):
+    return dataclasses.replace(_conv(out_channels, kernel, stride, padding, groups=groups, use_bias=True,
+                                     activation=activation), backward=False)
+
+
+_add("inference_k3_s1_p1_bias_silu", (2, 3, 4, 5), _inference(4, (3, 3), padding=(1, 1)), tolerance=ulp(2),
+     filter_scale=0.125, description="fused inference: 3x3 conv, bias and SILU, no backward")
+_add("inference_k1_bias_silu", (2, 5, 6, 7), _inference(3, (1, 1)), tolerance=ulp(2), filter_scale=0.125,
+     description="fused inference: 1x1 conv (pointwise), bias and SILU, no backward")
+_add("inference_depthwise_k7_p3_bias_silu", (1, 4, 9, 10), _inference(4, (7, 7), padding=(3, 3), groups=4),
+     tolerance=ulp(2), filter_scale=0.125, description="fused inference: RepVGGDW folded, depthwise 7x7, bias, SILU")
+_add("inference_depthwise_k3_s2_p1_bias", (2, 4, 9, 8), _inference(4, (3, 3), (2, 2), (1, 1), groups=4, activation=None),
+     description="fused inference: SCDown cv2 folded, depthwise 3x3 stride 2 with bias, no activation")
+_add("f64_inference_k1_bias_silu", (2, 3, 4, 5), _inference(5, (1, 1)), dtype=np.float64, tolerance=ulp(1),
+     filter_scale=0.125, description="fused inference in float64")
+
+
 def _torch_activation(activation, value):
     import torch
     import torch.nn.functional as F
@@ -154,6 +179,8 @@ def torch_program(case, tensors):
                    padding=(attrs.padding_h, attrs.padding_w), dilation=(attrs.dilation_h, attrs.dilation_w),
                    groups=attrs.groups)
     output = _torch_activation(attrs.activation, pre)
+    if not attrs.backward:
+        return {"output": output}
     wanted = [input, filter] + ([bias] if bias is not None else [])
     grads = torch.autograd.grad(output, wanted, tensors["output_grad"], allow_unused=True)
     # An unused gradient (N = 0) is a zero gradient.
@@ -171,6 +198,9 @@ def run(case, env):
     output = env.write("output")
     state = conv_2d.init_kernel(env.handle, attrs, env.shape("input"), env.shape("output"))
     conv_2d.forward_kernel(env.stream, env.handle, state, attrs, input, filter, bias, output)
+    if not attrs.backward:
+        conv_2d.cleanup_kernel(env.handle, state)
+        return
     output_grad = env.read("output_grad")
     input_grad, filter_grad = env.write("input_grad"), env.write("filter_grad")
     bias_grad = env.write("bias_grad") if attrs.use_bias else None

@@ -81,9 +81,13 @@ class BatchNormAttrs:
     momentum: float | None = 0.1
     mode: BatchNormMode = BatchNormMode.SPATIAL
     activation: Activation | None = None  # applied after the normalization, forward and backward
+    # False: no backward will be called on the state (inference only). The forward then keeps nothing
+    # for one (no copy of a fused activation's pre-activation) and backward_kernel raises StateError.
+    backward: bool = True
 
     def __post_init__(self) -> None:
         core.set_attr(self, "affine", core.attr_bool(OP, "affine", self.affine))
+        core.set_attr(self, "backward", core.attr_bool(OP, "backward", self.backward))
         eps = _attr_real("eps", self.eps)
         if eps <= 0:
             raise fail(AttrsError, OP, "eps", "a number > 0", eps)
@@ -235,6 +239,9 @@ def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: An
     rows += _param_rows(state, ("gamma",), (gamma,), True)
     rows += _param_rows(state, ("beta", "gamma_grad", "beta_grad"), (beta, gamma_grad, beta_grad), False)
     core.check_call(OP, stream, handle, state, attrs, rows)
+    if not state.attrs.backward:
+        raise fail(StateError, OP, "state", "a state made for a backward (attrs.backward True)",
+                   "a state made with attrs.backward False (inference only: its forward keeps nothing for one)")
     saved = state.forward
     if saved is None:
         raise fail(StateError, OP, "state", "a forward on this state before backward", "none")

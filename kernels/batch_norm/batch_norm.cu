@@ -241,7 +241,8 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
 #endif
 
 // One element of the forward: output[index] = f((x - mean) * invstd * gamma[s] + beta[s]) (gamma and beta
-// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation.
+// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation
+// and pre is not null (a state made with attrs.backward False passes null: it keeps nothing for a backward).
 template <typename T, typename I>
 __device__ __forceinline__ void forward_one(T x, double mean, double invstd, const compute_t<T>* gamma,
                                             const compute_t<T>* beta, I s, T* pre, T* output, I index,
@@ -253,7 +254,7 @@ __device__ __forceinline__ void forward_one(T x, double mean, double invstd, con
     } else {
         using A = bn_act_t<T>;
         const T pre_value = from_double<T>(value);
-        pre[index] = pre_value;
+        if (pre) pre[index] = pre_value;  // null: a state without backward keeps no pre-activation
         output[index] = from_activation<T>(kernels_activation::activation_forward<A>(activation, (A)to_double(pre_value)));
     }
 }

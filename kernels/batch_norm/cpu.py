@@ -129,14 +129,16 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
         mean = state.running_mean.reshape(-1).astype(np.float64)
         invstd = 1.0 / np.sqrt(state.running_var.reshape(-1).astype(np.float64) + attrs.eps)
     state.forward = SavedForward(training, mean=mean, invstd=invstd)
+    out = _view(output, layout)
     pre = None
-    if attrs.activation is not None:
+    if attrs.activation is not None and not attrs.backward:
+        pre = out  # no backward: the output holds the rounded pre-activation, then f of it (the same bits)
+    elif attrs.activation is not None:
         if state.pre is None:
             state.pre = np.empty(input.shape, input.dtype)
         pre = _view(state.pre, layout)
     gamma64 = None if not attrs.affine else gamma.reshape(-1).astype(np.float64)
     beta64 = None if not attrs.affine else beta.reshape(-1).astype(np.float64)
-    out = _view(output, layout)
     act_dtype = activation_dtype(input.dtype)
 
     def apply(block: Block) -> None:

@@ -132,8 +132,10 @@ class GpuCalls:
             def function(name: str) -> Any:
                 return _CUDA.function(name, state.device)
 
+            # The pre-activation a fused activation's backward reads (none for a state without backward:
+            # the kernels then write the output alone).
             self.pre = (gpu.device_empty(state.shapes["input_shape"].dims, dtype, state.device)
-                        if attrs.activation is not None else _NULL)
+                        if attrs.activation is not None and attrs.backward else _NULL)
             mean, invstd, partials = state.saved_mean, state.saved_invstd, state.partials
             self.fixed_momentum = None if attrs.momentum is None else np.float64(attrs.momentum)
             self.stat_grid = gpu.grid_for(layout.stats)
@@ -196,7 +198,7 @@ def _calls(state: BatchNormState, attrs: BatchNormAttrs, dtype: np.dtype) -> Gpu
     calls = state.calls
     if calls is None:
         calls = state.calls = GpuCalls(state, attrs, dtype)
-        if attrs.activation is not None:
+        if attrs.activation is not None and attrs.backward:
             state.pre = calls.pre
     return calls
 

@@ -1,6 +1,9 @@
 // conv_2d's own kernels: the bias gradient; im2col and the col2im gather around
 // cuBLAS GEMMs for groups == 1; both gradients of depthwise convolutions. The
-// rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu.
+// rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu, or, for a
+// state without backward (no pre-activation kept), in the depthwise forward and in
+// conv_bias_activation, with activation.cuh's same device functions.
+#include "activation.cuh"
 
 // Constants shared with kernels/conv_2d/gpu.py, defined there once and passed as -D options
 // (CudaModule's defines): the launch block sizes of the two shared-memory reductions (powers of
@@ -223,11 +226,12 @@ __global__ void conv_sum_images(const T* __restrict__ partials, T* __restrict__ 
 // Depthwise forward: output[n, o, oh, ow] = sum over taps (i, j) in row-major order of
 // input[n, o / multiplier, oh * sh - ph + i * dh, ow * sw - pw + j * dw] * filter[o, 0, i, j]
 // (taps in the padding skipped), then + bias[o] where has_bias (rounded after the sum, as a
-// separate bias add would). One thread per output element, a fixed order.
+// separate bias add would), then f of that where activation is not KERNELS_ACTIVATION_NONE (the
+// value activation.cu's pass would write from it). One thread per output element, a fixed order.
 template <typename T, typename I>
 __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __restrict__ filter,
                                        const T* __restrict__ bias, T* __restrict__ output, int has_bias,
-                                       I images, I multiplier, ConvGeometry g) {
+                                       int activation, I images, I multiplier, ConvGeometry g) {
     CONV_GEOMETRY_LOCALS(g);
     const I out_channels = channels * multiplier;
     const I total = images * out_channels * out_h * out_w;
@@ -251,6 +255,19 @@ __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __r
             }
         }
         if (has_bias) sum += bias[o];
-        output[index] = sum;
+        output[index] = kernels_activation::activation_forward<T>(activation, sum);
+    }
+}
+
+// The epilogue of a forward whose state keeps no pre-activation, in place over the (N, C, plane)
+// output: data = f(data + bias[c]) (bias where has_bias; f the identity for KERNELS_ACTIVATION_NONE).
+// The sum and f are the operations of a separate bias add and activation.cu's pass: the same bits.
+template <typename T, typename I>
+__global__ void conv_bias_activation(T* __restrict__ data, const T* __restrict__ bias, int has_bias, int activation,
+                                     I total, I plane, I channels) {
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        T value = data[index];
+        if (has_bias) value = value + bias[(index / plane) % channels];
+        data[index] = kernels_activation::activation_forward<T>(activation, value);
     }
 }

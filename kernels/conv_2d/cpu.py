@@ -176,7 +176,8 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
     in state.pre for the backward."""
     n, o, out_h, out_w = output.shape
     groups = attrs.groups
-    target = np.empty_like(output) if attrs.activation is not None else output
+    # The pre-activation: kept for a backward, or (no backward) the output itself, activated in place.
+    target = np.empty_like(output) if attrs.activation is not None and attrs.backward else output
     if out_w >= WIDE_ROWS_BELOW or _plain(attrs):
         columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
         weights = filter.reshape(groups, o // groups, columns.shape[2])
@@ -192,7 +193,8 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         cpu_runtime.cpu_parts(lambda part, bias_part: np.add(part, bias_part, out=part), target, bias.reshape(1, o, 1, 1))
     if attrs.activation is not None:
         activation.cpu_forward(attrs.activation, target, output)
-        state.pre = target
+        if attrs.backward:
+            state.pre = target
 
 
 def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, input: np.ndarray | None,

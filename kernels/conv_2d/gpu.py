@@ -39,7 +39,8 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
-    f"conv_depthwise_forward<{t}, {i}>" for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES],
+    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_bias_activation") for t in gpu.FLOAT_TYPES
+    for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
@@ -55,6 +56,8 @@ gpu_paths.declare("conv_2d", {
     "filter_grad.per_image": "filter_grad one image a GEMM (chunk 1), beta 0 then 1: the sum in image order",
     "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
     "depthwise.forward": "groups == channels > 1: conv_depthwise_forward, the bias added in the kernel",
+    "depthwise.forward_activation": "depthwise, a state without backward: the activation applied in the kernel too",
+    "epilogue": "a state without backward, not depthwise: the bias and activation in one conv_bias_activation",
     "depthwise.input_grad": "depthwise: conv_depthwise_input_grad",
     "depthwise.filter_grad": "depthwise: conv_depthwise_filter_grad, a block per filter tap",
     "bias_grad": "conv_bias_grad: a block per output channel, a tree sum in double",
@@ -217,9 +220,9 @@ def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any
 
 
 def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "input", "filter"], grad: Any,
-                   input: Any, filter: Any, target: Any, bias: Any = None) -> None:
-    """conv_depthwise_forward (grad unused) or conv_depthwise_{input,filter}_grad of conv_2d.cu into
-    target, enqueued on the stream."""
+                   input: Any, filter: Any, target: Any, bias: Any = None, fused: Any = None) -> None:
+    """conv_depthwise_forward (grad unused; the activation `fused` applied in it too, where not None) or
+    conv_depthwise_{input,filter}_grad of conv_2d.cu into target, enqueued on the stream."""
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
     o = attrs.out_channels
@@ -232,8 +235,11 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
     kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
     if which == "forward":
+        if fused is not None:
+            gpu_paths.reach("conv_2d.depthwise.forward_activation")
         gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK,
-                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None)) + sizes)
+                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None),
+                    activation.code(fused)) + sizes)
     elif which == "input":
         gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
     else:
@@ -263,15 +269,20 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
     pre-activation is kept in the state's buffer (state.pre) for the backward."""
     from .. import cudnn
 
-    target = output
-    if attrs.activation is not None:
+    target = output  # without backward, a fused activation is applied in the output itself
+    # Without backward, the bias and activation are one epilogue: in the depthwise kernel, else one
+    # conv_bias_activation launch (rather than cuDNN's AddTensor, then activation.cu's pass).
+    epilogue = attrs.activation is not None and not attrs.backward
+    if attrs.activation is not None and attrs.backward:
         if state.pre_buffer is None:
             state.pre_buffer = _device_buffer(state, output)
         target = state.pre_buffer
     if output.size:
         dtype = output.dtype
-        if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
-            _run_depthwise(stream, state, "forward", None, input, filter, target, bias)
+        depthwise = _convolvable(state) and state.paths["forward"] == "depthwise"
+        if depthwise:  # the bias too, and the activation where it is the epilogue
+            _run_depthwise(stream, state, "forward", None, input, filter, target, bias,
+                           attrs.activation if epilogue else None)
         elif _convolvable(state) and state.paths["forward"] == "gemm":
             gpu_paths.reach("conv_2d.gemm.forward")
             _run_plan(stream, handle, state, _forward_plan(state), {"input": input, "filter": filter, "output": target})
@@ -286,13 +297,22 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
             cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d.x, input.data.ptr,
                                       d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
                                       workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
-        if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+        if epilogue and not depthwise:
+            gpu_paths.reach("conv_2d.epilogue")
+            n, o, out_h, out_w = output.shape
+            index = gpu.index_type(output.size + _GRID_SLACK)
+            scalar = np.int32 if index == "int" else np.int64
+            gpu.launch(stream, _CUDA.function(f"conv_bias_activation<{gpu.cuda_type(dtype)}, {index}>"),
+                       gpu.grid_for(output.size), gpu.BLOCK,
+                       (output, output if bias is None else bias, np.int32(bias is not None),
+                        activation.code(attrs.activation), scalar(output.size), scalar(out_h * out_w), scalar(o)))
+        elif bias is not None and not depthwise:
             gpu_paths.reach("conv_2d.cudnn.add_bias")
             cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,
                              cudnn.scalar(dtype, 1), state.descriptors.y, target.data.ptr)
-        if attrs.activation is not None:
+        if attrs.activation is not None and not epilogue:
             activation.gpu_forward(stream, attrs.activation, target, output)
-    if attrs.activation is not None:
+    if attrs.activation is not None and attrs.backward:
         state.pre = target
 
 
