@@ -160,27 +160,13 @@ def _scratch(like: np.ndarray, slot: int) -> np.ndarray:
     return buffer[:like.size].reshape(like.shape)
 
 
-def widened(function: Any) -> Any:
-    """function(*inputs, output) on blocks of a half dtype, run in float32: the inputs widened (exact),
-    the result computed into a float32 buffer and rounded once (to nearest even) into output, which
-    may alias an input (each is read before output is written)."""
-
-    def run(*blocks: np.ndarray) -> None:
-        *inputs, output = blocks
-        wide = np.empty(output.shape, np.float32)
-        function(*(block.astype(np.float32) for block in inputs), wide)
-        output[...] = wide
-
-    return run
-
-
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
     """output = f(pre) on NumPy arrays of one float dtype and shape; output may be pre itself.
     Half dtypes compute in float32 and round once."""
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
     function = lambda p, o: _forward_block(activation, p, o)  # noqa: E731
-    blockwise(widened(function) if pre.dtype in core.HALF_DTYPES else function, pre, output)
+    blockwise(cpu.widened(function) if pre.dtype in core.HALF_DTYPES else function, pre, output)
 
 
 def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
@@ -241,7 +227,7 @@ def cpu_backward(activation: Activation, pre: np.ndarray, output_grad: np.ndarra
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
     function = lambda p, g, pg: _backward_block(activation, p, g, pg)  # noqa: E731
-    blockwise(widened(function) if pre.dtype in core.HALF_DTYPES else function, pre, output_grad, pre_grad)
+    blockwise(cpu.widened(function) if pre.dtype in core.HALF_DTYPES else function, pre, output_grad, pre_grad)
 
 
 def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.ndarray, pre_grad: np.ndarray) -> None:

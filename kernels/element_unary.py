@@ -173,7 +173,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
 
 def _in_compute_dtype(function: Any, dtype: np.dtype) -> Any:
     """function itself, or for a half dtype the function run in float32 on widened blocks, rounded once."""
-    return activation.widened(function) if dtype in core.HALF_DTYPES else function
+    return cpu.widened(function) if dtype in core.HALF_DTYPES else function
 
 
 def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) -> None:
