@@ -23,7 +23,22 @@ KERNELS_VEC2(int, int2)
 KERNELS_VEC2(unsigned int, uint2)
 KERNELS_VEC2(long long, longlong2)
 KERNELS_VEC2(unsigned long long, ulonglong2)
+struct alignas(4) half_pair { half_t x, y; };
+struct alignas(4) bfloat16_pair { bfloat16_t x, y; };
+KERNELS_VEC2(half_t, half_pair)
+KERNELS_VEC2(bfloat16_t, bfloat16_pair)
 #undef KERNELS_VEC2
+
+// NEAREST backward sums in compute_t<T>: float for the half types (each term widened, the
+// block's sum rounded once), T itself otherwise (integers wrap as they do in T).
+template <typename T> __device__ __forceinline__ T wide(T x) { return x; }
+__device__ __forceinline__ float wide(half_t x) { return widen(x); }
+__device__ __forceinline__ float wide(bfloat16_t x) { return widen(x); }
+template <typename T> struct Stored { static __device__ __forceinline__ T of(T x) { return x; } };
+template <> struct Stored<half_t> { static __device__ __forceinline__ half_t of(float x) { return narrow<half_t>(x); } };
+template <> struct Stored<bfloat16_t> {
+    static __device__ __forceinline__ bfloat16_t of(float x) { return narrow<bfloat16_t>(x); }
+};
 
 // ------------------------------------------------------------------ NEAREST
 
@@ -77,15 +92,15 @@ __global__ void upsample_nearest_backward(const T* __restrict__ output_grad, T* 
         const I row = index / width;
         const I column = index - row * width;
         const T* source = output_grad + row * scale * out_width + column * scale;
-        T sum = source[0];
-        for (int k = 1; k < scale; ++k) sum += source[k];
+        compute_t<T> sum = wide(source[0]);
+        for (int k = 1; k < scale; ++k) sum += wide(source[k]);
         for (int i = 1; i < scale; ++i) {
             source += out_width;
-            T row_sum = source[0];
-            for (int k = 1; k < scale; ++k) row_sum += source[k];
+            compute_t<T> row_sum = wide(source[0]);
+            for (int k = 1; k < scale; ++k) row_sum += wide(source[k]);
             sum += row_sum;
         }
-        input_grad[index] = sum;
+        input_grad[index] = Stored<T>::of(sum);
     }
 }
 
@@ -102,12 +117,12 @@ __global__ void upsample_nearest_backward_x2(const T* __restrict__ output_grad, 
         const T* source = output_grad + row * 2 * out_width + column * 2;
         const V top = *reinterpret_cast<const V*>(source);
         const V bottom = *reinterpret_cast<const V*>(source + out_width);
-        T top_sum = top.x;
-        top_sum += top.y;
-        T bottom_sum = bottom.x;
-        bottom_sum += bottom.y;
+        compute_t<T> top_sum = wide(top.x);
+        top_sum += wide(top.y);
+        compute_t<T> bottom_sum = wide(bottom.x);
+        bottom_sum += wide(bottom.y);
         top_sum += bottom_sum;
-        input_grad[index] = top_sum;
+        input_grad[index] = Stored<T>::of(top_sum);
     }
 }
 

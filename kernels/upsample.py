@@ -3,7 +3,8 @@
 NEAREST (any movable dtype forward) copies input[n, c, h, w] into its s x s
 block, as torch.nn.functional.interpolate(mode='nearest') does for an integer
 scale; its backward sums each s x s block of output_grad (float and integer
-dtypes; integers sum in their own dtype and wrap like it). BILINEAR (float32,
+dtypes; integers sum in their own dtype and wrap like it; float16 and bfloat16
+sum in float32 and round once, on both devices). BILINEAR (float32,
 float64) follows interpolate(mode='bilinear', align_corners=False): source
 coordinate (o + 0.5) / s - 0.5 clamped at 0, weights r / 2s with r an integer,
 each rounded once.
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import core, cpu, gpu, gpu_paths
-from .core import FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
+from .core import FLOAT_DTYPES, HALF_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
 
@@ -31,8 +32,8 @@ class UpsampleMode(enum.Enum):
     BILINEAR = "bilinear"
 
 
-# NEAREST backward sums: float and integer dtypes (bool, float16 and complex are forward only).
-NEAREST_BACKWARD_DTYPES = FLOAT_DTYPES + tuple(
+# NEAREST backward sums: float (half ones in float32) and integer dtypes (bool and complex are forward only).
+NEAREST_BACKWARD_DTYPES = HALF_DTYPES + FLOAT_DTYPES + tuple(
     np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64))
 
 
@@ -202,7 +203,8 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     if input_grad is None:
         return
     backward = _cpu_nearest_backward if attrs.mode is UpsampleMode.NEAREST else _cpu_bilinear_backward
-    cpu.cpu_planes(lambda dy, dx: backward(dy, dx, attrs.scale_factor), output_grad, input_grad)
+    function = lambda dy, dx: backward(dy, dx, attrs.scale_factor)  # noqa: E731
+    cpu.cpu_planes(cpu.widened(function) if input_grad.dtype in HALF_DTYPES else function, output_grad, input_grad)
 
 
 # --------------------------------------------------------------------------- GPU
