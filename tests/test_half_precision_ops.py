@@ -207,3 +207,20 @@ def test_half_scalar_rounds_to_float32_not_to_the_half_dtype():
     assert out[0] == np.float16(np.float32(3.0) * np.float32(0.1))
     assert out[0] != np.float16(3.0) * np.float16(0.1)
     dev.handle.close()
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_element_binary_half_backward_skips_none_gradients(dev, dtype):
+    """A gradient not wanted (None) is skipped; the other is still the float32 one rounded once."""
+    lhs, rhs = _random((4, 30, 5), dtype, 30), _random((1, 30, 1), dtype, 31)
+    g = _random((4, 30, 5), dtype, 32)
+    _, _, expected = _binary(dev, BinaryOpType.MUL, F32, lhs, rhs, g)
+    attrs = ElementBinaryAttrs(BinaryOpType.MUL)
+    state = element_binary.init_kernel(dev.handle, attrs, TensorShape(lhs.shape, dtype), TensorShape(rhs.shape, dtype),
+                                       TensorShape(g.shape, dtype))
+    rhs_grad = dev.array(np.zeros(rhs.shape), dtype)
+    element_binary.backward_kernel(dev.stream, dev.handle, state, attrs, None, dev.array(g, dtype), dev.array(lhs, dtype),
+                                   None, dev.array(rhs, dtype), rhs_grad)
+    dev.stream.synchronize()
+    element_binary.cleanup_kernel(dev.handle, state)
+    _same_as_float32_rounded(dev.host(rhs_grad), expected, dtype)
