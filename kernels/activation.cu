@@ -2,7 +2,9 @@
 // grid-stride elementwise kernel per direction, the activation a template
 // parameter so that each instantiation is branch-free. Where every pointer is
 // 16-byte aligned (`aligned`), each thread moves 16-byte packs, then the
-// remainder goes one element at a time.
+// remainder goes one element at a time. Half types (half_t, bfloat16_t) are
+// widened to float as read, activated in float, and rounded once as written
+// (16-byte packs of 8 halves).
 //
 // No __restrict__: output may be pre (in place) and pre_grad may be pre or
 // output_grad; every element is read before it is written, by the same thread.
@@ -25,11 +27,11 @@ __global__ void activation_forward_kernel(const T* pre, T* output, long long cou
     for (long long i = first; i < packs; i += stride) {
         Pack<T> pack = reinterpret_cast<const Pack<T>*>(pre)[i];
 #pragma unroll
-        for (int k = 0; k < width; ++k) pack.v[k] = kernels_activation::activation_forward<T>(CODE, pack.v[k]);
+        for (int k = 0; k < width; ++k) pack.v[k] = kernels_activation::activate<T>(CODE, pack.v[k]);
         reinterpret_cast<Pack<T>*>(output)[i] = pack;
     }
     for (long long i = packs * width + first; i < count; i += stride) {
-        output[i] = kernels_activation::activation_forward<T>(CODE, pre[i]);
+        output[i] = kernels_activation::activate<T>(CODE, pre[i]);
     }
 }
 
@@ -45,10 +47,10 @@ __global__ void activation_backward_kernel(const T* pre, const T* output_grad, T
         Pack<T> x = reinterpret_cast<const Pack<T>*>(pre)[i];
         Pack<T> dy = reinterpret_cast<const Pack<T>*>(output_grad)[i];
 #pragma unroll
-        for (int k = 0; k < width; ++k) dy.v[k] = kernels_activation::activation_backward<T>(CODE, x.v[k], dy.v[k]);
+        for (int k = 0; k < width; ++k) dy.v[k] = kernels_activation::activate_backward<T>(CODE, x.v[k], dy.v[k]);
         reinterpret_cast<Pack<T>*>(pre_grad)[i] = dy;
     }
     for (long long i = packs * width + first; i < count; i += stride) {
-        pre_grad[i] = kernels_activation::activation_backward<T>(CODE, pre[i], output_grad[i]);
+        pre_grad[i] = kernels_activation::activate_backward<T>(CODE, pre[i], output_grad[i]);
     }
 }

@@ -1,5 +1,8 @@
 // The activations fused into conv_2d, batch_norm and pool_2d and used by
-// element_unary: device functions on one value, for float and double.
+// element_unary: device functions on one value, for float and double (the compute
+// types). A half-precision value (half_t, bfloat16_t) is activated in float:
+// activate<T> / activate_backward<T> widen, call the float functions, and round
+// once; an epilogue holding a float already calls activation_forward<float>.
 // Include it ("activation.cuh") from any op's .cu file; the codes are the
 // values of kernels.activation.Activation (activation.code() in Python), and
 // KERNELS_ACTIVATION_NONE (-1) stands for no activation.
@@ -43,6 +46,7 @@ __device__ __forceinline__ T sigmoid(T x) {
 // f(x) for an activation code; KERNELS_ACTIVATION_NONE (or any other code) is the identity.
 template <typename T>
 __device__ __forceinline__ T activation_forward(int code, T x) {
+    static_assert(sizeof(T) >= 4, "activation_forward computes in float or double: widen a half value first");
     switch (code) {
     case KERNELS_ACTIVATION_RELU:
         return x < T(0) ? T(0) : x;  // NaN stays NaN, as torch.relu
@@ -62,6 +66,7 @@ __device__ __forceinline__ T activation_forward(int code, T x) {
 // output_grad * f'(x), where x is the pre-activation value.
 template <typename T>
 __device__ __forceinline__ T activation_backward(int code, T x, T output_grad) {
+    static_assert(sizeof(T) >= 4, "activation_backward computes in float or double: widen half values first");
     switch (code) {
     case KERNELS_ACTIVATION_RELU:
         return x <= T(0) ? T(0) : output_grad;  // torch's threshold_backward
@@ -85,6 +90,18 @@ __device__ __forceinline__ T activation_backward(int code, T x, T output_grad) {
     default:
         return output_grad;
     }
+}
+
+// A stored value of any float type T (half_t, bfloat16_t, float, double): widened to
+// compute_t<T>, activated, rounded once to T.
+template <typename T>
+__device__ __forceinline__ T activate(int code, T x) {
+    return narrow<T>(activation_forward<compute_t<T>>(code, widen(x)));
+}
+
+template <typename T>
+__device__ __forceinline__ T activate_backward(int code, T x, T output_grad) {
+    return narrow<T>(activation_backward<compute_t<T>>(code, widen(x), widen(output_grad)));
 }
 
 }  // namespace kernels_activation

@@ -2,8 +2,11 @@
 pool_2d fuse them (``activation`` attrs), element_unary exposes them.
 
 Forward ``output = f(pre)`` and backward ``pre_grad = output_grad * f'(pre)``,
-on NumPy arrays (``cpu_*``) or CuPy arrays on a stream (``gpu_*``), float32 and
-float64. Formulas follow PyTorch (ATen): GELU is the exact erf form, SiLU is
+on NumPy arrays (``cpu_*``) or CuPy arrays on a stream (``gpu_*``), float16,
+bfloat16, float32 and float64. A half-precision tensor is widened to float32 as it
+is read, the activation runs in float32, and the result is rounded once to the
+half dtype as it is written, on both devices (the GPU kernels use activation.cuh's
+functions on compute_t values between widen and narrow). Formulas follow PyTorch (ATen): GELU is the exact erf form, SiLU is
 ``x * sigmoid(x)``, relu'(0) = 0. The CUDA device functions are in
 ``activation.cuh`` for other ops' kernels to ``#include``; :func:`code` gives
 the integer an activation (or None) has there.
@@ -158,10 +161,12 @@ def _scratch(like: np.ndarray, slot: int) -> np.ndarray:
 
 
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
-    """output = f(pre) on NumPy arrays of one float dtype and shape; output may be pre itself."""
+    """output = f(pre) on NumPy arrays of one float dtype and shape; output may be pre itself.
+    Half dtypes compute in float32 and round once."""
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
-    blockwise(lambda p, o: _forward_block(activation, p, o), pre, output)
+    function = lambda p, o: _forward_block(activation, p, o)  # noqa: E731
+    blockwise(cpu.widened(function) if pre.dtype in core.HALF_DTYPES else function, pre, output)
 
 
 def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
@@ -217,10 +222,12 @@ def cpu_derivative(activation: Activation, pre: np.ndarray) -> np.ndarray:
 
 
 def cpu_backward(activation: Activation, pre: np.ndarray, output_grad: np.ndarray, pre_grad: np.ndarray) -> None:
-    """pre_grad = output_grad * f'(pre); output_grad is only read. pre_grad may alias pre or output_grad."""
+    """pre_grad = output_grad * f'(pre); output_grad is only read. pre_grad may alias pre or output_grad.
+    Half dtypes compute in float32 and round once."""
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
-    blockwise(lambda p, g, pg: _backward_block(activation, p, g, pg), pre, output_grad, pre_grad)
+    function = lambda p, g, pg: _backward_block(activation, p, g, pg)  # noqa: E731
+    blockwise(cpu.widened(function) if pre.dtype in core.HALF_DTYPES else function, pre, output_grad, pre_grad)
 
 
 def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.ndarray, pre_grad: np.ndarray) -> None:
@@ -252,7 +259,7 @@ def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.nda
 
 _CUDA = gpu.CudaModule("activation.cu", [
     f"activation_{direction}_kernel<{cuda_type}, {member.value}>"
-    for direction in ("forward", "backward") for cuda_type in gpu.FLOAT_TYPES for member in Activation
+    for direction in ("forward", "backward") for cuda_type in gpu.HALF_TYPES + gpu.FLOAT_TYPES for member in Activation
 ])
 
 

@@ -274,3 +274,17 @@ def blas_threads() -> Iterator[None]:
     finally:
         for controller, before in changed:
             controller.set_num_threads(before)
+
+
+def widened(function: Any) -> Any:
+    """function(*inputs, output) on blocks of a half dtype, run in float32: the inputs widened (exact),
+    the result computed into a float32 buffer and rounded once (to nearest even) into output, which
+    may alias an input (each is read before output is written)."""
+
+    def run(*blocks: np.ndarray) -> None:
+        *inputs, output = blocks
+        wide = np.empty(output.shape, np.float32)
+        function(*(block.astype(np.float32) for block in inputs), wide)
+        output[...] = wide
+
+    return run

@@ -1,7 +1,8 @@
 // element_unary: one forward and one backward kernel, templated on the dtype and
 // the op code (kernels.element_unary.UnaryOpType values), so that each
 // instantiation is a branch-free elementwise loop. The activations shared with
-// the fused ops come from activation.cuh. Math is done in T with CUDA's accurate
+// the fused ops come from activation.cuh. Math is done in compute_t<T> (float for
+// the half types, widened on read and rounded once on write) with CUDA's accurate
 // functions (never the __expf-style intrinsics; NVRTC has no -use_fast_math),
 // and 1/sqrt is IEEE sqrt then IEEE division (not rsqrt), so exact where the math is.
 #include "activation.cuh"
@@ -109,10 +110,13 @@ struct alignas(16) Pack {
 }  // namespace element_unary_math
 
 // Packs of 16 bytes first (when `aligned`), then the remaining elements one by one.
+// Values are computed in C = compute_t<T> (float for half_t and bfloat16_t: widened
+// as read, rounded once as written); the scalar comes in C.
 template <typename T, int OP>
 __global__ void element_unary_forward(const T* __restrict__ input, T* __restrict__ output, long long count,
-                                      T scalar, int aligned) {
+                                      compute_t<T> scalar, int aligned) {
     using namespace element_unary_math;
+    using C = compute_t<T>;
     constexpr int width = 16 / sizeof(T);
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -122,16 +126,18 @@ __global__ void element_unary_forward(const T* __restrict__ input, T* __restrict
     for (long long i = first; i < packs; i += stride) {
         Pack<T> pack = input_packs[i];
 #pragma unroll
-        for (int k = 0; k < width; ++k) pack.v[k] = forward<T, OP>(pack.v[k], scalar);
+        for (int k = 0; k < width; ++k) pack.v[k] = narrow<T>(forward<C, OP>(widen(pack.v[k]), scalar));
         output_packs[i] = pack;
     }
-    for (long long i = packs * width + first; i < count; i += stride) output[i] = forward<T, OP>(input[i], scalar);
+    for (long long i = packs * width + first; i < count; i += stride)
+        output[i] = narrow<T>(forward<C, OP>(widen(input[i]), scalar));
 }
 
 template <typename T, int OP>
 __global__ void element_unary_backward(const T* __restrict__ input, const T* __restrict__ output_grad,
-                                       T* __restrict__ input_grad, long long count, T scalar, int aligned) {
+                                       T* __restrict__ input_grad, long long count, compute_t<T> scalar, int aligned) {
     using namespace element_unary_math;
+    using C = compute_t<T>;
     constexpr int width = 16 / sizeof(T);
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -145,11 +151,11 @@ __global__ void element_unary_backward(const T* __restrict__ input, const T* __r
         if constexpr (reads_input<OP>()) x = input_packs[i];
         else x = dy;  // never used
 #pragma unroll
-        for (int k = 0; k < width; ++k) dy.v[k] = backward<T, OP>(x.v[k], dy.v[k], scalar);
+        for (int k = 0; k < width; ++k) dy.v[k] = narrow<T>(backward<C, OP>(widen(x.v[k]), widen(dy.v[k]), scalar));
         input_grad_packs[i] = dy;
     }
     for (long long i = packs * width + first; i < count; i += stride) {
-        T x = reads_input<OP>() ? input[i] : T(0);
-        input_grad[i] = backward<T, OP>(x, output_grad[i], scalar);
+        const C x = reads_input<OP>() ? widen(input[i]) : C(0);
+        input_grad[i] = narrow<T>(backward<C, OP>(x, widen(output_grad[i]), scalar));
     }
 }

@@ -1,4 +1,5 @@
-"""element_unary: output = f(input) elementwise, for sixteen op types; float32 and float64.
+"""element_unary: output = f(input) elementwise, for sixteen op types; float16, bfloat16, float32
+and float64.
 
 RELU, SIGMOID, TANH, GELU (exact erf form) and SILU with beta 1 are the shared
 activations of :mod:`kernels.activation`. The others, with PyTorch's formulas:
@@ -18,7 +19,10 @@ activations of :mod:`kernels.activation`. The others, with PyTorch's formulas:
 | SCALAR_TRUE_DIV | c (required)                | x / c                   | dy / c                                |
 
 The scalar is rounded to the tensor's dtype and the math is done in that dtype,
-as PyTorch does for a Python scalar. POW takes PyTorch's exact shortcuts
+as PyTorch does for a Python scalar. Half-precision tensors (float16, bfloat16)
+compute in float32 on both devices, as PyTorch's opmath does: each value is
+widened when read, the scalar is rounded to float32 (not to the half dtype), and
+the result is rounded once to the half dtype when written. POW takes PyTorch's exact shortcuts
 (p = 2, 3: products; 0.5: sqrt; -0.5: 1/sqrt; -1, -2: reciprocals), and RSQRT is
 1/sqrt(x) with IEEE sqrt and division on both devices, so both are exact where
 the math is. An op type that takes no scalar refuses one rather than ignore it.
@@ -38,7 +42,7 @@ import numpy as np
 
 from . import activation, core, cpu, gpu, gpu_paths
 from .activation import Activation
-from .core import FLOAT_DTYPES, AttrsError, TensorShape, fail
+from .core import ALL_FLOAT_DTYPES, AttrsError, TensorShape, fail
 
 OP = "element_unary"
 
@@ -119,7 +123,7 @@ class ElementUnaryAttrs:
 def init_kernel(handle: Any, attrs: ElementUnaryAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
     """Check that input and output have the same dims and one float dtype, and record them."""
     state = core.make_state(OP, handle, attrs, ElementUnaryAttrs, input_shape=input_shape, output_shape=output_shape)
-    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "input_shape", input_shape, ALL_FLOAT_DTYPES)
     core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
     return state
@@ -163,7 +167,13 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
                        input: core.Array, output: core.Array) -> None:
     """output = f(input), over cache-sized blocks."""
     _check_forward(stream, handle, state, attrs, input, output)
-    activation.blockwise(lambda x, out: _cpu_forward(attrs, x, out), input, output)
+    function = lambda x, out: _cpu_forward(attrs, x, out)  # noqa: E731
+    activation.blockwise(_in_compute_dtype(function, input.dtype), input, output)
+
+
+def _in_compute_dtype(function: Any, dtype: np.dtype) -> Any:
+    """function itself, or for a half dtype the function run in float32 on widened blocks, rounded once."""
+    return cpu.widened(function) if dtype in core.HALF_DTYPES else function
 
 
 def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) -> None:
@@ -209,7 +219,8 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
         return
     # Constant derivatives never read input; output_grad stands in for it when it is None.
     source = output_grad if input is None else input
-    activation.blockwise(lambda x, dy, dx: _cpu_backward(attrs, x, dy, dx), source, output_grad, input_grad)
+    function = lambda x, dy, dx: _cpu_backward(attrs, x, dy, dx)  # noqa: E731
+    activation.blockwise(_in_compute_dtype(function, input_grad.dtype), source, output_grad, input_grad)
 
 
 def _cpu_backward(attrs: ElementUnaryAttrs, x: np.ndarray, dy: np.ndarray, input_grad: np.ndarray) -> None:
@@ -251,7 +262,7 @@ def _cpu_backward(attrs: ElementUnaryAttrs, x: np.ndarray, dy: np.ndarray, input
 
 _CUDA = gpu.CudaModule("element_unary.cu", [
     f"element_unary_{direction}<{cuda_type}, {op_type.value}>"
-    for direction in ("forward", "backward") for cuda_type in gpu.FLOAT_TYPES for op_type in UnaryOpType
+    for direction in ("forward", "backward") for cuda_type in gpu.HALF_TYPES + gpu.FLOAT_TYPES for op_type in UnaryOpType
 ], defines={f"OP_{op_type.name}": op_type.value for op_type in UnaryOpType})
 
 _PACK_BYTES = 16  # each thread moves 16-byte packs where every pointer allows it
@@ -280,7 +291,7 @@ def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, 
     plan = state.saved.get(key)
     if plan is None:
         kernel = _CUDA.function(f"element_unary_{direction}<{gpu.cuda_type(dtype)}, {attrs.op_type.value}>")
-        scalar = dtype.type(0.0 if attrs.scalar is None else attrs.scalar)
+        scalar = core.compute_dtype(dtype).type(0.0 if attrs.scalar is None else attrs.scalar)  # float32 for halves
         per_thread = _PACK_BYTES // dtype.itemsize if aligned else 1
         plan = state.saved[key] = (kernel, gpu.grid_for(count, per_thread=per_thread), np.int64(count), scalar,
                                    np.int32(aligned), plan_paths(direction, attrs.op_type, aligned))

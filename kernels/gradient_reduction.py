@@ -3,7 +3,8 @@ tensor read more than once, each use having written its own buffer.
 
 The sum runs left to right, ((inputs[0] + inputs[1]) + inputs[2]) + ..., on both
 devices, so float results are bitwise the same on CPU and GPU. Integer sums wrap
-like NumPy. Backward writes output_grad into every input_grads[i] that is not None.
+like NumPy. float16 and bfloat16 are summed in float32 (each term widened, left to
+right) and rounded once to the dtype, on both devices. Backward writes output_grad into every input_grads[i] that is not None.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import core, cpu, gpu, gpu_paths
-from .core import FLOAT_DTYPES, TensorShape
+from .core import ALL_FLOAT_DTYPES, TensorShape
 
 OP = "gradient_reduction"
 
 INTEGER_DTYPES = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
                                              np.int64, np.uint64))
-SUMMABLE_DTYPES = FLOAT_DTYPES + INTEGER_DTYPES
+SUMMABLE_DTYPES = ALL_FLOAT_DTYPES + INTEGER_DTYPES
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,13 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, inputs, i
 
 
 def _sum(output: np.ndarray, first: np.ndarray, *rest: np.ndarray) -> None:
-    """output = first + rest[0] + ..., left to right."""
+    """output = first + rest[0] + ..., left to right; half dtypes in float32, rounded once."""
+    if output.dtype in core.HALF_DTYPES:
+        total = first.astype(np.float32)
+        for term in rest:
+            np.add(total, term, out=total)  # the term widened exactly, the sum rounded to float32
+        output[...] = total
+        return
     np.copyto(output, first)
     for term in rest:
         np.add(output, term, out=output)
@@ -95,6 +102,9 @@ def _sum_type(dtype: np.dtype) -> str:
 
 
 _CUDA = gpu.CudaModule("gradient_reduction.cu", [
+    f"gradient_reduction_sum_wide<{type_name}, {index}, {pack}>"
+    for type_name in gpu.HALF_TYPES for index in gpu.INDEX_TYPES for pack in (1, 8)
+] + [
     f"gradient_reduction_sum<{type_name}, {index}, {pack}>"
     for type_name, size in [("float", 4), ("double", 8)] + [(name, size) for size, name in _SUM_TYPES.items()]
     for index in gpu.INDEX_TYPES for pack in sorted({1, 16 // size})
@@ -108,6 +118,8 @@ gpu_paths.declare(OP, {
     "sum.scalars": "gradient_reduction_sum<T, I, 1>: some pointer not 16-byte aligned, one element at a time",
     "sum.float": "the sum in the float type itself (float32, float64)",
     "sum.integer": "an integer sum in the unsigned type of its width (wrap-around defined)",
+    "sum.half": "gradient_reduction_sum_wide<T, I, V>: float16/bfloat16 summed in float32, rounded once",
+    "sum.half_carry": "a half sum of more than 12 terms: a float32 carry between the launches",
     "sum.batches": "more than 12 terms: one launch per 12, the output the next launch's first term",
     "fanout.batches": "more than 12 gradients wanted: one launch per 12",
     **{f"fanout.unit{unit}": f"gradient_reduction_fanout moving {unit}-byte units" for unit in (16, 8, 4, 2, 1)},
@@ -134,6 +146,9 @@ def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -
         gpu_paths.reach(path)
     if len(inputs) > MAX_POINTERS:
         gpu_paths.reach("gradient_reduction.sum.batches")
+    if output.dtype in core.HALF_DTYPES:
+        _gpu_sum_wide(stream, inputs, output, plan, plans)
+        return
     pointers = [x.data.ptr for x in inputs]
     while pointers:
         # After the first launch the output holds the sum so far: it is the next launch's first term.
@@ -141,6 +156,25 @@ def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -
         gpu.launch(stream, kernel, grid, gpu.BLOCK, (output, count, _INT32[len(batch)], gpu.ints_arg(batch)))
         if pointers:
             pointers = [output.data.ptr] + pointers
+
+
+def _gpu_sum_wide(stream, inputs: list[Any], output: Any, plan: tuple, plans: dict | None) -> None:
+    """The half-precision sum: float32 throughout, one launch per 12 inputs chained through a float32
+    carry (made on first need, kept in `plans`), the output rounded once by the last launch."""
+    kernel, grid, count, _ = plan
+    batches = [inputs[i:i + MAX_POINTERS] for i in range(0, len(inputs), MAX_POINTERS)]
+    carry = output  # never read nor written with a single launch
+    if len(batches) > 1:
+        gpu_paths.reach("gradient_reduction.sum.half_carry")
+        carry = None if plans is None else plans.get("carry")
+        if carry is None or carry.size < output.size:
+            carry = gpu.device_empty((output.size,), np.float32, output.device.id)
+            if plans is not None:
+                plans["carry"] = carry
+    for i, batch in enumerate(batches):
+        gpu.launch(stream, kernel, grid, gpu.BLOCK,
+                   (output, carry, count, _INT32[len(batch)], _INT32[int(i > 0)], _INT32[int(i < len(batches) - 1)],
+                    gpu.ints_arg([x.data.ptr for x in batch])))
 
 
 def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
@@ -152,8 +186,13 @@ def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
     pack = 16 // dtype.itemsize if aligned else 1
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
-    kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
-    paths = (f"{OP}.sum.{'packs' if aligned else 'scalars'}", f"{OP}.sum.{'float' if dtype.kind == 'f' else 'integer'}")
+    if dtype in core.HALF_DTYPES:
+        kernel = _CUDA.function(f"gradient_reduction_sum_wide<{gpu.cuda_type(dtype)}, {index}, {pack}>")
+        kind = "half"
+    else:
+        kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
+        kind = "float" if dtype.kind == "f" else "integer"
+    paths = (f"{OP}.sum.{'packs' if aligned else 'scalars'}", f"{OP}.sum.{kind}")
     return kernel, gpu.grid_for(count // pack), scalar(count), paths
 
 

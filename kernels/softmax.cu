@@ -16,6 +16,9 @@
 //
 // Forward:  y = exp(x - max) / sum(exp(x - max))        (stable: the max is subtracted)
 // Backward: input_grad = y * (g - sum(g * y))           (from the output y alone)
+//
+// T is the storage type; values are held and reduced in C = compute_t<T> (float for
+// half_t and bfloat16_t: widened as loaded, rounded once as stored).
 #include "common.cuh"
 
 #define FULL_MASK 0xffffffffu
@@ -103,8 +106,9 @@ __host__ __device__ constexpr int rows_min_blocks() {
 // order (j = 0, 1, ..., then the butterfly), so they give the same bits. The loop
 // bound is the same for the whole warp, so every lane reaches every shuffle.
 template <typename T, int WIDTH, int PER_LANE>
-__global__ void __launch_bounds__(128, rows_min_blocks<T, PER_LANE>()) softmax_forward_rows(const T* __restrict__ input, T* __restrict__ output,
+__global__ void __launch_bounds__(128, rows_min_blocks<compute_t<T>, PER_LANE>()) softmax_forward_rows(const T* __restrict__ input, T* __restrict__ output,
                                                             long long rows, int size) {
+    using C = compute_t<T>;
     constexpr int VEC = rows_vec<T, WIDTH, PER_LANE>();
     constexpr int CHUNKS = PER_LANE / VEC;
     constexpr int STRIDE = WIDTH * VEC;  // elements between a lane's chunks
@@ -121,39 +125,39 @@ __global__ void __launch_bounds__(128, rows_min_blocks<T, PER_LANE>()) softmax_f
         const long long row = base + (threadIdx.x % 32) / WIDTH;
         const bool valid = row < rows;
         const T* in = input + (valid ? row : 0) * size + first_in_lane;
-        T v[PER_LANE];
+        C v[PER_LANE];
         if (packed) {
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
                 if (valid && first_in_lane + c * STRIDE < size) {
                     const Pack<T, VEC> p = *reinterpret_cast<const Pack<T, VEC>*>(in + c * STRIDE);
 #pragma unroll
-                    for (int i = 0; i < VEC; ++i) v[c * VEC + i] = p.v[i];
+                    for (int i = 0; i < VEC; ++i) v[c * VEC + i] = widen(p.v[i]);
                 } else {
 #pragma unroll
-                    for (int i = 0; i < VEC; ++i) v[c * VEC + i] = lowest<T>();
+                    for (int i = 0; i < VEC; ++i) v[c * VEC + i] = lowest<C>();
                 }
             }
         } else {
 #pragma unroll
             for (int j = 0; j < PER_LANE; ++j) {
                 const int at = (j / VEC) * STRIDE + j % VEC;
-                v[j] = (valid && first_in_lane + at < size) ? in[at] : lowest<T>();
+                v[j] = (valid && first_in_lane + at < size) ? widen(in[at]) : lowest<C>();
             }
         }
-        T row_max = lowest<T>();
+        C row_max = lowest<C>();
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) row_max = larger(row_max, v[j]);
-        row_max = group_max<T, WIDTH>(row_max);
-        T sum = T(0);
+        row_max = group_max<C, WIDTH>(row_max);
+        C sum = C(0);
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) {
             const int at = (j / VEC) * STRIDE + j % VEC;
-            v[j] = first_in_lane + at < size ? exp_of(v[j] - row_max) : T(0);
+            v[j] = first_in_lane + at < size ? exp_of(v[j] - row_max) : C(0);
             sum += v[j];
         }
-        sum = group_sum<T, WIDTH>(sum);
-        const T inverse = reciprocal(sum);
+        sum = group_sum<C, WIDTH>(sum);
+        const C inverse = reciprocal(sum);
         if (valid) {
             T* out = output + row * size + first_in_lane;
             if (packed) {
@@ -162,7 +166,7 @@ __global__ void __launch_bounds__(128, rows_min_blocks<T, PER_LANE>()) softmax_f
                     if (first_in_lane + c * STRIDE < size) {
                         Pack<T, VEC> p;
 #pragma unroll
-                        for (int i = 0; i < VEC; ++i) p.v[i] = divide(v[c * VEC + i], sum, inverse);
+                        for (int i = 0; i < VEC; ++i) p.v[i] = narrow<T>(divide(v[c * VEC + i], sum, inverse));
                         *reinterpret_cast<Pack<T, VEC>*>(out + c * STRIDE) = p;
                     }
                 }
@@ -170,7 +174,7 @@ __global__ void __launch_bounds__(128, rows_min_blocks<T, PER_LANE>()) softmax_f
 #pragma unroll
                 for (int j = 0; j < PER_LANE; ++j) {
                     const int at = (j / VEC) * STRIDE + j % VEC;
-                    if (first_in_lane + at < size) out[at] = divide(v[j], sum, inverse);
+                    if (first_in_lane + at < size) out[at] = narrow<T>(divide(v[j], sum, inverse));
                 }
             }
         }
@@ -182,6 +186,7 @@ template <typename T, int WIDTH, int PER_LANE>
 __global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict__ output,
                                                              const T* __restrict__ output_grad,
                                                              T* __restrict__ input_grad, long long rows, int size) {
+    using C = compute_t<T>;
     constexpr int VEC = rows_vec<T, WIDTH, PER_LANE>();
     constexpr int CHUNKS = PER_LANE / VEC;
     constexpr int STRIDE = WIDTH * VEC;
@@ -200,7 +205,7 @@ __global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict
         const long long offset = (valid ? row : 0) * size + first_in_lane;
         const T* y_row = output + offset;
         const T* g_row = output_grad + offset;
-        T y[PER_LANE], g[PER_LANE];
+        C y[PER_LANE], g[PER_LANE];
         if (packed) {
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) {
@@ -209,12 +214,12 @@ __global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict
                     const Pack<T, VEC> pg = *reinterpret_cast<const Pack<T, VEC>*>(g_row + c * STRIDE);
 #pragma unroll
                     for (int i = 0; i < VEC; ++i) {
-                        y[c * VEC + i] = py.v[i];
-                        g[c * VEC + i] = pg.v[i];
+                        y[c * VEC + i] = widen(py.v[i]);
+                        g[c * VEC + i] = widen(pg.v[i]);
                     }
                 } else {
 #pragma unroll
-                    for (int i = 0; i < VEC; ++i) y[c * VEC + i] = g[c * VEC + i] = T(0);
+                    for (int i = 0; i < VEC; ++i) y[c * VEC + i] = g[c * VEC + i] = C(0);
                 }
             }
         } else {
@@ -222,14 +227,14 @@ __global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict
             for (int j = 0; j < PER_LANE; ++j) {
                 const int at = (j / VEC) * STRIDE + j % VEC;
                 const bool inside = valid && first_in_lane + at < size;
-                y[j] = inside ? y_row[at] : T(0);
-                g[j] = inside ? g_row[at] : T(0);
+                y[j] = inside ? widen(y_row[at]) : C(0);
+                g[j] = inside ? widen(g_row[at]) : C(0);
             }
         }
-        T dot = T(0);
+        C dot = C(0);
 #pragma unroll
         for (int j = 0; j < PER_LANE; ++j) dot += g[j] * y[j];
-        dot = group_sum<T, WIDTH>(dot);
+        dot = group_sum<C, WIDTH>(dot);
         if (valid) {
             T* dx_row = input_grad + offset;
             if (packed) {
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict
                     if (first_in_lane + c * STRIDE < size) {
                         Pack<T, VEC> p;
 #pragma unroll
-                        for (int i = 0; i < VEC; ++i) p.v[i] = y[c * VEC + i] * (g[c * VEC + i] - dot);
+                        for (int i = 0; i < VEC; ++i) p.v[i] = narrow<T>(y[c * VEC + i] * (g[c * VEC + i] - dot));
                         *reinterpret_cast<Pack<T, VEC>*>(dx_row + c * STRIDE) = p;
                     }
                 }
@@ -246,7 +251,7 @@ __global__ void __launch_bounds__(128) softmax_backward_rows(const T* __restrict
 #pragma unroll
                 for (int j = 0; j < PER_LANE; ++j) {
                     const int at = (j / VEC) * STRIDE + j % VEC;
-                    if (first_in_lane + at < size) dx_row[at] = y[j] * (g[j] - dot);
+                    if (first_in_lane + at < size) dx_row[at] = narrow<T>(y[j] * (g[j] - dot));
                 }
             }
         }
@@ -296,35 +301,37 @@ __device__ __forceinline__ T block_sum(T value, T* scratch) {
 template <typename T>
 __global__ void softmax_forward_block(const T* __restrict__ input, T* __restrict__ output,
                                       long long columns, long long size, long long inner) {
-    __shared__ T scratch[33];
+    using C = compute_t<T>;
+    __shared__ C scratch[33];
     for (long long column = blockIdx.x; column < columns; column += gridDim.x) {
         const long long base = (column / inner) * size * inner + column % inner;
-        T row_max = lowest<T>();
-        for (long long d = threadIdx.x; d < size; d += blockDim.x) row_max = larger(row_max, input[base + d * inner]);
+        C row_max = lowest<C>();
+        for (long long d = threadIdx.x; d < size; d += blockDim.x) row_max = larger(row_max, widen(input[base + d * inner]));
         row_max = block_max(row_max, scratch);
-        T sum = T(0);
-        for (long long d = threadIdx.x; d < size; d += blockDim.x) sum += exp_of(input[base + d * inner] - row_max);
+        C sum = C(0);
+        for (long long d = threadIdx.x; d < size; d += blockDim.x) sum += exp_of(widen(input[base + d * inner]) - row_max);
         sum = block_sum(sum, scratch);
         for (long long d = threadIdx.x; d < size; d += blockDim.x)
-            output[base + d * inner] = exp_of(input[base + d * inner] - row_max) / sum;
+            output[base + d * inner] = narrow<T>(exp_of(widen(input[base + d * inner]) - row_max) / sum);
     }
 }
 
 template <typename T>
 __global__ void softmax_backward_block(const T* __restrict__ output, const T* __restrict__ output_grad,
                                        T* __restrict__ input_grad, long long columns, long long size, long long inner) {
-    __shared__ T scratch[33];
+    using C = compute_t<T>;
+    __shared__ C scratch[33];
     for (long long column = blockIdx.x; column < columns; column += gridDim.x) {
         const long long base = (column / inner) * size * inner + column % inner;
-        T dot = T(0);
+        C dot = C(0);
         for (long long d = threadIdx.x; d < size; d += blockDim.x) {
             const long long at = base + d * inner;
-            dot += output_grad[at] * output[at];
+            dot += widen(output_grad[at]) * widen(output[at]);
         }
         dot = block_sum(dot, scratch);
         for (long long d = threadIdx.x; d < size; d += blockDim.x) {
             const long long at = base + d * inner;
-            input_grad[at] = output[at] * (output_grad[at] - dot);
+            input_grad[at] = narrow<T>(widen(output[at]) * (widen(output_grad[at]) - dot));
         }
     }
 }
@@ -336,12 +343,14 @@ __global__ void softmax_forward_columns(const T* __restrict__ input, T* __restri
                                         long long columns, long long size, long long inner) {
     for (long long column = (long long)blockIdx.x * blockDim.x + threadIdx.x; column < columns;
          column += (long long)gridDim.x * blockDim.x) {
+        using C = compute_t<T>;
         const long long base = (column / inner) * size * inner + column % inner;
-        T row_max = lowest<T>();
-        for (long long d = 0; d < size; ++d) row_max = larger(row_max, input[base + d * inner]);
-        T sum = T(0);
-        for (long long d = 0; d < size; ++d) sum += exp_of(input[base + d * inner] - row_max);
-        for (long long d = 0; d < size; ++d) output[base + d * inner] = exp_of(input[base + d * inner] - row_max) / sum;
+        C row_max = lowest<C>();
+        for (long long d = 0; d < size; ++d) row_max = larger(row_max, widen(input[base + d * inner]));
+        C sum = C(0);
+        for (long long d = 0; d < size; ++d) sum += exp_of(widen(input[base + d * inner]) - row_max);
+        for (long long d = 0; d < size; ++d)
+            output[base + d * inner] = narrow<T>(exp_of(widen(input[base + d * inner]) - row_max) / sum);
     }
 }
 
@@ -350,12 +359,13 @@ __global__ void softmax_backward_columns(const T* __restrict__ output, const T* 
                                          T* __restrict__ input_grad, long long columns, long long size, long long inner) {
     for (long long column = (long long)blockIdx.x * blockDim.x + threadIdx.x; column < columns;
          column += (long long)gridDim.x * blockDim.x) {
+        using C = compute_t<T>;
         const long long base = (column / inner) * size * inner + column % inner;
-        T dot = T(0);
-        for (long long d = 0; d < size; ++d) dot += output_grad[base + d * inner] * output[base + d * inner];
+        C dot = C(0);
+        for (long long d = 0; d < size; ++d) dot += widen(output_grad[base + d * inner]) * widen(output[base + d * inner]);
         for (long long d = 0; d < size; ++d) {
             const long long at = base + d * inner;
-            input_grad[at] = output[at] * (output_grad[at] - dot);
+            input_grad[at] = narrow<T>(widen(output[at]) * (widen(output_grad[at]) - dot));
         }
     }
 }
@@ -368,17 +378,18 @@ __global__ void softmax_forward_columns_cached(const T* __restrict__ input, T* _
                                                long long columns, int size, long long inner) {
     for (long long column = (long long)blockIdx.x * blockDim.x + threadIdx.x; column < columns;
          column += (long long)gridDim.x * blockDim.x) {
+        using C = compute_t<T>;
         const long long base = (column / inner) * size * inner + column % inner;
-        T v[MAX_SIZE];
-        T row_max = lowest<T>();
+        C v[MAX_SIZE];
+        C row_max = lowest<C>();
 #pragma unroll
         for (int d = 0; d < MAX_SIZE; ++d) {
             if (d < size) {
-                v[d] = input[base + d * inner];
+                v[d] = widen(input[base + d * inner]);
                 row_max = larger(row_max, v[d]);
             }
         }
-        T sum = T(0);
+        C sum = C(0);
 #pragma unroll
         for (int d = 0; d < MAX_SIZE; ++d) {
             if (d < size) {
@@ -388,7 +399,7 @@ __global__ void softmax_forward_columns_cached(const T* __restrict__ input, T* _
         }
 #pragma unroll
         for (int d = 0; d < MAX_SIZE; ++d)
-            if (d < size) output[base + d * inner] = v[d] / sum;
+            if (d < size) output[base + d * inner] = narrow<T>(v[d] / sum);
     }
 }
 
@@ -397,19 +408,20 @@ __global__ void softmax_backward_columns_cached(const T* __restrict__ output, co
                                                 T* __restrict__ input_grad, long long columns, int size, long long inner) {
     for (long long column = (long long)blockIdx.x * blockDim.x + threadIdx.x; column < columns;
          column += (long long)gridDim.x * blockDim.x) {
+        using C = compute_t<T>;
         const long long base = (column / inner) * size * inner + column % inner;
-        T y[MAX_SIZE], g[MAX_SIZE];
-        T dot = T(0);
+        C y[MAX_SIZE], g[MAX_SIZE];
+        C dot = C(0);
 #pragma unroll
         for (int d = 0; d < MAX_SIZE; ++d) {
             if (d < size) {
-                y[d] = output[base + d * inner];
-                g[d] = output_grad[base + d * inner];
+                y[d] = widen(output[base + d * inner]);
+                g[d] = widen(output_grad[base + d * inner]);
                 dot += g[d] * y[d];
             }
         }
 #pragma unroll
         for (int d = 0; d < MAX_SIZE; ++d)
-            if (d < size) input_grad[base + d * inner] = y[d] * (g[d] - dot);
+            if (d < size) input_grad[base + d * inner] = narrow<T>(y[d] * (g[d] - dot));
     }
 }

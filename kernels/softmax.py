@@ -1,4 +1,7 @@
-"""softmax along `dim` (any dim of any rank, negative dims count from the end), float32 and float64.
+"""softmax along `dim` (any dim of any rank, negative dims count from the end), float16, bfloat16,
+float32 and float64. Half-precision tensors are computed in float32 on both devices: each value
+widened when read, the max, the exponentials, the sums and the quotients in float32, each result
+rounded once to the dtype when written.
 
 Forward is numerically stable: y = exp(x - max) / sum(exp(x - max)) along dim.
 Backward is computed from the output alone: input_grad = y * (g - sum(g * y)) along
@@ -13,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import core, cpu, gpu, gpu_paths
-from .core import FLOAT_DTYPES, TensorShape
+from .core import ALL_FLOAT_DTYPES, TensorShape
 
 OP = "softmax"
 
@@ -29,7 +32,7 @@ class SoftmaxAttrs:
 def init_kernel(handle: Any, attrs: SoftmaxAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
     """Check dim against the rank and the shapes against each other; record them."""
     state = core.make_state(OP, handle, attrs, SoftmaxAttrs, input_shape=input_shape, output_shape=output_shape)
-    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "input_shape", input_shape, ALL_FLOAT_DTYPES)
     core.normalize_axis(OP, "dim", attrs.dim, input_shape.rank)
     core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
@@ -110,6 +113,11 @@ def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray) -> None:
     np.multiply(y, dx, out=dx)
 
 
+def _in_compute_dtype(function: Any, dtype: np.dtype) -> Any:
+    """A block function itself, or for a half dtype run in float32 on widened blocks and rounded once."""
+    return cpu.widened(function) if dtype in core.HALF_DTYPES else function
+
+
 @cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SoftmaxAttrs,
                        input: core.Array, output: core.Array) -> None:
@@ -117,7 +125,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     _check_forward(stream, handle, state, attrs, input, output)
     if input.size == 0:
         return
-    _cpu_blocks(state, _cpu_forward_block, input, output)
+    _cpu_blocks(state, _in_compute_dtype(_cpu_forward_block, input.dtype), input, output)
 
 
 @cpu.cpu_kernel
@@ -128,7 +136,7 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or input_grad.size == 0:
         return
-    _cpu_blocks(state, _cpu_backward_block, output, output_grad, input_grad)
+    _cpu_blocks(state, _in_compute_dtype(_cpu_backward_block, input_grad.dtype), output, output_grad, input_grad)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -139,15 +147,16 @@ _CACHED_COLUMN_SIZES = (4, 8, 16, 32)  # a softmax dim up to 32 with inner > 1 i
 ROWS_BLOCK = 128  # threads per block of the *_rows kernels (4 warps)
 COLUMN_BLOCK = 256  # threads per block of the *_block and *_columns kernels
 
+_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
 _CUDA = gpu.CudaModule("softmax.cu", [
     f"softmax_{direction}_rows<{t}, {width}, {per_lane}>"
-    for direction in ("forward", "backward") for t in gpu.FLOAT_TYPES for width, per_lane in _WIDTHS_AND_PER_LANE
+    for direction in ("forward", "backward") for t in _TYPES for width, per_lane in _WIDTHS_AND_PER_LANE
 ] + [
     f"softmax_{direction}_{kind}<{t}>"
-    for direction in ("forward", "backward") for kind in ("block", "columns") for t in gpu.FLOAT_TYPES
+    for direction in ("forward", "backward") for kind in ("block", "columns") for t in _TYPES
 ] + [
     f"softmax_{direction}_columns_cached<{t}, {size}>"
-    for direction in ("forward", "backward") for t in gpu.FLOAT_TYPES for size in _CACHED_COLUMN_SIZES
+    for direction in ("forward", "backward") for t in _TYPES for size in _CACHED_COLUMN_SIZES
 ])
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import core, cpu, gpu, gpu_paths
-from .core import ALL_FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
+from .core import ALL_FLOAT_DTYPES, HALF_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
 
@@ -196,7 +196,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     if attrs.mode is UpsampleMode.NEAREST:  # bits moved, any dtype
         cpu.cpu_planes(lambda x, y: _cpu_nearest_forward(x, y, attrs.scale_factor), input, output)
     else:
-        cpu.cpu_planes(_widened(lambda x, y: _cpu_bilinear_forward(x, y, attrs.scale_factor)), input, output)
+        cpu.cpu_planes(_widened(lambda x, y: _cpu_bilinear_forward(x, y, attrs.scale_factor), output.dtype), input, output)
 
 
 @cpu.cpu_kernel
@@ -208,22 +208,13 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     if input_grad is None:
         return
     backward = _cpu_nearest_backward if attrs.mode is UpsampleMode.NEAREST else _cpu_bilinear_backward
-    cpu.cpu_planes(_widened(lambda dy, dx: backward(dy, dx, attrs.scale_factor)), output_grad, input_grad)
+    cpu.cpu_planes(_widened(lambda dy, dx: backward(dy, dx, attrs.scale_factor), input_grad.dtype), output_grad, input_grad)
 
 
-def _widened(function):
-    """function(source, target) on float32 copies where the target is half: the source widened once,
-    the float32 result rounded once into the target; as it is for every other dtype."""
-    def run(source, target):
-        compute = core.compute_dtype(target.dtype)
-        if compute == target.dtype:
-            function(source, target)
-            return
-        wide = np.empty(target.shape, compute)
-        function(source.astype(compute), wide)
-        np.copyto(target, wide, casting="unsafe")
-
-    return run
+def _widened(function, dtype):
+    """function(source, target), in float32 where the tensors are half (cpu.widened: the source widened
+    once, the float32 result rounded once into the target); as it is for every other dtype."""
+    return cpu.widened(function) if dtype in HALF_DTYPES else function
 
 
 # --------------------------------------------------------------------------- GPU

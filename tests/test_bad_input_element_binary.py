@@ -15,6 +15,7 @@ from kernels import (
     TensorShape,
     element_binary,
 )
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -129,8 +130,9 @@ def test_init_refuses_shapes(shapes, error, pattern):
 @pytest.mark.parametrize("dtypes, pattern", [
     ((np.float32, np.float64, np.float32), r"element_binary: rhs_shape: expected dtype float32 \(as lhs_shape\)"),
     ((np.float64, np.float64, np.float32), r"output_shape: expected dtype float64"),
-    ((np.int32, np.int32, np.int32), r"lhs_shape: expected one of float32, float64, found int32"),
-    ((np.float16, np.float16, np.float16), r"lhs_shape: expected one of float32, float64, found float16"),
+    ((np.int32, np.int32, np.int32), r"lhs_shape: expected one of float16, bfloat16, float32, float64, found int32"),
+    ((np.float16, BFLOAT16, np.float16), r"rhs_shape: expected dtype float16 \(as lhs_shape\)"),
+    ((BFLOAT16, BFLOAT16, np.float32), r"output_shape: expected dtype bfloat16"),
 ])
 def test_init_refuses_dtypes(dtypes, pattern):
     with pytest.raises(DTypeError, match=pattern):

@@ -14,6 +14,7 @@ from kernels import (
     UnaryOpType,
     element_unary,
 )
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -109,8 +110,14 @@ def test_attrs_defaults_and_names():
 
 def test_init_refuses_shapes_and_dtypes():
     handle = __import__("kernels").cpu_handle()
-    with pytest.raises(DTypeError, match=r"^element_unary: input_shape: expected one of float32, float64, found int32"):
+    with pytest.raises(DTypeError, match=r"^element_unary: input_shape: expected one of float16, bfloat16, float32, "
+                                         r"float64, found int32"):
         element_unary.init_kernel(handle, ATTRS, TensorShape(DIMS, np.int32), TensorShape(DIMS, np.int32))
+    # The half dtypes are taken, but not mixed with each other.
+    for half in (np.float16, BFLOAT16):
+        assert element_unary.init_kernel(handle, ATTRS, TensorShape(DIMS, half), TensorShape(DIMS, half)).shapes
+    with pytest.raises(DTypeError, match=r"^element_unary: output_shape: expected dtype float16"):
+        element_unary.init_kernel(handle, ATTRS, TensorShape(DIMS, np.float16), TensorShape(DIMS, BFLOAT16))
     with pytest.raises(ShapeError, match=r"^element_unary: output_shape: expected dims \(2, 3, 4\)"):
         element_unary.init_kernel(handle, ATTRS, TensorShape(DIMS, np.float32), TensorShape((2, 12), np.float32))
     with pytest.raises(DTypeError, match=r"^element_unary: output_shape: expected dtype float32"):

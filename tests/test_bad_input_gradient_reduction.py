@@ -15,6 +15,7 @@ from kernels import (
     cpu_handle,
     gradient_reduction,
 )
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -108,8 +109,11 @@ def test_attrs_take_no_fields():
      r"input_shapes\[2\]: expected dtype float32"),
     (ATTRS, _shapes(), TensorShape((2, 3), np.float32), ShapeError, r"output_shape: expected dims \(2, 3, 4\)"),
     (ATTRS, _shapes(), TensorShape(DIMS, np.int32), DTypeError, r"output_shape: expected dtype float32"),
-    (ATTRS, _shapes(dtype=np.bool_), TensorShape(DIMS, np.bool_), DTypeError, r"input_shapes\[0\]: expected one of float32"),
-    (ATTRS, _shapes(dtype=np.float16), TensorShape(DIMS, np.float16), DTypeError, r"input_shapes\[0\]: expected one of"),
+    (ATTRS, _shapes(dtype=np.bool_), TensorShape(DIMS, np.bool_), DTypeError,
+     r"input_shapes\[0\]: expected one of float16, bfloat16, float32"),
+    (ATTRS, _shapes(dtype=np.complex64), TensorShape(DIMS, np.complex64), DTypeError, r"input_shapes\[0\]: expected one of"),
+    (ATTRS, _shapes(2, dtype=np.float16) + [TensorShape(DIMS, BFLOAT16)], TensorShape(DIMS, np.float16), DTypeError,
+     r"input_shapes\[2\]: expected dtype float16"),
     (ConcatAttrs(0, 3), _shapes(), TensorShape(DIMS, np.float32), AttrsError, r"attrs: expected GradientReductionAttrs"),
 ])
 def test_init_refuses(attrs, input_shapes, output_shape, error, pattern):

@@ -5,6 +5,7 @@ import pytest
 
 import kernels
 from kernels import AttrsError, DeviceError, DTypeError, ShapeError, SoftmaxAttrs, StateError, TensorShape, softmax
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -96,5 +97,7 @@ def test_init_refuses_shapes_and_dtypes():
         softmax.init_kernel(handle, ATTRS, TensorShape(DIMS, np.float32), TensorShape((2, 4, 3), np.float32))
     with pytest.raises(DTypeError, match=r"softmax: output_shape: expected dtype float32"):
         softmax.init_kernel(handle, ATTRS, TensorShape(DIMS, np.float32), TensorShape(DIMS, np.float64))
-    with pytest.raises(DTypeError, match=r"softmax: input_shape: expected one of float32, float64"):
+    with pytest.raises(DTypeError, match=r"softmax: input_shape: expected one of float16, bfloat16, float32, float64"):
         softmax.init_kernel(handle, ATTRS, TensorShape(DIMS, np.int32), TensorShape(DIMS, np.int32))
+    with pytest.raises(DTypeError, match=r"softmax: output_shape: expected dtype bfloat16"):
+        softmax.init_kernel(handle, ATTRS, TensorShape(DIMS, BFLOAT16), TensorShape(DIMS, np.float16))

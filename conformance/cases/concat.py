@@ -6,6 +6,7 @@ wanted (None), and YOLOv10's SPPF, C2f, upsample and detection-head concats."""
 import numpy as np
 
 from kernels import ConcatAttrs, concat
+from kernels.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
 
@@ -43,6 +44,14 @@ _add("axis_neg1_three_uint8", [(2, 3, 3), (2, 3, 1), (2, 3, 5)], -1, np.uint8,
 _add("axis1_three_int16", [(3, 2, 5), (3, 1, 5), (3, 3, 5)], 1, np.int16)
 _add("axis0_three_int8", [(1, 2, 3), (2, 2, 3), (3, 2, 3)], 0, np.int8)
 _add("axis1_three_float16", [(2, 2, 3), (2, 5, 3), (2, 1, 3)], 1, np.float16)
+_add("axis1_three_bfloat16", [(2, 2, 3), (2, 5, 3), (2, 1, 3)], 1, BFLOAT16,
+     description="bfloat16 moved as its 16-bit patterns")
+_add("yolov10_c2f_2plus2_f16", [(1, 3, 4, 5)] * 4, 1, np.float16, none_grads=(2,),
+     description="C2f's concat in float16, a gradient not wanted")
+_add("yolov10_c2f_2plus2_bf16", [(1, 3, 4, 5)] * 4, 1, BFLOAT16, none_grads=(2,),
+     description="C2f's concat in bfloat16, a gradient not wanted")
+_add("thirteen_inputs_axis1_bf16", [(2, 1 + i % 3, 2) for i in range(13)], 1, BFLOAT16,
+     description="more bfloat16 inputs than one GPU launch takes (12)")
 _add("axis2_three_bool", [(2, 2, 1, 3), (2, 2, 2, 3), (2, 2, 4, 3)], 2, np.bool_)
 _add("zero_size_piece", [(2, 2, 3), (2, 0, 3), (2, 3, 3)], 1, description="a piece of size 0 along the axis")
 _add("zero_size_all", [(0, 2, 3), (0, 1, 3), (0, 4, 3)], 1, description="zero-size tensors: nothing to do")

@@ -13,6 +13,7 @@ must give the golden's bits. Only DIV by non-powers of two is inexact; see _DIV_
 import numpy as np
 
 from kernels import BinaryOpType, ElementBinaryAttrs, element_binary
+from kernels.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, pattern, ulp
 from ..harness import run_binary
@@ -143,6 +144,65 @@ _add("rows_split_max", MAX, (4,), (3, 100, 4), description="lhs_grad of a broadc
 
 # Zero-size: nothing to compute, but a broadcast operand's gradient is an empty sum (zeros).
 _add("zero_size_mul", MUL, (2, 0, 3), (2, 1, 3), description="output (2, 0, 3): rhs_grad is all zeros")
+
+
+# --------------------------------------------------------------------------- half precision
+# float16 and bfloat16 on the same dyadic values: each element is computed in float32 and rounded
+# once, each broadcast gradient summed in float32 (the GPU's partial sums too) and rounded once, so
+# every case whose float32 results are exact is exact here as well (the values are short dyadic
+# fractions, exact in both half dtypes, and so are their sums). DIV by non-powers of two rounds:
+# HALF_MEASURED states the ulps measured on the CPU (tools/measure_ulps.py --device cpu), the H200
+# not yet measured (the same float32 formulas in the same order, so the same bound is stated).
+F16, BF16 = np.dtype(np.float16), BFLOAT16
+HALF_MEASURED = {}  # name -> {tensor: ulps}; absent: EXACT
+
+
+def _half_tolerance(name):
+    ulps = HALF_MEASURED.get(name)
+    return EXACT if ulps is None else {k: (EXACT if v == 0 else ulp(v)) for k, v in ulps.items()}
+
+
+# CPU measured 0 ulps on every half DIV case. Unreduced results are the same float32 operations
+# in the same order on the GPU (no FMA contraction: mul_rn, div_rn), so the same bits: EXACT.
+# Reduced gradients of inexact terms are summed in another order on the GPU: a float32 sum one
+# float32 ulp away can round to the other half ulp: 1 ulp, H200 not yet measured.
+HALF_MEASURED.update({
+    f"div_nonpow2_bcast_both_{suffix}": {"output": 0, "lhs_grad": 1, "rhs_grad": 1} for suffix in ("f16", "bf16")
+})
+for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
+    for _op in BinaryOpType:
+        for _layout in ("same", "bcast_both", "mid_ones"):
+            _lhs, _rhs = LAYOUTS[_layout]
+            _add(f"{_op.name.lower()}_{_layout}_{_suffix}", _op, _lhs, _rhs, _dtype,
+                 description=f"{_op.name} {_lhs} with {_rhs} in {_dtype.name}")
+    for _layout in ("same", "bcast_both"):
+        _lhs, _rhs = LAYOUTS[_layout]
+        _name = f"div_nonpow2_{_layout}_{_suffix}"
+        _add(_name, DIV, _lhs, _rhs, _dtype, tolerance=_half_tolerance(_name), inputs=_inputs(DIV, _lhs, _rhs, _OTHER),
+             description=f"{_dtype.name} DIV by 3, -5, 1.5, 7, ...: the quotients round once")
+    _add(f"max_nan_{_suffix}", MAX, (2, 3, 4), (2, 3, 4), _dtype,
+         inputs={"lhs": _NAN_LHS, "rhs": _NAN_RHS, "output_grad": pattern((2, 3, 4), 13, 0.25, 5)},
+         description="NaN on either side in half precision: NaN propagates, both sides get g")
+    _add(f"yolov10_per_channel_mul_{_suffix}", MUL, (1, 4, 5, 3), (1, 4, 1, 1), _dtype)
+    _add(f"per_channel_split_mul_{_suffix}", MUL, (1, 2, 24, 25), (1, 2, 1, 1), _dtype,
+         description="rhs_grad sums 600 positions a channel (a split warp reduction): float32 partial sums")
+    _add(f"rows_split_add_{_suffix}", ADD, (3, 100, 4), (4,), _dtype,
+         description="rhs_grad sums 300 rows (split thread-per-element reduction), float32 sums rounded once: "
+                     "bfloat16 accumulation (8-bit mantissa) would lose the small terms")
+
+# Sums that leave float16's range on the way and come back: each column of output_grad is
+# 40000, 40000, -40000, -32768, 2c + 1, 0.5; a float16 running sum would overflow to inf at
+# 80000, the float32 sum is exact (7233.5 + 2c) and rounds once.
+_BIG = np.array([[40000.0] * 4, [40000.0] * 4, [-40000.0] * 4, [-32768.0] * 4, [1.0, 3.0, 5.0, 7.0], [0.5] * 4])
+_add("add_bcast_sum_near_max_f16", ADD, (6, 4), (1, 4), F16,
+     inputs={"lhs": pattern((6, 4)), "rhs": pattern((1, 4), offset=3), "output_grad": _BIG},
+     description="rhs_grad sums columns through 80000 (beyond 65504): finite in float32, rounded once")
+# bfloat16: 256 + 1 + 1 + ... (one term 256, then 15 ones): a bfloat16 running sum stays at 256
+# (256 + 1 rounds back to 256), the float32 sum is 271 and rounds once to 272.
+_LONG = np.array([256.0] + [1.0] * 15).reshape(16, 1)
+_add("mul_bcast_long_sum_bf16", MUL, (16, 1), (1, 1), BF16,
+     inputs={"lhs": _LONG, "rhs": np.ones((1, 1)), "output_grad": np.ones((16, 1))},
+     description="rhs_grad = sum(g * lhs) over 16 rows: 256 + 15 ones, 271 in float32 rounded once to 272")
 
 
 _TORCH_OPS = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", MAX: "maximum", MIN: "minimum"}

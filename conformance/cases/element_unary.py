@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from kernels import ElementUnaryAttrs, UnaryOpType, element_unary
+from kernels.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, pattern, ulp
 from ..harness import run_unary
@@ -107,6 +108,80 @@ _add("yolov10_silu", "SILU", shape=(2, 4, 3, 5), tolerance=ulp(1),  # CPU 1, H20
 # x * float32(1/sqrt(32)) against float64 x / sqrt(32) rounded once: at most 1 ulp apart.
 _add("yolov10_psa_scale", "SCALAR_MULTIPLY", 1 / math.sqrt(32), shape=(1, 2, 4, 6), tolerance=ulp(1),
      description="PSA: q scaled by 1/sqrt(32) (head dim 32); the scalar rounds to float32 first, as torch")
+
+
+# --------------------------------------------------------------------------- half precision
+# float16 and bfloat16: the same op types on the same values (quarter-integers in [-2, 2] are
+# exact in both), computed in float32 and rounded once on both devices; the golden is torch's
+# float64 result rounded once. A float32 result that rounds to the other side of a half-way
+# point than the float64 one differs by 1 ulp of the half dtype; the float32 functions' own
+# errors (a few float32 ulps) are 2^13 (float16) or 2^16 (bfloat16) times smaller than a half ulp,
+# so they show only through that double rounding. HALF_MEASURED: the ulps each case needs on the
+# CPU (tools/measure_ulps.py --device cpu), 0 for exact; the H200 not yet measured: the same
+# bound is stated (float32 math then one rounding, as the CPU; CUDA's expf/erff/tanhf differ from
+# NumPy's by a float32 ulp or two, which moves a half result only at a half-way point).
+F16, BF16 = np.dtype(np.float16), BFLOAT16
+HALF_MEASURED = {}  # filled below, name -> ulps (0: EXACT)
+
+
+def _half(name, op_type, scalar=None, **kwargs):
+    for suffix, dtype in (("f16", F16), ("bf16", BF16)):
+        key = f"{name}_{suffix}"
+        ulps = HALF_MEASURED.get(key, 0)
+        _add(key, op_type, scalar, dtype, EXACT if ulps == 0 else ulp(ulps), **kwargs)
+
+
+# CPU measured 0 ulps for every half case (tools/measure_ulps.py --device cpu). Where the GPU does
+# the same IEEE float32 operations in the same order (sqrt, division, products: rsqrt, pow 0.5,
+# pow -1, the scalar ops) its float32 values are the CPU's bits, so the half results are too:
+# EXACT. Where it calls CUDA's expf/erff/tanhf/sinf/cosf/powf (a float32 ulp or two from NumPy's),
+# a result next to a half-way point may round the other way: 1 ulp, H200 not yet measured.
+HALF_MEASURED.update({
+    f"{name}_{suffix}": 1
+    for name in ("sigmoid", "tanh", "gelu", "silu", "silu_beta_1p5", "elu", "exp", "sin", "cos", "pow_1p5",
+                 "yolov10_silu")
+    for suffix in ("f16", "bf16")
+})
+HALF_MEASURED["exp_near_max_f16"] = 1
+_half("relu", "RELU")
+_half("identity", "IDENTITY")
+_half("sigmoid", "SIGMOID")
+_half("tanh", "TANH")
+_half("gelu", "GELU")
+_half("silu", "SILU")
+_half("silu_beta_1p5", "SILU", 1.5)
+_half("elu", "ELU")
+_half("exp", "EXP")
+_half("sin", "SIN", input=WIDE)
+_half("cos", "COS", input=WIDE)
+_half("rsqrt_powers_of_4", "RSQRT", input=POWERS_OF_4, description="exact: 1/sqrt(4^k) = 2^-k")
+_half("rsqrt", "RSQRT", input=POSITIVE)
+_half("pow_2", "POW", 2.0)
+_half("pow_3", "POW", 3.0)
+_half("pow_0p5", "POW", 0.5, input=POSITIVE)
+_half("pow_minus_1", "POW", -1.0, input=POSITIVE - 2.125)
+_half("pow_1p5", "POW", 1.5, input=POSITIVE)
+_half("scalar_multiply_0p25", "SCALAR_MULTIPLY", 0.25)
+_half("scalar_add_1p5", "SCALAR_ADD", 1.5)
+_half("scalar_true_div_3", "SCALAR_TRUE_DIV", 3.0)
+_half("yolov10_silu", "SILU", shape=(2, 4, 3, 5), input=pattern((2, 4, 3, 5), modulus=29),
+      description="YOLOv10's SiLU on NCHW in half precision, inputs in [-3.5, 3.5]")
+_half("yolov10_psa_scale", "SCALAR_MULTIPLY", 1 / math.sqrt(32), shape=(1, 2, 4, 6),
+      description="PSA's 1/sqrt(32) scale: the scalar rounds to float32 (torch's opmath), the product once to the dtype")
+# Edges. Subnormal results: x * 2^-16 is a float16 subnormal (below 2^-14), x * 2^-130 a bfloat16
+# one (below 2^-126); both exact (float32 holds them, the rounding to the half dtype is exact).
+_add("scalar_multiply_subnormal_f16", "SCALAR_MULTIPLY", 2.0 ** -16, F16,
+     description="float16 subnormal outputs and gradients: exact")
+_add("scalar_multiply_subnormal_bf16", "SCALAR_MULTIPLY", 2.0 ** -130, BF16,
+     description="bfloat16 subnormal outputs and gradients (the float32 scalar is itself subnormal): exact")
+# rsqrt of float16 subnormal powers of 4 (2^-24 .. 2^-16): 2^12 .. 2^8, exact; the derivative
+# -0.5 dy r^3 (r^3 up to 2^36, finite in float32) overflows to inf in float16, as the golden does.
+_add("rsqrt_subnormal_f16", "RSQRT", None, F16, input=[4.0 ** k for k in (-12, -11, -10, -9, -8)] * 2, shape=(10,),
+     description="rsqrt of float16 subnormals: exact 2^k; the derivative overflows float16 to inf, as torch's")
+# exp near float16's maximum: exp(11) = 59874 is finite, exp(11.125) = 67846 overflows to inf.
+_add("exp_near_max_f16", "EXP", None, F16, tolerance=ulp(HALF_MEASURED["exp_near_max_f16"]),
+     input=[10.0, 10.5, 10.75, 11.0, 11.0625, 11.125, -11.0, 0.0], shape=(8,),
+     description="exp up to float16's maximum (65504) and past it (inf)")
 
 
 def torch_program(case, tensors):

@@ -4,6 +4,7 @@ zero-size, and YOLOv10's PSA and detection-head reshapes at small sizes."""
 import numpy as np
 
 from kernels import ReshapeAttrs, reshape
+from kernels.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
 from ..harness import run_unary
@@ -28,6 +29,9 @@ _add("rank4_to_rank1_int64", (2, 3, 4, 5), (120,), np.int64)
 _add("infer_middle_uint8", (2, 3, 4, 5), (3, -1, 5), np.uint8, description="-1 inferred as 8")
 _add("infer_first_int16", (4, 6), (-1, 2, 3), np.int16, description="-1 inferred as 4, rank 2 -> 3")
 _add("same_dims_f64", (3, 5), (3, 5), np.float64, description="a reshape that keeps the dims is still a copy")
+_add("4d_to_2d_f16", (2, 3, 4, 5), (6, 20), np.float16)
+_add("4d_to_2d_bf16", (2, 3, 4, 5), (6, 20), BFLOAT16, description="bfloat16 moved as its bits")
+_add("infer_middle_bf16", (2, 3, 4, 5), (3, -1, 5), BFLOAT16)
 _add("zero_size", (2, 0, 3), (0, 4), description="zero-size tensor: nothing to do")
 _add("yolov10_psa_split_heads", (2, 16, 3, 4), (2, 2, 8, 12),
      description="PSA qkv: (B, C, H, W) -> (B, heads, 128, HW), small: 2 heads of 8 channels")

@@ -18,6 +18,7 @@ at least 1: MEASURED below.
 import numpy as np
 
 from kernels import SoftmaxAttrs, softmax
+from kernels.core import BFLOAT16
 
 from ..case import CaseTable, pattern, ulp
 from ..harness import run_unary
@@ -104,11 +105,63 @@ _add("yolov10_psa_scores", (1, 2, 6, 6), -1, description="PSA: softmax of (B, he
 _add("yolov10_dfl", (2, 16, 4, 5), 1, description="DFL decode: softmax over the 16 bins of (B, 16, 4, anchors)")
 
 
+# --------------------------------------------------------------------------- half precision
+# float16 and bfloat16, computed in float32 (max, exp, sums, quotients; backward's dot) and rounded
+# once per result on both devices. The float32 error (a few float32 ulps) is far below a half ulp,
+# so a half result differs from the golden (float64 rounded once) only where the float32 value and
+# the float64 one round to different sides of a half-way point: HALF_MEASURED, the bound stated
+# (tools/measure_ulps.py --device cpu for the CPU's need; the H200's kernels sum in other orders
+# and use expf, float32-ulp differences that matter only at ties).
+F16, BF16 = np.dtype(np.float16), BFLOAT16
+HALF_MEASURED = {}  # name -> ulps
+
+
+def _half(name, dims, dim, input=None, dtypes=(("f16", F16), ("bf16", BF16)), description=""):
+    for suffix, dtype in dtypes:
+        key = f"{name}_{suffix}"
+        TABLE.add(key, SoftmaxAttrs(dim),
+                  {"input": _scores(dims) if input is None else input,
+                   "output_grad": pattern(dims, modulus=13, scale=0.5, offset=5)},
+                  dtype=dtype, tolerance=ulp(HALF_MEASURED.get(key, 1)), description=description)
+
+
+# CPU: 0 ulps on every half case but stable_pm1024_bf16's input_grad (1: its dot cancels to one
+# float32 ulp). H200 not yet measured: 1 ulp stated for each (other summation orders and expf).
+HALF_MEASURED.update({"stable_pm1024_bf16": 1})
+_half("3d_dim0", (3, 4, 5), 0, description="inner > 1 (thread per column) in half precision")
+_half("3d_dim2", (3, 4, 5), 2, description="rows of 5 (8-lane groups) in half precision")
+_half("4d_dim1", (2, 3, 4, 5), 1)
+_half("row_20_warp", (3, 20), -1, description="rows of 20: a warp a row")
+_half("row_70", (3, 70), 1, description="rows of 70: 4 values a lane (scalar loads: 70 is not a multiple of 8)")
+_half("row_256_packs", (3, 256), 1, description="rows of 256: 8 values a lane, one 16-byte pack of halves")
+_half("row_1100_block", (2, 1100), -1,
+      description="rows of 1100, a block per row: float32 sums of 1100 terms (bfloat16's 8-bit mantissa would not hold them)")
+_half("column_20_cached", (2, 20, 3), 1, description="inner > 1, a dim of 20 in registers")
+_half("column_40", (2, 40, 3), 1)
+_half("column_600_block", (2, 600, 3), 1, description="few columns, a long dim: a block per column")
+_half("yolov10_psa_scores", (1, 2, 6, 6), -1, description="PSA's attention softmax in half precision")
+_half("yolov10_dfl", (2, 16, 4, 5), 1, description="DFL's softmax over 16 bins in half precision")
+_half("stable_near_max", (2, 4), -1, dtypes=(("f16", F16),),
+      input=[[65504, -65504, 65472, 0], [-65504, -65472, -65504, 60000]],
+      description="float16's extremes: x - max (to -131008) leaves float16's range but not float32's; no NaN")
+_half("stable_pm1024", (2, 4), -1, dtypes=(("bf16", BF16),), input=[[1024, -1024, 1016, 992], [-1024, -1020, -1016, 0]],
+      description="bfloat16: exp without the max subtracted overflows; no inf or NaN allowed")
+
+
 def torch_program(case, tensors):
     import torch
 
     input = tensors["input"].requires_grad_()
     output = torch.softmax(input, case.attrs.dim)
+    if case.dtype in (F16, BF16):
+        # The backward reads the output as stored, in the half dtype (as PyTorch's half softmax
+        # backward does): y rounded once, then y (g - sum(g y)) in float64. From the unrounded y a
+        # near one-hot row's gradient (y = 0.99966 stored as 1.0) would be one no kernel can give.
+        half = torch.float16 if case.dtype == F16 else torch.bfloat16
+        stored = output.detach().to(half).to(torch.float64)
+        g = tensors["output_grad"]
+        input_grad = stored * (g - (g * stored).sum(case.attrs.dim, keepdim=True))
+        return {"output": output, "input_grad": input_grad}
     (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
     return {"output": output, "input_grad": input_grad}
 

@@ -6,6 +6,7 @@ than one GPU launch takes (12), and YOLOv10's C2f split in halves and PSA's
 import numpy as np
 
 from kernels import SplitAttrs, split
+from kernels.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
 
@@ -33,6 +34,9 @@ _add("axis3_rank4_three_unequal", (2, 3, 2, 6), (1, 2, 3), 3, description="last 
 _add("axis_neg1_size0_part_int32", (2, 3, 5), (2, 0, 3), -1, np.int32, description="a part of size 0, negative axis")
 _add("axis_neg3_four_unequal_int8", (7, 3, 2), (4, 1, 0, 2), -3, np.int8, description="-3 is axis 0; a size-0 part")
 _add("axis1_three_uint16", (2, 6, 3), (1, 2, 3), 1, np.uint16, description="2-byte elements, odd widths")
+_add("axis1_rank4_three_f16", (2, 6, 3, 2), (3, 1, 2), 1, np.float16, description="float16: 2-byte units")
+_add("axis1_rank4_three_bf16", (2, 6, 3, 2), (3, 1, 2), 1, BFLOAT16, description="bfloat16 moved as its bits")
+_add("axis_neg1_three_bf16", (2, 3, 7), (2, 4, 1), -1, BFLOAT16, description="bfloat16, last axis, odd widths")
 _add("axis2_three_f64", (2, 2, 7), (3, 1, 3), 2, np.float64)
 _add("axis0_three_uint8", (5, 3), (2, 1, 2), 0, np.uint8)
 _add("rank1_three_int64", (9,), (4, 2, 3), 0, np.int64)

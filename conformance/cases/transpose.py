@@ -4,6 +4,7 @@ shapes, every dtype family, and YOLOv10's PSA transpose of the last two dims."""
 import numpy as np
 
 from kernels import TransposeAttrs, transpose
+from kernels.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
 from ..harness import run_unary
@@ -28,6 +29,9 @@ _add("4d_1032_int32", (2, 3, 4, 5), (1, 0, 3, 2), np.int32)
 _add("4d_2310_int64", (3, 2, 5, 4), (2, 3, 1, 0), np.int64)
 _add("3d_021_uint8", (2, 5, 3), (0, 2, 1), np.uint8)
 _add("3d_102_int16", (4, 3, 2), (1, 0, 2), np.int16, description="innermost dim kept: gather path")
+_add("4d_0231_f16", (2, 3, 4, 5), (0, 2, 3, 1), np.float16, description="NCHW -> NHWC in float16")
+_add("4d_0231_bf16", (2, 3, 4, 5), (0, 2, 3, 1), BFLOAT16, description="NCHW -> NHWC in bfloat16 (bits)")
+_add("3d_102_bf16", (4, 3, 2), (1, 0, 2), BFLOAT16, description="innermost dim kept: gather path, bfloat16")
 _add("5d_40213", (2, 1, 3, 2, 5), (4, 0, 2, 1, 3), description="rank 5 with a size-1 dim")
 _add("identity_2x3x4", (2, 3, 4), (0, 1, 2))
 _add("tile_edges_2x33x37", (2, 33, 37), (0, 2, 1), description="sizes not multiples of the 64x64 tile")

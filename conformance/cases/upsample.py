@@ -15,7 +15,7 @@ TABLE = CaseTable("upsample")
 NEAREST, BILINEAR = UpsampleMode.NEAREST, UpsampleMode.BILINEAR
 
 
-def _add(name, dims, scale, mode=NEAREST, dtype=np.float32, tolerance=EXACT, description=""):
+def _add(name, dims, scale, mode=NEAREST, dtype=np.float32, tolerance=EXACT, description="", output_grad=None):
     attrs = UpsampleAttrs(scale, mode)
     out_dims = upsample.output_dims(attrs, tuple(dims))
     if np.dtype(dtype).kind in "iub":
@@ -23,6 +23,8 @@ def _add(name, dims, scale, mode=NEAREST, dtype=np.float32, tolerance=EXACT, des
         inputs = {"input": int_pattern(dims), "output_grad": int_pattern(out_dims, modulus=19, offset=3)}
     else:
         inputs = {"input": pattern(dims), "output_grad": pattern(out_dims, modulus=13, offset=3, scale=0.5)}
+    if output_grad is not None:
+        inputs["output_grad"] = np.asarray(output_grad, dtype=np.float64).reshape(out_dims)
     TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description)
 
 
@@ -40,6 +42,20 @@ _add("nearest_x2_int64", (2, 2, 2, 3), 2, dtype=np.int64)
 _add("nearest_x2_1x1_plane", (2, 3, 1, 1), 2, description="1x1 planes")
 _add("nearest_zero_batch", (0, 2, 3, 4), 2, description="zero-size tensor: nothing to do")
 _add("yolov10_nearest_x2_1x4x3x5", (1, 4, 3, 5), 2, description="YOLOv10 neck upsample x2, small")
+# Half precision: the forward moves bits, the backward sums each block in float32 and rounds once
+# (these sums of dyadic values are exact, so every case is exact).
+for _suffix, _dtype in (("f16", np.float16), ("bf16", BFLOAT16)):
+    _add(f"nearest_x2_{_suffix}", (2, 3, 4, 5), 2, dtype=_dtype, description="the x2 pair paths in half precision")
+    _add(f"nearest_x3_{_suffix}", (2, 2, 3, 4), 3, dtype=_dtype)
+# float16: each 2x2 block is 40000, 40000 / -40000, -30000 (rows summed first: 80000 then -70000);
+# a float16 running sum overflows at 80000, float32 gives 10000.
+_add("nearest_x2_near_max_pair_f16", (1, 1, 1, 2), 2, dtype=np.float16,
+     output_grad=[[40000, 40000, 1, 2], [-40000, -30000, 3, 4]],
+     description="a block whose row sum (80000) leaves float16's range: float32 sums keep it")
+# bfloat16: a 4x4 block of 256 and fifteen ones: 271 in float32, rounded once to 272; a bfloat16
+# running sum would stay at 256.
+_add("nearest_x4_long_sum_bf16", (1, 1, 1, 1), 4, dtype=BFLOAT16, output_grad=[256] + [1] * 15,
+     description="16 terms of a block: 256 + 15 ones, 271 in float32 rounded once to 272")
 
 # BILINEAR, align_corners=False: with s = 2 (s = 4) every weight is a multiple of
 # 1/4 (1/8), so with these dyadic values the results are exact. With s = 3 the
@@ -84,9 +100,6 @@ def _cancelling_near_max(dims):
 
 
 for _suffix, _dtype in _HALF.items():
-    _add_half(f"nearest_x2_backward_{_suffix}", (2, 3, 4, 5), 2, NEAREST, _dtype,
-              description="block sums of 4 in float32, rounded once")
-    _add_half(f"nearest_x3_backward_{_suffix}", (2, 2, 3, 4), 3, NEAREST, _dtype)
     _add_half(f"nearest_x2_near_max_{_suffix}", (1, 2, 3, 4), 2, NEAREST, _dtype,
               output_grad=_cancelling_near_max((1, 2, 6, 8)),
               description="gradients near 65504 whose half running sum overflows; the float32 sum does not")

@@ -2,8 +2,10 @@
 
 Broadcasting follows NumPy (and torch): shapes are right-aligned, and a dim of size 1
 (or a missing leading dim) stretches to the other side's size. `output_shape` must be
-the broadcast shape. float32 and float64 only: integer arithmetic (integer division,
-gradients) has no meaning a detector's training needs.
+the broadcast shape. float16, bfloat16, float32 and float64: integer arithmetic (integer
+division, gradients) has no meaning a detector's training needs. Half-precision tensors are
+computed in float32 on both devices (widened when read, rounded once when written), and a
+gradient summed over broadcast dims is summed in float32 and rounded once.
 
 Backward follows torch's autograd formulas (derivatives.yaml) in torch's order of
 operations, then sums each gradient over the dims its operand was broadcast along:
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import core
 from .. import cpu as cpu_runtime
-from ..core import FLOAT_DTYPES, ShapeError, TensorShape, fail
+from ..core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
 from .plan import (  # noqa: F401  (element_binary's plans, as tests and tools know them)
     REDUCTION_THREADS,
     WARP_SUM_CHUNKS,
@@ -103,7 +105,7 @@ def init_kernel(handle: Any, attrs: ElementBinaryAttrs, lhs_shape: TensorShape, 
     """Check that lhs and rhs broadcast to output_shape, all of one float dtype, and record the shapes."""
     state = core.make_state(OP, handle, attrs, ElementBinaryAttrs, ElementBinaryState, lhs_shape=lhs_shape,
                             rhs_shape=rhs_shape, output_shape=output_shape)
-    core.check_dtype(OP, "lhs_shape", lhs_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "lhs_shape", lhs_shape, ALL_FLOAT_DTYPES)
     core.check_same_dtype(OP, "rhs_shape", rhs_shape, lhs_shape, "lhs_shape")
     core.check_same_dtype(OP, "output_shape", output_shape, lhs_shape, "lhs_shape")
     dims = broadcast_dims(lhs_shape.dims, rhs_shape.dims)

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import core
 from .. import cpu as cpu_runtime
 from . import BinaryOpType
 
@@ -38,8 +39,18 @@ def _copy(source: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, source)
 
 
+def _wide(array: np.ndarray | None) -> np.ndarray | None:
+    """A half-precision operand widened to float32 (exact)."""
+    return None if array is None else array.astype(np.float32)
+
+
 def forward(op: BinaryOpType, lhs: np.ndarray, rhs: np.ndarray, output: np.ndarray) -> None:
-    """output = lhs (op) rhs, broadcast by NumPy."""
+    """output = lhs (op) rhs, broadcast by NumPy. Half dtypes: in float32, rounded once into output."""
+    if output.dtype in core.HALF_DTYPES:
+        wide = np.empty(output.shape, np.float32)
+        forward(op, _wide(lhs), _wide(rhs), wide)
+        output[...] = wide
+        return
     if op is BinaryOpType.ADD:
         elementwise(np.add, output, lhs, rhs)
     elif op is BinaryOpType.SUB:
@@ -88,7 +99,15 @@ _DIRECT_GRADS = {  # op: side, lhs, rhs -> (function(g, *operands, out=...), ope
 
 def backward(op: BinaryOpType, output_grad: np.ndarray, lhs: np.ndarray | None, lhs_grad: np.ndarray | None,
              rhs: np.ndarray | None, rhs_grad: np.ndarray | None) -> None:
-    """Write lhs_grad and rhs_grad (those not None), each summed over its broadcast dims."""
+    """Write lhs_grad and rhs_grad (those not None), each summed over its broadcast dims. Half dtypes:
+    the formulas and the sums in float32, each gradient rounded once."""
+    if output_grad.dtype in core.HALF_DTYPES:
+        wide = [None if g is None else np.empty(g.shape, np.float32) for g in (lhs_grad, rhs_grad)]
+        backward(op, _wide(output_grad), _wide(lhs), wide[0], _wide(rhs), wide[1])
+        for side_grad, computed in zip((lhs_grad, rhs_grad), wide):
+            if side_grad is not None:
+                side_grad[...] = computed
+        return
     with np.errstate(all="ignore"):
         for side, side_grad in ((0, lhs_grad), (1, rhs_grad)):
             if side_grad is None:

@@ -6,6 +6,10 @@
 // Gradients are reduced over broadcast dims without atomics: every sum is taken by
 // one thread or one warp in a fixed order, and a split reduction writes partial sums
 // that a second kernel adds in chunk order. The same shapes give the same bits.
+//
+// T is the storage type; values are computed and summed in C = compute_t<T> (float for
+// half_t and bfloat16_t: widened as read, rounded once as written; the partial sums of
+// a split reduction stay in C, so a half gradient is rounded once, after the last add).
 #include "common.cuh"
 
 // The op codes OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAX, OP_MIN are BinaryOpType's values and
@@ -125,12 +129,12 @@ __global__ void binary_same(const T* __restrict__ lhs, const T* __restrict__ rhs
                 const Vec<T> b = reinterpret_cast<const Vec<T>*>(rhs)[i];
                 Vec<T> c;
 #pragma unroll
-                for (int k = 0; k < N; ++k) c.v[k] = apply<OPC>(a.v[k], b.v[k]);
+                for (int k = 0; k < N; ++k) c.v[k] = narrow<T>(apply<OPC>(widen(a.v[k]), widen(b.v[k])));
                 reinterpret_cast<Vec<T>*>(output)[i] = c;
             }
             done = groups * N;
         }
-        for (I i = done + start; i < count; i += step) output[i] = apply<OPC>(lhs[i], rhs[i]);
+        for (I i = done + start; i < count; i += step) output[i] = narrow<T>(apply<OPC>(widen(lhs[i]), widen(rhs[i])));
     })
 }
 
@@ -144,7 +148,7 @@ __global__ void binary_broadcast(const T* __restrict__ lhs, const T* __restrict_
         for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count; index += step) {
             I out, l, r;
             offsets<I>(index, rank, sizes, divs, out_strides, lhs_strides, rhs_strides, out, l, r);
-            output[index] = apply<OPC>(lhs[l], rhs[r]);
+            output[index] = narrow<T>(apply<OPC>(widen(lhs[l]), widen(rhs[r])));
         }
     })
 }
@@ -158,6 +162,7 @@ __global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restr
                                      const T* __restrict__ output_grad, T* __restrict__ lhs_grad,
                                      T* __restrict__ rhs_grad, I count, int op, int want_lhs, int want_rhs,
                                      int need_lhs, int need_rhs, int vectorized) {
+    using C = compute_t<T>;
     constexpr int N = EB_VECTOR_BYTES / sizeof(T);
     const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
     const I step = (I)gridDim.x * blockDim.x;
@@ -173,24 +178,26 @@ __global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restr
                 if (want_lhs) {
                     Vec<T> out;
 #pragma unroll
-                    for (int k = 0; k < N; ++k) out.v[k] = grad_of<OPC>(0, l.v[k], r.v[k], g.v[k]);
+                    for (int k = 0; k < N; ++k)
+                        out.v[k] = narrow<T>(grad_of<OPC>(0, widen(l.v[k]), widen(r.v[k]), widen(g.v[k])));
                     reinterpret_cast<Vec<T>*>(lhs_grad)[i] = out;
                 }
                 if (want_rhs) {
                     Vec<T> out;
 #pragma unroll
-                    for (int k = 0; k < N; ++k) out.v[k] = grad_of<OPC>(1, l.v[k], r.v[k], g.v[k]);
+                    for (int k = 0; k < N; ++k)
+                        out.v[k] = narrow<T>(grad_of<OPC>(1, widen(l.v[k]), widen(r.v[k]), widen(g.v[k])));
                     reinterpret_cast<Vec<T>*>(rhs_grad)[i] = out;
                 }
             }
             done = groups * N;
         }
         for (I i = done + start; i < count; i += step) {
-            const T g = output_grad[i];
-            const T l = need_lhs ? lhs[i] : (T)0;
-            const T r = need_rhs ? rhs[i] : (T)0;
-            if (want_lhs) lhs_grad[i] = grad_of<OPC>(0, l, r, g);
-            if (want_rhs) rhs_grad[i] = grad_of<OPC>(1, l, r, g);
+            const C g = widen(output_grad[i]);
+            const C l = need_lhs ? widen(lhs[i]) : C(0);
+            const C r = need_rhs ? widen(rhs[i]) : C(0);
+            if (want_lhs) lhs_grad[i] = narrow<T>(grad_of<OPC>(0, l, r, g));
+            if (want_rhs) rhs_grad[i] = narrow<T>(grad_of<OPC>(1, l, r, g));
         }
     })
 }
@@ -200,7 +207,7 @@ __global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restr
 // broadcast along), each as rank, sizes, division constants and out/lhs/rhs strides.
 #define GRAD_PARAMS                                                                              \
     const T *__restrict__ lhs, const T *__restrict__ rhs, const T *__restrict__ output_grad,     \
-        T *__restrict__ destination, int op, int side, int need_lhs, int need_rhs, I kept_count, \
+        D *__restrict__ destination, int op, int side, int need_lhs, int need_rhs, I kept_count, \
         I reduced_count, I chunks, I chunk, int kept_rank, Ints kept_sizes, Ints kept_divs,      \
         Ints kept_out, Ints kept_lhs, Ints kept_rhs, int reduced_rank, Ints reduced_sizes,       \
         Ints reduced_divs, Ints reduced_out, Ints reduced_lhs, Ints reduced_rhs
@@ -208,9 +215,11 @@ __global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restr
 // 'rows': one thread per gradient element j and chunk s (blockIdx.y) of its reduced
 // positions, summed in order. Used when the innermost dim is kept, so neighbouring
 // threads read neighbouring elements; with no reduced dims it is an elementwise gather.
-// destination[s * kept_count + j] is the gradient itself when chunks == 1.
-template <typename T, typename I>
+// destination[s * kept_count + j] is the gradient itself (D = T) when chunks == 1, else
+// the partial sums (D = C).
+template <typename T, typename D, typename I>
 __global__ void binary_grad_rows(GRAD_PARAMS) {
+    using C = compute_t<T>;
     const I step = (I)gridDim.x * blockDim.x;
     DISPATCH_OP(op, {
         for (I s = blockIdx.y; s < chunks; s += gridDim.y) {
@@ -219,16 +228,16 @@ __global__ void binary_grad_rows(GRAD_PARAMS) {
             for (I j = (I)blockIdx.x * blockDim.x + threadIdx.x; j < kept_count; j += step) {
                 I out0, lhs0, rhs0;
                 offsets<I>(j, kept_rank, kept_sizes, kept_divs, kept_out, kept_lhs, kept_rhs, out0, lhs0, rhs0);
-                T sum = 0;
+                C sum = 0;
                 for (I k = first; k < last; ++k) {
                     I out, l, r;
                     offsets<I>(k, reduced_rank, reduced_sizes, reduced_divs, reduced_out, reduced_lhs,
                                reduced_rhs, out, l, r);
-                    const T lv = need_lhs ? lhs[lhs0 + l] : (T)0;
-                    const T rv = need_rhs ? rhs[rhs0 + r] : (T)0;
-                    sum += grad_of<OPC>(side, lv, rv, output_grad[out0 + out]);
+                    const C lv = need_lhs ? widen(lhs[lhs0 + l]) : C(0);
+                    const C rv = need_rhs ? widen(rhs[rhs0 + r]) : C(0);
+                    sum += grad_of<OPC>(side, lv, rv, widen(output_grad[out0 + out]));
                 }
-                destination[s * kept_count + j] = sum;
+                destination[s * kept_count + j] = narrow<D>(sum);
             }
         }
     })
@@ -237,8 +246,9 @@ __global__ void binary_grad_rows(GRAD_PARAMS) {
 // 'warps': one warp per (gradient element j, chunk s); the lanes stride over the
 // chunk (the innermost dim is reduced, so a warp reads consecutive elements) and the
 // lane sums are added by a fixed shuffle tree.
-template <typename T, typename I>
+template <typename T, typename D, typename I>
 __global__ void binary_grad_warps(GRAD_PARAMS) {
+    using C = compute_t<T>;
     const int lane = threadIdx.x & 31;
     const I warp = ((I)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const I warps = ((I)gridDim.x * blockDim.x) >> 5;
@@ -251,18 +261,18 @@ __global__ void binary_grad_warps(GRAD_PARAMS) {
             offsets<I>(j, kept_rank, kept_sizes, kept_divs, kept_out, kept_lhs, kept_rhs, out0, lhs0, rhs0);
             const I first = s * chunk;
             const I last = min(first + chunk, reduced_count);
-            T sum = 0;
+            C sum = 0;
             for (I k = first + lane; k < last; k += 32) {
                 I out, l, r;
                 offsets<I>(k, reduced_rank, reduced_sizes, reduced_divs, reduced_out, reduced_lhs, reduced_rhs,
                            out, l, r);
-                const T lv = need_lhs ? lhs[lhs0 + l] : (T)0;
-                const T rv = need_rhs ? rhs[rhs0 + r] : (T)0;
-                sum += grad_of<OPC>(side, lv, rv, output_grad[out0 + out]);
+                const C lv = need_lhs ? widen(lhs[lhs0 + l]) : C(0);
+                const C rv = need_rhs ? widen(rhs[rhs0 + r]) : C(0);
+                sum += grad_of<OPC>(side, lv, rv, widen(output_grad[out0 + out]));
             }
 #pragma unroll
             for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-            if (lane == 0) destination[s * kept_count + j] = sum;
+            if (lane == 0) destination[s * kept_count + j] = narrow<D>(sum);
         }
     })
 }
@@ -270,26 +280,27 @@ __global__ void binary_grad_warps(GRAD_PARAMS) {
 // The second pass of a split reduction, for few chunks: a thread per gradient element
 // adds the partial sums of chunks 0, 1, ... in order.
 template <typename T, typename I>
-__global__ void binary_sum_partials(const T* __restrict__ partials, T* __restrict__ gradient, I count, I chunks) {
+__global__ void binary_sum_partials(const compute_t<T>* __restrict__ partials, T* __restrict__ gradient, I count,
+                                    I chunks) {
     for (I j = (I)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += (I)gridDim.x * blockDim.x) {
-        T sum = partials[j];
+        compute_t<T> sum = partials[j];
         for (I s = 1; s < chunks; ++s) sum += partials[s * count + j];
-        gradient[j] = sum;
+        gradient[j] = narrow<T>(sum);
     }
 }
 
 // The second pass for many chunks: a warp per gradient element, lane i adding chunks
 // i, i + 32, ... in order, then the fixed shuffle tree.
 template <typename T, typename I>
-__global__ void binary_sum_partials_warps(const T* __restrict__ partials, T* __restrict__ gradient, I count,
-                                          I chunks) {
+__global__ void binary_sum_partials_warps(const compute_t<T>* __restrict__ partials, T* __restrict__ gradient,
+                                          I count, I chunks) {
     const int lane = threadIdx.x & 31;
     const I warps = ((I)gridDim.x * blockDim.x) >> 5;
     for (I j = ((I)blockIdx.x * blockDim.x + threadIdx.x) >> 5; j < count; j += warps) {
-        T sum = 0;
+        compute_t<T> sum = 0;
         for (I s = lane; s < chunks; s += 32) sum += partials[s * count + j];
 #pragma unroll
         for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, offset);
-        if (lane == 0) gradient[j] = sum;
+        if (lane == 0) gradient[j] = narrow<T>(sum);
     }
 }

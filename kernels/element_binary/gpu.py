@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import gpu, gpu_paths
+from .. import core, gpu, gpu_paths
 from . import BinaryOpType
 from .plan import WARP_SUM_CHUNKS, GpuPlan, GradPlan, gpu_plan
 
@@ -19,16 +19,22 @@ if TYPE_CHECKING:
 # 16-byte loads and stores (`struct Vec` of element_binary.cu) where every pointer is aligned to them.
 VECTOR_BYTES = 16
 
-_KERNELS = ("binary_same", "binary_broadcast", "binary_backward_same", "binary_grad_rows", "binary_grad_warps",
-            "binary_sum_partials", "binary_sum_partials_warps")
+_KERNELS = ("binary_same", "binary_broadcast", "binary_backward_same", "binary_sum_partials",
+            "binary_sum_partials_warps")
+# The gradient kernels also take the type they write: the gradient's own (T), or the compute type of
+# the partial sums of a split reduction (float for the half types, where it differs from T).
+_GRAD_KERNELS = ("binary_grad_rows", "binary_grad_warps")
+_DESTINATIONS = {t: sorted({t, "float" if t in gpu.HALF_TYPES else t}) for t in gpu.HALF_TYPES + gpu.FLOAT_TYPES}
 # The op codes are BinaryOpType's values, reaching the source as -D options; so is the vector width.
 DEFINES = {**{f"OP_{op.name}": op.value for op in BinaryOpType}, "EB_VECTOR_BYTES": VECTOR_BYTES}
 # One module per index type: tensors of 2**31 elements or more are rare, and their 64-bit
 # instantiations (64-bit division throughout) are compiled only when one turns up.
-_CUDA = {index: gpu.CudaModule("element_binary.cu", [f"{kernel}<{t}, {index}>" for kernel in _KERNELS
-                                                     for t in gpu.FLOAT_TYPES],
-                               defines=DEFINES, directory=os.path.dirname(__file__))
-         for index in gpu.INDEX_TYPES}
+_CUDA = {index: gpu.CudaModule("element_binary.cu", [
+    f"{kernel}<{t}, {index}>" for kernel in _KERNELS for t in gpu.HALF_TYPES + gpu.FLOAT_TYPES
+] + [
+    f"{kernel}<{t}, {d}, {index}>" for kernel in _GRAD_KERNELS for t in gpu.HALF_TYPES + gpu.FLOAT_TYPES
+    for d in _DESTINATIONS[t]
+], defines=DEFINES, directory=os.path.dirname(__file__)) for index in gpu.INDEX_TYPES}
 
 _P = "element_binary"
 gpu_paths.declare(_P, {
@@ -56,8 +62,11 @@ ForwardLaunch = tuple[Any, Any, tuple, bool]
 BackwardStep = tuple[Any, Any, tuple[int, ...], tuple, bool, tuple[str, ...]]
 
 
-def _function(kernel: str, dtype: np.dtype, index: str) -> Any:
-    return _CUDA[index].function(f"{kernel}<{gpu.cuda_type(dtype)}, {index}>")
+def _function(kernel: str, dtype: np.dtype, index: str, destination: np.dtype | None = None) -> Any:
+    """A kernel's instantiation; the gradient kernels also name the dtype they write (destination)."""
+    if destination is None:
+        return _CUDA[index].function(f"{kernel}<{gpu.cuda_type(dtype)}, {index}>")
+    return _CUDA[index].function(f"{kernel}<{gpu.cuda_type(dtype)}, {gpu.cuda_type(destination)}, {index}>")
 
 
 def _plan(state: ElementBinaryState) -> GpuPlan:
@@ -115,7 +124,8 @@ def _partials(state: ElementBinaryState, plan: GpuPlan, dtype: np.dtype) -> Any:
     """The buffer of partial sums, made at first need and kept in the state."""
     if state.partials is None:
         size = max(g.chunks * g.kept.count if g.chunks > 1 else 0 for g in plan.grads)
-        state.partials = gpu.device_empty((max(size, 1),), dtype, state.device)
+        # In the compute dtype: a half gradient is rounded once, after the last partial sum.
+        state.partials = gpu.device_empty((max(size, 1),), core.compute_dtype(dtype), state.device)
     return state.partials
 
 
@@ -189,10 +199,10 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
             continue
         grad = _LHS_GRAD if side == 0 else _RHS_GRAD
         grad_plan_ = plan.grads[side]
-        destination = grad
+        destination, written = grad, dtype
         if grad_plan_.chunks > 1:
             _partials(state, plan, dtype)
-            destination = _PARTIALS
+            destination, written = _PARTIALS, core.compute_dtype(dtype)
         kept_count = grad_plan_.kept.count
         tail = (np.int32(op.value), np.int32(side), np.int32(need_lhs), np.int32(need_rhs), scalar(kept_count),
                 scalar(grad_plan_.reduced.count), scalar(grad_plan_.chunks),
@@ -202,10 +212,10 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
         if grad_plan_.kind == "warps":
             warps = kept_count * grad_plan_.chunks
             grid = max(1, min(-(-warps // (gpu.BLOCK // 32)), 65535))
-            steps.append((_function("binary_grad_warps", dtype, plan.index), grid, slots, tail, False, paths))
+            steps.append((_function("binary_grad_warps", dtype, plan.index, written), grid, slots, tail, False, paths))
         else:
             grid = (gpu.grid_for(kept_count), grad_plan_.chunks)
-            steps.append((_function("binary_grad_rows", dtype, plan.index), grid, slots, tail, False, paths))
+            steps.append((_function("binary_grad_rows", dtype, plan.index, written), grid, slots, tail, False, paths))
         sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
         if grad_plan_.chunks > WARP_SUM_CHUNKS:
             grid = max(1, min(-(-kept_count // (gpu.BLOCK // 32)), 65535))

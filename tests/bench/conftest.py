@@ -24,6 +24,7 @@ import pytest
 
 import kernels
 from conformance.harness import device_unavailable
+from kernels.core import BFLOAT16
 
 from . import summary
 
@@ -44,6 +45,26 @@ def cpu_threads_used() -> dict:
         torch.set_num_threads(THREADS)
     used["torch"] = torch.get_num_threads()
     return used
+
+# The dtypes of the rows of ops that take half precision: float32 everywhere, float16 and bfloat16 on
+# the GPU only (half precision is a GPU matter, and the CPU twins would take minutes at these sizes).
+# A half row's group ends in the dtype's name; the float32 groups are unchanged.
+DTYPES = [
+    pytest.param(np.dtype(np.float32), id="f32"),
+    pytest.param(np.dtype(np.float16), id="f16"),
+    pytest.param(BFLOAT16, id="bf16"),
+]
+
+
+def dtype_suffix(dtype) -> str:
+    """What a row's group name ends in: nothing for float32, else ' float16' or ' bfloat16'."""
+    return "" if np.dtype(dtype) == np.float32 else " " + np.dtype(dtype).name
+
+
+def half_rows_on_gpu_only(bench, dtype) -> None:
+    if np.dtype(dtype) != np.float32 and bench.device == "cpu":
+        pytest.skip("half-precision rows run on the GPU only")
+
 
 IMPLS = [
     pytest.param(("ours", "cpu"), id="ours-cpu"),
@@ -77,10 +98,14 @@ class Bench:
             self.stream, self.handle, self.xp = kernels.gpu_stream(0), kernels.gpu_handle(0), cupy
 
     def array(self, dims, dtype=np.float32, seed=0):
-        """Random data (never zeros) as our array type or a torch tensor on the device."""
+        """Random data (never zeros) as our array type or a torch tensor on the device; half dtypes get
+        the same values rounded (bfloat16 reaches torch through float32, which holds it exactly)."""
         host = np.random.default_rng(seed).standard_normal(dims).astype(dtype)
         if self.impl == "torch":
-            tensor = self.torch.from_numpy(host)
+            if np.dtype(dtype) == BFLOAT16:
+                tensor = self.torch.from_numpy(host.astype(np.float32)).to(self.torch.bfloat16)
+            else:
+                tensor = self.torch.from_numpy(host)
             return tensor.cuda() if self.device == "gpu" else tensor
         return self.xp.asarray(host)
 

@@ -3,13 +3,19 @@ detection head's (1, 144, HW) of three scales on the last axis, and four
 1x256x160x160 maps for bandwidth; forward (pieces -> whole) and backward
 (whole -> pieces, the same code as split forward). `test_concat` runs the default
 GPU method ("auto": chosen per shape class); `test_concat_method` times each GPU
-method (one launch, or one cudaMemcpy2DAsync per piece) in the same groups."""
+method (one launch, or one cudaMemcpy2DAsync per piece) in the same groups.
+
+float16 and bfloat16 rows run on the GPU only (conftest.DTYPES), beside PyTorch in the same dtype;
+their groups end in the dtype's name."""
 
 import numpy as np
 import pytest
 
 from kernels import ConcatAttrs, TensorShape, concat
 
+from .conftest import DTYPES, dtype_suffix, half_rows_on_gpu_only
+
+FLOAT32 = np.dtype(np.float32)
 SHAPES = [
     pytest.param([(1, 320, 20, 20)] * 4, 1, id="sppf_4x1x320x20x20"),
     pytest.param([(1, 144, 6400), (1, 144, 1600), (1, 144, 400)], -1, id="head_1x144x6400_1600_400_last_axis"),
@@ -23,12 +29,13 @@ def _output_dims(input_dims, axis):
     return tuple(dims)
 
 
-def _run(benchmark, bench, input_dims, axis, direction):
+def _run(benchmark, bench, input_dims, axis, direction, dtype=FLOAT32):
     out_dims = _output_dims(input_dims, axis)
-    group = f"concat {direction} {len(input_dims)} inputs -> {out_dims} axis {axis}"
-    bytes_moved = 2 * int(np.prod(out_dims)) * 4
-    pieces = [bench.array(d, seed=i) if direction == "forward" else bench.empty(d) for i, d in enumerate(input_dims)]
-    whole = bench.empty(out_dims) if direction == "forward" else bench.array(out_dims)
+    group = f"concat {direction} {len(input_dims)} inputs -> {out_dims} axis {axis}{dtype_suffix(dtype)}"
+    bytes_moved = 2 * int(np.prod(out_dims)) * dtype.itemsize
+    pieces = [bench.array(d, seed=i, dtype=dtype) if direction == "forward" else bench.empty(d, dtype)
+              for i, d in enumerate(input_dims)]
+    whole = bench.empty(out_dims, dtype) if direction == "forward" else bench.array(out_dims, dtype=dtype)
     if bench.impl == "torch":
         torch = bench.torch
         if direction == "forward":
@@ -42,8 +49,8 @@ def _run(benchmark, bench, input_dims, axis, direction):
         bench.run(benchmark, function, bytes_moved, group)
         return
     attrs = ConcatAttrs(axis=axis, num_inputs=len(input_dims))
-    state = concat.init_kernel(bench.handle, attrs, [TensorShape(d, np.float32) for d in input_dims],
-                               TensorShape(out_dims, np.float32))
+    state = concat.init_kernel(bench.handle, attrs, [TensorShape(d, dtype) for d in input_dims],
+                               TensorShape(out_dims, dtype))
     if direction == "forward":
         function = lambda: concat.forward_kernel(bench.stream, bench.handle, state, attrs, pieces, whole)  # noqa: E731
     else:
@@ -55,8 +62,10 @@ def _run(benchmark, bench, input_dims, axis, direction):
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("input_dims, axis", SHAPES)
-def test_concat(benchmark, bench, input_dims, axis, direction):
-    _run(benchmark, bench, input_dims, axis, direction)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_concat(benchmark, bench, input_dims, axis, direction, dtype):
+    half_rows_on_gpu_only(bench, dtype)
+    _run(benchmark, bench, input_dims, axis, direction, dtype)
 
 
 @pytest.mark.gpu

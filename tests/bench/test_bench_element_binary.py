@@ -5,12 +5,17 @@ and reductions written in torch.
 
 Bytes are what a call must move at least: forward reads lhs and rhs and writes the
 output; backward reads output_grad and the operand values its formulas need, and
-writes both gradients (each broadcast operand's gradient is a reduction)."""
+writes both gradients (each broadcast operand's gradient is a reduction).
+
+float16 and bfloat16 rows run on the GPU only (conftest.DTYPES), beside PyTorch in the same dtype;
+their groups end in the dtype's name."""
 
 import numpy as np
 import pytest
 
 from kernels import BinaryOpType, ElementBinaryAttrs, TensorShape, element_binary
+
+from .conftest import DTYPES, dtype_suffix, half_rows_on_gpu_only
 
 SHAPES = [
     pytest.param(BinaryOpType.ADD, (1, 80, 160, 160), (1, 80, 160, 160), id="residual_add_1x80x160x160"),
@@ -18,12 +23,12 @@ SHAPES = [
 ]
 
 
-def _bytes(op, direction, lhs_dims, rhs_dims, out_dims):
+def _bytes(op, direction, lhs_dims, rhs_dims, out_dims, dtype):
     lhs, rhs, out = (int(np.prod(d)) for d in (lhs_dims, rhs_dims, out_dims))
     if direction == "forward":
-        return (lhs + rhs + out) * 4
+        return (lhs + rhs + out) * dtype.itemsize
     values = 0 if op is BinaryOpType.ADD else lhs + rhs
-    return (out + values + lhs + rhs) * 4
+    return (out + values + lhs + rhs) * dtype.itemsize
 
 
 def _torch_backward(torch, op, lhs, rhs, output_grad, lhs_grad, rhs_grad):
@@ -43,12 +48,15 @@ def _torch_backward(torch, op, lhs, rhs, output_grad, lhs_grad, rhs_grad):
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("op, lhs_dims, rhs_dims", SHAPES)
-def test_element_binary(benchmark, bench, op, lhs_dims, rhs_dims, direction):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_element_binary(benchmark, bench, op, lhs_dims, rhs_dims, direction, dtype):
+    half_rows_on_gpu_only(bench, dtype)
     out_dims = element_binary.broadcast_dims(lhs_dims, rhs_dims)
-    group = f"element_binary {direction} {op.name} {lhs_dims} {rhs_dims}"
-    bytes_moved = _bytes(op, direction, lhs_dims, rhs_dims, out_dims)
-    lhs, rhs, output_grad = bench.array(lhs_dims, seed=0), bench.array(rhs_dims, seed=1), bench.array(out_dims, seed=2)
-    output, lhs_grad, rhs_grad = bench.empty(out_dims), bench.empty(lhs_dims), bench.empty(rhs_dims)
+    group = f"element_binary {direction} {op.name} {lhs_dims} {rhs_dims}{dtype_suffix(dtype)}"
+    bytes_moved = _bytes(op, direction, lhs_dims, rhs_dims, out_dims, dtype)
+    lhs, rhs = bench.array(lhs_dims, seed=0, dtype=dtype), bench.array(rhs_dims, seed=1, dtype=dtype)
+    output_grad = bench.array(out_dims, seed=2, dtype=dtype)
+    output, lhs_grad, rhs_grad = bench.empty(out_dims, dtype), bench.empty(lhs_dims, dtype), bench.empty(rhs_dims, dtype)
     if bench.impl == "torch":
         torch = bench.torch
         forward = {BinaryOpType.ADD: torch.add, BinaryOpType.MUL: torch.mul}[op]
@@ -59,8 +67,8 @@ def test_element_binary(benchmark, bench, op, lhs_dims, rhs_dims, direction):
         bench.run(benchmark, function, bytes_moved, group)
         return
     attrs = ElementBinaryAttrs(op)
-    state = element_binary.init_kernel(bench.handle, attrs, TensorShape(lhs_dims, np.float32),
-                                       TensorShape(rhs_dims, np.float32), TensorShape(out_dims, np.float32))
+    state = element_binary.init_kernel(bench.handle, attrs, TensorShape(lhs_dims, dtype),
+                                       TensorShape(rhs_dims, dtype), TensorShape(out_dims, dtype))
     if direction == "forward":
         function = lambda: element_binary.forward_kernel(  # noqa: E731
             bench.stream, bench.handle, state, attrs, lhs, rhs, output)

@@ -1,11 +1,16 @@
 """gradient_reduction on a YOLOv10x shape: three gradients of 1x80x160x160 (a
 tensor read three times) summed, and the backward that copies output_grad into
-each of the three."""
+each of the three.
+
+float16 and bfloat16 rows run on the GPU only (conftest.DTYPES), beside PyTorch in the same dtype;
+their groups end in the dtype's name."""
 
 import numpy as np
 import pytest
 
 from kernels import GradientReductionAttrs, TensorShape, gradient_reduction
+
+from .conftest import DTYPES, dtype_suffix, half_rows_on_gpu_only
 
 SHAPES = [
     pytest.param((1, 80, 160, 160), 3, id="3x1x80x160x160"),
@@ -14,13 +19,15 @@ SHAPES = [
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("dims, count", SHAPES)
-def test_gradient_reduction(benchmark, bench, dims, count, direction):
-    group = f"gradient_reduction {direction} {count} x {dims}"
-    bytes_moved = (count + 1) * int(np.prod(dims)) * 4
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradient_reduction(benchmark, bench, dims, count, direction, dtype):
+    half_rows_on_gpu_only(bench, dtype)
+    group = f"gradient_reduction {direction} {count} x {dims}{dtype_suffix(dtype)}"
+    bytes_moved = (count + 1) * int(np.prod(dims)) * dtype.itemsize
     if direction == "forward":
-        inputs, output = [bench.array(dims, seed=i) for i in range(count)], bench.empty(dims)
+        inputs, output = [bench.array(dims, seed=i, dtype=dtype) for i in range(count)], bench.empty(dims, dtype)
     else:
-        output_grad, input_grads = bench.array(dims), [bench.empty(dims) for _ in range(count)]
+        output_grad, input_grads = bench.array(dims, dtype=dtype), [bench.empty(dims, dtype) for _ in range(count)]
     if bench.impl == "torch":
         torch = bench.torch
         if direction == "forward":
@@ -35,8 +42,8 @@ def test_gradient_reduction(benchmark, bench, dims, count, direction):
         bench.run(benchmark, function, bytes_moved, group)
         return
     attrs = GradientReductionAttrs()
-    state = gradient_reduction.init_kernel(bench.handle, attrs, [TensorShape(dims, np.float32)] * count,
-                                           TensorShape(dims, np.float32))
+    state = gradient_reduction.init_kernel(bench.handle, attrs, [TensorShape(dims, dtype)] * count,
+                                           TensorShape(dims, dtype))
     if direction == "forward":
         function = lambda: gradient_reduction.forward_kernel(  # noqa: E731
             bench.stream, bench.handle, state, attrs, inputs, output)
