@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.core import is_floating
+
 PACK_BYTES = 16  # the widest access the GPU kernels make: they check (ptr & 15) == 0 before it
 ALIGNMENT = 256  # where a fresh cudaMalloc'd (and CuPy pool) allocation starts
 CANARY = 0xA5  # fills the margins of written tensors; as float32, -2.87e-16: a plausible value, never NaN
@@ -28,7 +30,7 @@ FIRST_FEW = 5
 
 def guard_value(dtype: np.dtype) -> Any:
     """What fills the margins of a read-only tensor: a value that poisons any result read from it."""
-    if dtype.kind == "f":
+    if is_floating(dtype):  # bfloat16 too (its kind is "V")
         return np.nan
     if dtype.kind == "c":
         return complex(np.nan, np.nan)

@@ -159,3 +159,15 @@ def test_every_layout_runs_with_every_poison_on_every_device():
     for device in ("cpu", "gpu"):
         done = {(layout, poison) for _, layout, poison in runs(device)}
         assert done == {(layout, poison) for layout in LAYOUTS for poison in POISONS}, device
+
+
+def test_guard_values_poison_every_float_dtype_half_ones_included():
+    """A read-only tensor's margins hold NaN for every float dtype (bfloat16's kind is "V", not "f"),
+    the dtype's maximum for integers."""
+    from kernels.core import BFLOAT16
+
+    for dtype in (np.float16, BFLOAT16, np.float32, np.float64):
+        filled = np.full(3, red_zones.guard_value(np.dtype(dtype)), dtype=dtype)
+        assert np.isnan(filled.astype(np.float64)).all(), dtype
+    assert red_zones.guard_value(np.dtype(np.int16)) == 32767
+    assert red_zones.guard_value(np.dtype(np.bool_)) is True
