@@ -221,6 +221,11 @@ class GpuHandle:
         self._workspace: Any = None
         self.closed = False
 
+    @property
+    def allow_tf32(self) -> bool:
+        """Whether float32 conv_2d and batch_matmul states initialised with this handle may use TF32."""
+        return self._allow_tf32
+
     def cudnn(self, stream: GpuStream) -> Any:
         """The cuDNN handle, bound to `stream`."""
         from . import cudnn as cudnn_module  # loaded only by ops that use cuDNN
@@ -283,7 +288,8 @@ class GpuHandle:
         self.close()
 
     def __repr__(self) -> str:
-        return f"GpuHandle(device={self.device})"
+        tf32 = ", allow_tf32=True" if self._allow_tf32 else ""
+        return f"GpuHandle(device={self.device}{tf32})"
 
 
 def gpu_stream(device: int = 0) -> GpuStream:
@@ -291,9 +297,10 @@ def gpu_stream(device: int = 0) -> GpuStream:
     return GpuStream(device)
 
 
-def gpu_handle(device: int = 0) -> GpuHandle:
-    """A new GPU handle (cuDNN, cuBLAS, workspace) for `device`."""
-    return GpuHandle(device)
+def gpu_handle(device: int = 0, allow_tf32: bool = False) -> GpuHandle:
+    """A new GPU handle (cuDNN, cuBLAS, workspace) for `device`; allow_tf32=True lets float32
+    conv_2d and batch_matmul use TF32 tensor cores (off by default, as PyTorch's allow_tf32)."""
+    return GpuHandle(device, allow_tf32)
 
 
 # --------------------------------------------------------------------------- NVRTC modules
