@@ -210,10 +210,17 @@ class GpuHandle:
     each host thread its own. cuDNN is bound to the stream of each call when it changed;
     cuBLAS is bound by kernels.cublas when the stream changed. Close it (or use it as a context manager)
     to release everything.
+
+    allow_tf32 (PyTorch's name; off by default) lets float32 conv_2d and batch_matmul states
+    initialised with this handle run on TF32 tensor cores: inputs rounded to a 10-bit mantissa,
+    sums in float32. It is fixed when the handle is made; without it nothing uses TF32.
     """
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, allow_tf32: bool = False):
+        if not isinstance(allow_tf32, bool):
+            raise TypeError(f"gpu_handle: allow_tf32: expected a bool, found {allow_tf32!r}")
         _require_cupy()
+        self._allow_tf32 = allow_tf32
         self.device = int(device)
         self._cudnn: Any = None
         self._cublas: Any = None
