@@ -49,6 +49,18 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
     }
 }
 
+// The bias of the half types on the cuDNN paths: output[n, c, ...] = round(widen(output) + widen(bias[c]))
+// over `total` elements of `spatial` positions per channel, in place; one thread per element,
+// grid-stride. (float and double take cudnnAddTensor, which rounds the same way.)
+template <typename T>
+__global__ void conv_add_bias(T* __restrict__ output, const T* __restrict__ bias, long long channels,
+                              long long spatial, long long total) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        output[i] = narrow<T>(widen(output[i]) + widen(bias[(i / spatial) % channels]));
+    }
+}
+
 // im2col for groups == 1: the column matrix of `images` consecutive images,
 // columns[n] (C * kh * kw rows, Ho * Wo columns), row (c * kh + i) * kw + j,
 // column oh * Wo + ow, holding input[n, c, oh * sh - ph + i * dh, ow * sw - pw + j * dw]

@@ -43,7 +43,8 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
-    f"conv_depthwise_forward<{t}, {i}>" for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
+    f"conv_depthwise_forward<{t}, {i}>" for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
+    f"conv_add_bias<{t}>" for t in gpu.HALF_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
@@ -51,7 +52,9 @@ gpu_paths.declare("conv_2d", {
     "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
     "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
     "cudnn.backward_filter": "filter_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
-    "cudnn.add_bias": "the bias added by cuDNN's AddTensor (every path but depthwise, which adds it in its kernel)",
+    "cudnn.add_bias": "the bias added by cuDNN's AddTensor (float and double; every path but depthwise, which adds "
+                      "it in its kernel)",
+    "half.add_bias": "float16 and bfloat16: the bias added by conv_add_bias (widened, added in float, rounded)",
     "gemm.forward": "pointwise (1x1, stride 1, no padding, groups 1): the forward as one cuBLAS batched GEMM",
     "gemm.backward_data": "pointwise: input_grad as one cuBLAS batched GEMM",
     "columns.backward_data": "groups 1: input_grad by a cuBLAS GEMM into columns, then conv_col2im, a chunk at a time",
@@ -292,7 +295,13 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
             cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d.x, input.data.ptr,
                                       d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
                                       workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
-        if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+        if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise") \
+                and dtype in core.HALF_DTYPES:
+            gpu_paths.reach("conv_2d.half.add_bias")
+            n, o, out_h, out_w = target.shape
+            gpu.launch(stream, _CUDA.function(f"conv_add_bias<{gpu.cuda_type(dtype)}>"), gpu.grid_for(target.size),
+                       gpu.BLOCK, (target, bias, np.int64(o), np.int64(out_h * out_w), np.int64(target.size)))
+        elif bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
             gpu_paths.reach("conv_2d.cudnn.add_bias")
             cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,
                              cudnn.scalar(dtype, 1), state.descriptors.y, target.data.ptr)
