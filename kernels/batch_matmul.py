@@ -86,8 +86,8 @@ def _matmul(left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
     """out = left @ right; half dtypes widened to float32, multiplied and summed in float32, and the
     result rounded once to out's dtype (as the GPU's float32-compute GEMM)."""
     if out.dtype in core.HALF_DTYPES:
-        wide = np.matmul(left.astype(np.float32), right.astype(np.float32))
-        np.copyto(out, wide.astype(out.dtype))
+        compute = core.compute_dtype(out.dtype)
+        np.copyto(out, np.matmul(left.astype(compute), right.astype(compute)).astype(out.dtype))
     else:
         np.matmul(left, right, out=out)
 

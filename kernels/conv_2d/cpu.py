@@ -273,7 +273,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
 
 def _wide(array: np.ndarray | None) -> np.ndarray | None:
     """A half tensor widened to float32 (exact)."""
-    return None if array is None else array.astype(np.float32)
+    return None if array is None else array.astype(core.compute_dtype(array.dtype))
 
 
 def _store(target: np.ndarray, values: np.ndarray) -> None:
