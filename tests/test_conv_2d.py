@@ -222,13 +222,15 @@ def test_gpu_algorithms_are_deterministic_sums():
     try:
         for dims, attrs in _random_configs(count=12, seed=1):
             output_dims = conv_2d.output_dims(attrs, dims)
-            for dtype in (np.float32, np.float64):
+            for dtype in (np.float32, np.float64, np.float16, BFLOAT16):
                 state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
                 assert state.algorithms["forward"].algo in cudnn.EXACT_FWD_ALGOS
                 assert state.algorithms["backward_data"].algo in cudnn.EXACT_BWD_DATA_ALGOS
                 assert state.algorithms["backward_filter"].algo in cudnn.EXACT_BWD_FILTER_ALGOS
                 if dtype == np.float32:
                     assert all(a.math_type == cudnn.FMA_MATH for a in state.algorithms.values())
+                else:  # tensor cores allowed for the half dtypes, never the math that converts data to float16
+                    assert all(a.math_type in cudnn.TENSOR_MATH for a in state.algorithms.values())
                 conv_2d.cleanup_kernel(dev.handle, state)
     finally:
         dev.handle.close()
