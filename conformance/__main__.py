@@ -23,6 +23,7 @@ from .cases import CASE_MODULES, all_cases
 from .golden import GoldenStore, find_goldens, golden_candidates
 from .harness import SCHEDULES, device_unavailable, release_gpu_memory
 from .runner import DEVICES, Result, run_case
+from .spread import run_spread, visible_gpus
 
 DESCRIPTION = """\
 Run the conformance suite: every case that conformance/cases declares, checked
@@ -36,7 +37,9 @@ missing or stale golden file)."""
 
 EPILOG = f"""\
 devices:
-  cpu, gpu (CUDA device 0), gpu:N (CUDA device N; only gpu:0 runs for now).
+  cpu, gpu (CUDA device 0, reported as gpu), gpu:N (CUDA device N, reported
+  as gpu:N; its streams, handles and arrays are of device N, whichever device
+  is current).
   Without --device every device runs, and one that cannot run here (no CUDA
   device, no CuPy) is skipped with the reason. A device named with --device
   that cannot run here is an error.
@@ -66,6 +69,7 @@ examples:
   python -m conformance --device gpu --junit-xml report.xml --json report.json
                                                  the GPU only, with reports for CI
   python -m conformance --goldens /path/to/goldens.h5
+  python -m conformance --device gpu --jobs gpus  the GPU cases spread over every visible GPU
   python -m conformance --device gpu --gpu-paths paths.json
                                                  which named GPU paths the run reached
 """
@@ -78,10 +82,8 @@ def runner_device(name: str) -> str:
     match = re.fullmatch(r"gpu:(\d+)", name)
     if match is None:
         raise argparse.ArgumentTypeError(f"invalid device {name!r}: expected cpu, gpu or gpu:N (N a CUDA ordinal)")
-    if int(match.group(1)) != 0:
-        # The runner runs GPU cases on CUDA device 0; once it takes gpu:N, pass the name through.
-        raise argparse.ArgumentTypeError(f"{name}: GPU cases run on CUDA device 0 only for now (gpu or gpu:0)")
-    return "gpu"
+    ordinal = int(match.group(1))
+    return "gpu" if ordinal == 0 else f"gpu:{ordinal}"  # device 0 keeps its name in the reports
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -90,6 +92,15 @@ def _shard(text: str) -> tuple[int, int]:
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise argparse.ArgumentTypeError(f"expected I/N with 1 <= I <= N, found {text!r}")
     return int(match[1]), int(match[2])
+
+
+def _jobs(text: str) -> int:
+    """--jobs N (N >= 1) or --jobs gpus (one worker per visible GPU, at least one) as a count."""
+    if text == "gpus":
+        return max(visible_gpus(), 1)
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1 or 'gpus', found {text!r}")
+    return int(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,6 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shard", type=_shard, metavar="I/N",
                         help="only every N-th of the chosen cases, starting at the I-th (1 <= I <= N): N processes "
                              "with shards 1/N .. N/N run every case once (tools/sanitize.sh does)")
+    parser.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                        help="deal the cases out to N worker processes (default 1: this one); 'gpus': one per "
+                             "visible GPU. Worker w runs the cases of --device gpu on CUDA device w mod (visible "
+                             "GPUs); the merged results read as a run in one process")
     parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
     parser.add_argument("--gpu-paths", metavar="FILE",
@@ -178,7 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         cases = cases[index - 1::count]
 
     paths: dict[str, dict] = {}
-    results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths)
+    if arguments.jobs > 1:
+        results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths)
+        if arguments.verbose:
+            for result in results:
+                _print_result(result)
+    else:
+        results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths)
     release_gpu_memory()  # so that a leak check at exit sees only what is still held
     _print_summary(results)
     if arguments.junit_xml:
@@ -212,10 +233,14 @@ def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: boo
             elif len(results) % 50 == 0 or len(results) == total:
                 print(f"[{len(results)}/{total}] {result.key}", file=sys.stderr, flush=True)
             if verbose:
-                print(f"{result.status.upper():7} {result.key}" + (f"  ({result.message})" if result.status == "skipped" else ""))
+                _print_result(result)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     return results, seconds
+
+
+def _print_result(result: Result) -> None:
+    print(f"{result.status.upper():7} {result.key}" + (f"  ({result.message})" if result.status == "skipped" else ""))
 
 
 def _counts(results: list[Result]) -> dict[str, int]:

@@ -60,7 +60,8 @@ class Case:
     weights, and the output gradients fed to backward (`output_grad`, ...).
     Lists of tensors are named `inputs.0`, `inputs.1`, ... Values are given as
     small integers or short dyadic fractions and cast to `dtype` (except names in
-    `input_dtypes`, which keep their own). `tolerance` is one Tolerance for every
+    `extra["input_dtypes"]`, cast to the dtype given there; `extra["expected_dtypes"]`
+    does the same for expected tensors). `tolerance` is one Tolerance for every
     expected tensor, or a mapping from expected tensor name to Tolerance with
     `"*"` as the default.
     """
@@ -78,13 +79,15 @@ class Case:
         dtype = np.dtype(self.dtype)
         object.__setattr__(self, "dtype", dtype)
         cast = {}
+        own = self.extra.get("input_dtypes", {})  # inputs whose dtype is not the case's (float32 gamma, half data)
         for name, value in self.inputs.items():
             array = np.asarray(value)
-            if array.dtype.kind in "fiub" and (dtype.kind in "fiub" or is_floating(dtype)):
-                converted = np.ascontiguousarray(array.astype(dtype))
+            target = np.dtype(own.get(name, dtype))
+            if array.dtype.kind in "fiub" and (target.kind in "fiub" or is_floating(target)):
+                converted = np.ascontiguousarray(array.astype(target))
                 # Declared values must be representable in the case's dtype.
                 if not np.array_equal(converted.astype(np.float64), array.astype(np.float64), equal_nan=True):
-                    raise ValueError(f"{self.op}/{self.name}: input {name} is not exact in {dtype.name}")
+                    raise ValueError(f"{self.op}/{self.name}: input {name} is not exact in {target.name}")
                 array = converted
             cast[name] = array
         object.__setattr__(self, "inputs", cast)

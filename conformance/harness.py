@@ -59,8 +59,9 @@ def runs(device: str) -> list[tuple[str, str, str]]:
     foreign current stream), the rest plain, the cheapest. On the GPU: 10 runs, 4 of them new (3
     plain); on the CPU: 6 runs, 4 new.
     """
-    strictest = SCHEDULES[device][-1]
-    result = [(schedule, "aligned", poison) for schedule in SCHEDULES[device] for poison in POISONS]
+    schedules = SCHEDULES[device_kind(device)]
+    strictest = schedules[-1]
+    result = [(schedule, "aligned", poison) for schedule in schedules for poison in POISONS]
     result += [("plain", "misaligned", "random"), (strictest, "misaligned", "nan")]
     result += [("plain", "staggered", poison) for poison in POISONS]
     return result
@@ -91,11 +92,30 @@ def spin(stream: Any, nanoseconds: int = SPIN_NS) -> None:
     kernel((1,), (1,), (np.uint64(nanoseconds),), stream=stream.cupy_stream)
 
 
+def device_kind(device: str) -> str:
+    """"cpu" or "gpu": the kind of a runner device name (cpu, gpu, gpu:N)."""
+    return "cpu" if device == "cpu" else "gpu"
+
+
+def device_ordinal(device: str) -> int:
+    """The CUDA ordinal of a GPU runner device: 0 for "gpu", N for "gpu:N"."""
+    return int(device[4:]) if device.startswith("gpu:") else 0
+
+
 def device_unavailable(device: str) -> str | None:
-    """Why a device cannot run cases here, or None."""
+    """Why a device cannot run cases here, or None: no CuPy or CUDA device, or (gpu:N) no device N."""
     if device == "cpu":
         return None
-    return kernels.gpu_unavailable_reason()
+    reason = kernels.gpu_unavailable_reason()
+    if reason is not None:
+        return reason
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    ordinal = device_ordinal(device)
+    if ordinal >= count:
+        return f"no CUDA device {ordinal} ({count} visible)"
+    return None
 
 
 def poison_array(shape: tuple[int, ...], dtype: np.dtype, poison: str, seed: int) -> np.ndarray:
@@ -144,7 +164,8 @@ class Env:
         else:
             import cupy
 
-            self.stream, self.handle = kernels.gpu_stream(0), kernels.gpu_handle(0)
+            ordinal = device_ordinal(device)
+            self.stream, self.handle = kernels.gpu_stream(ordinal), kernels.gpu_handle(ordinal)
             self.xp = cupy
             if schedule != "plain":
                 spin(self.stream)  # every transfer of the case queues behind it

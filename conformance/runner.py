@@ -13,7 +13,7 @@ import numpy as np
 from .case import Case, Golden
 from .cases import CASE_MODULES
 from .compare import compare
-from .harness import Env, device_unavailable, runs
+from .harness import Env, device_kind, device_unavailable, runs
 
 DEVICES = ("cpu", "gpu")
 
@@ -80,7 +80,7 @@ def run_case(case: Case, golden: Golden, device: str, schedules: Sequence[str] |
     if reason is not None:
         return Result(case.op, case.name, device, "skipped", reason)
     devices = case.extra.get("devices")
-    if devices is not None and device not in devices:
+    if devices is not None and device_kind(device) not in devices:
         return Result(case.op, case.name, device, "skipped", f"declared for {', '.join(devices)} only")
     problems: list[str] = []
     raised: set[tuple[str, str]] = set()

@@ -136,7 +136,7 @@ def blockwise(function: Any, *arrays: np.ndarray) -> None:
                 block = slice(start, start + BLOCK_ELEMENTS)
                 function(*(a[block] for a in flat))
 
-    cpu.cpu_parallel(run, -(-count // BLOCK_ELEMENTS))
+    cpu.cpu_parallel(run, -(-count // BLOCK_ELEMENTS), sum(a.nbytes for a in arrays))
 
 
 _SCRATCH = threading.local()

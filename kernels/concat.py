@@ -117,7 +117,7 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
         for task in tasks[first:last]:
             copy(*task)
 
-    cpu.cpu_parallel(run, len(tasks))
+    cpu.cpu_parallel(run, len(tasks), 2 * whole.nbytes)
 
 
 def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:

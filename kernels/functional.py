@@ -571,8 +571,9 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     if x.ndim < 2:
         raise fail(ShapeError, op, "input", "rank >= 2 (N, C, *spatial)", f"rank {x.ndim} {tuple(x.shape)}")
     stat_dims = batch_norm_op.layout_of(attrs, tuple(x.shape)).stat_dims
-    gamma = env.array("weight", weight) if weight is not None else (env.empty(stat_dims, x.dtype) if attrs.affine else None)
-    beta = env.array("bias", bias) if bias is not None else (env.zeros(stat_dims, x.dtype) if attrs.affine else None)
+    param = core.compute_dtype(x.dtype)  # weight, bias and the running statistics: float32 for half input
+    gamma = env.array("weight", weight) if weight is not None else (env.empty(stat_dims, param) if attrs.affine else None)
+    beta = env.array("bias", bias) if bias is not None else (env.zeros(stat_dims, param) if attrs.affine else None)
     if weight is None and gamma is not None:
         with env.active():
             gamma.fill(1)
@@ -582,7 +583,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
         if given is None:
             continue
         view = _stat_view(env, name, given)
-        array = view if view.flags.c_contiguous and view.dtype == x.dtype else _contiguous_copy(env, view, x.dtype)
+        array = view if view.flags.c_contiguous and view.dtype == param else _contiguous_copy(env, view, param)
         running[name] = (view, array)
     output = env.empty(x.shape, x.dtype)
 
@@ -632,8 +633,8 @@ def batch_norm_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[st
     g = env.array("grad_output", grad_output)
     x, gamma = saved["input"], saved["weight"]
     input_grad = env.empty(x.shape, x.dtype) if "input" in want else None
-    gamma_grad = env.empty(gamma.shape, x.dtype) if "weight" in want and saved["has_weight"] else None
-    beta_grad = env.empty(gamma.shape, x.dtype) if "bias" in want and saved["has_bias"] else None
+    gamma_grad = env.empty(gamma.shape, gamma.dtype) if "weight" in want and saved["has_weight"] else None
+    beta_grad = env.empty(gamma.shape, gamma.dtype) if "bias" in want and saved["has_bias"] else None
     with env.active():
         batch_norm_op.backward_kernel(env.stream, env.handle, ctx.state, ctx.state.attrs, saved["output"], g, x,
                                       input_grad, gamma, saved["bias"], gamma_grad, beta_grad)

@@ -276,7 +276,8 @@ class GpuHandle:
         if self._cudnn is not None:
             from . import cudnn as cudnn_module
 
-            cudnn_module.destroy_handle(self._cudnn)
+            with cupy.cuda.Device(self.device):  # the handle's device current, whichever the caller's is
+                cudnn_module.destroy_handle(self._cudnn)
             _count_handle("cudnn", -1)
             self._cudnn = None
             self._cudnn_stream = None

@@ -15,6 +15,11 @@
 //
 // Every window holds at least one input element: padding is at most half the
 // kernel and the output size is floor((H + 2p - k) / s) + 1 (checked on the host).
+//
+// Half precision (half_t, bfloat16_t): values are widened to compute_t<T> (float)
+// when read and rounded once when written. MAX compares the widened values (exact:
+// its output is one of its inputs); the AVG window sums, the gathered gradient sums
+// and the divisions are in float, as the CPU path's float32.
 #include "common.cuh"
 
 template <typename T> __device__ __forceinline__ T negative_infinity();
@@ -45,19 +50,20 @@ __global__ void max_pool_forward(const T* __restrict__ input, T* __restrict__ ou
         const int h_start = max(h0, 0), h_end = min(h0 + kernel_h, height);
         const int w_start = max(w0, 0), w_end = min(w0 + kernel_w, width);
         const T* __restrict__ base = input + plane * (I)height * width;
-        T best = negative_infinity<T>();
+        using C = compute_t<T>;
+        C best = negative_infinity<C>();
         int best_tap = (h_start - h0) * kernel_w + (w_start - w0);
         for (int h = h_start; h < h_end; ++h) {
             const T* __restrict__ row = base + (I)h * width;
             for (int w = w_start; w < w_end; ++w) {
-                const T value = row[w];
+                const C value = widen(row[w]);
                 if (value > best || value != value) {  // a NaN always wins: the last NaN stays
                     best = value;
                     best_tap = (h - h0) * kernel_w + (w - w0);
                 }
             }
         }
-        output[index] = best;
+        output[index] = narrow<T>(best);
         taps[index] = (Tap)best_tap;
     }
 }
@@ -74,32 +80,38 @@ __global__ void max_pool_forward_tiled(const T* __restrict__ input, T* __restric
                                        I planes, int height, int width, int out_h, int out_w, int kernel_h,
                                        int kernel_w, int stride_h, int stride_w, int padding_h, int padding_w,
                                        int tile_h, int tile_w, int tiles_w) {
+    using C = compute_t<T>;
     extern __shared__ __align__(16) unsigned char shared[];
     const int in_h = (tile_h - 1) * stride_h + kernel_h, in_w = (tile_w - 1) * stride_w + kernel_w;
     T* tile = reinterpret_cast<T*>(shared);
     T* row_best = tile + in_h * in_w;
-    Tap* row_column = reinterpret_cast<Tap*>(row_best + in_h * tile_w);
+    // The columns start at the next multiple of sizeof(Tap): 2-byte values may leave an odd offset
+    // for int taps (the host's shared size counts the same padding, pool_2d.max_forward_tile).
+    const size_t column_offset = ((size_t)(in_h * in_w + in_h * tile_w) * sizeof(T) + sizeof(Tap) - 1)
+                                 / sizeof(Tap) * sizeof(Tap);
+    Tap* row_column = reinterpret_cast<Tap*>(shared + column_offset);
     const int oh0 = (int)(blockIdx.x / tiles_w) * tile_h, ow0 = (int)(blockIdx.x % tiles_w) * tile_w;
     const int h0 = oh0 * stride_h - padding_h, w0 = ow0 * stride_w - padding_w;
     for (I plane = blockIdx.y; plane < planes; plane += gridDim.y) {
         const T* __restrict__ base = input + plane * (I)height * width;
         for (int i = threadIdx.x; i < in_h * in_w; i += blockDim.x) {
             const int h = h0 + i / in_w, w = w0 + i % in_w;
-            tile[i] = (h >= 0 && h < height && w >= 0 && w < width) ? base[(I)h * width + w] : negative_infinity<T>();
+            tile[i] = (h >= 0 && h < height && w >= 0 && w < width) ? base[(I)h * width + w]
+                                                                    : narrow<T>(negative_infinity<C>());
         }
         __syncthreads();
         for (int i = threadIdx.x; i < in_h * tile_w; i += blockDim.x) {
             const T* row = tile + (i / tile_w) * in_w + (i % tile_w) * stride_w;
-            T best = negative_infinity<T>();
+            C best = negative_infinity<C>();
             int column = 0;  // a row left at -inf is never taken below, whatever its column
             for (int j = 0; j < kernel_w; ++j) {
-                const T value = row[j];
+                const C value = widen(row[j]);
                 if (value > best || value != value) {
                     best = value;
                     column = j;
                 }
             }
-            row_best[i] = best;
+            row_best[i] = narrow<T>(best);  // exact: one of the row's values
             row_column[i] = (Tap)column;
         }
         __syncthreads();
@@ -107,11 +119,11 @@ __global__ void max_pool_forward_tiled(const T* __restrict__ input, T* __restric
             const int y = i / tile_w, x = i % tile_w;
             const int oh = oh0 + y, ow = ow0 + x;
             if (oh >= out_h || ow >= out_w) continue;
-            T best = negative_infinity<T>();
+            C best = negative_infinity<C>();
             int best_tap = -1;
             for (int r = 0; r < kernel_h; ++r) {
                 const int k = (y * stride_h + r) * tile_w + x;
-                const T value = row_best[k];
+                const C value = widen(row_best[k]);
                 if (value > best || value != value) {
                     best = value;
                     best_tap = r * kernel_w + (int)row_column[k];
@@ -122,7 +134,7 @@ __global__ void max_pool_forward_tiled(const T* __restrict__ input, T* __restric
                 best_tap = (max(wh, 0) - wh) * kernel_w + (max(ww, 0) - ww);
             }
             const I o = (plane * out_h + oh) * (I)out_w + ow;
-            output[o] = best;
+            output[o] = narrow<T>(best);
             taps[o] = (Tap)best_tap;
         }
         __syncthreads();  // the next plane overwrites the tile
@@ -144,15 +156,15 @@ __global__ void max_pool_backward(const T* __restrict__ output_grad, const Tap* 
         covering_outputs(h, padding_h, kernel_h, stride_h, out_h, &oh_start, &oh_end);
         covering_outputs(w, padding_w, kernel_w, stride_w, out_w, &ow_start, &ow_end);
         const I offset = plane * (I)out_h * out_w;
-        T sum = 0;
+        compute_t<T> sum = 0;  // half: summed in float, rounded once (exact where one gradient lands)
         for (int oh = oh_start; oh < oh_end; ++oh) {
             const int tap_row = (h - (oh * stride_h - padding_h)) * kernel_w;
             for (int ow = ow_start; ow < ow_end; ++ow) {
                 const I o = offset + (I)oh * out_w + ow;
-                if ((int)taps[o] == tap_row + (w - (ow * stride_w - padding_w))) sum += output_grad[o];
+                if ((int)taps[o] == tap_row + (w - (ow * stride_w - padding_w))) sum += widen(output_grad[o]);
             }
         }
-        input_grad[index] = sum;
+        input_grad[index] = narrow<T>(sum);
     }
 }
 
@@ -179,14 +191,15 @@ __global__ void avg_pool_forward(const T* __restrict__ input, T* __restrict__ ou
         const int h_start = max(h0, 0), h_end = min(h0 + kernel_h, height);
         const int w_start = max(w0, 0), w_end = min(w0 + kernel_w, width);
         const T* __restrict__ base = input + plane * (I)height * width;
-        T sum = 0;
+        using C = compute_t<T>;
+        C sum = 0;
         for (int h = h_start; h < h_end; ++h) {
             const T* __restrict__ row = base + (I)h * width;
-            for (int w = w_start; w < w_end; ++w) sum += row[w];
+            for (int w = w_start; w < w_end; ++w) sum += widen(row[w]);
         }
         const int divisor = average_divisor(oh, ow, height, width, kernel_h, kernel_w, stride_h, stride_w,
                                             padding_h, padding_w, count_include_pad);
-        output[index] = sum / (T)divisor;
+        output[index] = narrow<T>(sum / (C)divisor);
     }
 }
 
@@ -205,14 +218,15 @@ __global__ void avg_pool_backward(const T* __restrict__ output_grad, T* __restri
         covering_outputs(h, padding_h, kernel_h, stride_h, out_h, &oh_start, &oh_end);
         covering_outputs(w, padding_w, kernel_w, stride_w, out_w, &ow_start, &ow_end);
         const I offset = plane * (I)out_h * out_w;
-        T sum = 0;
+        using C = compute_t<T>;
+        C sum = 0;
         for (int oh = oh_start; oh < oh_end; ++oh) {
             for (int ow = ow_start; ow < ow_end; ++ow) {
                 const int divisor = average_divisor(oh, ow, height, width, kernel_h, kernel_w, stride_h, stride_w,
                                                     padding_h, padding_w, count_include_pad);
-                sum += output_grad[offset + (I)oh * out_w + ow] / (T)divisor;
+                sum += widen(output_grad[offset + (I)oh * out_w + ow]) / (C)divisor;
             }
         }
-        input_grad[index] = sum;
+        input_grad[index] = narrow<T>(sum);
     }
 }

@@ -20,6 +20,15 @@ max-pooling backward does not promise PyTorch's tie rule nor determinism with
 overlapping windows (SPPF's 5x5 stride 1). The MAX forward is separable on both
 devices (window rows, then window columns; on the GPU a shared-memory tile of
 outputs a block), which keeps the row-major scan's argmax.
+
+float16 and bfloat16 are stored in the half dtype and computed in float32 on both
+devices: each value is widened once when read and the result rounded once when
+written. MAX picks one of its inputs (exact); its backward sums the gradients that
+land on an element in float32 and rounds once (exact where one lands); AVG sums its
+window and divides in float32, its backward sums the float32 shares. A fused
+activation is evaluated in float32 at the half pre-activation kept in the state,
+and its derivative's product rounded to the dtype before the gather, as the GPU's
+activation kernels do.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from . import activation, core, cpu, gpu, gpu_paths
-from .core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from .core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 
 OP = "pool_2d"
 
@@ -96,7 +105,7 @@ def tap_dtype(attrs: Pool2DAttrs) -> np.dtype:
 def init_kernel(handle: Any, attrs: Pool2DAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
     """Check the shapes against the attrs (rank 4, the output formula, float dtypes) and record them."""
     state = core.make_state(OP, handle, attrs, Pool2DAttrs, input_shape=input_shape, output_shape=output_shape)
-    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "input_shape", input_shape, ALL_FLOAT_DTYPES)
     core.check_rank(OP, "input_shape", input_shape, rank=4)
     _check_window(attrs, input_shape.dims)
     core.check_rank(OP, "output_shape", output_shape, rank=4)
@@ -284,7 +293,7 @@ def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarra
             else:
                 _cpu_avg_forward(x, attrs, y)
 
-    cpu.cpu_parallel(run, -(-planes // per_block))
+    cpu.cpu_parallel(run, -(-planes // per_block), input.nbytes * (3 if taps is not None else 2))
 
 
 _CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles at once
@@ -321,7 +330,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             block.fill(0)
             np.add.at(block, target.reshape(-1), grad[start:stop].reshape(-1))
 
-    cpu.cpu_parallel(run, -(-(n * c) // planes))
+    cpu.cpu_parallel(run, -(-(n * c) // planes), input_grad.nbytes + grad.nbytes * 3)
 
 
 def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:
@@ -348,10 +357,22 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     _check_forward(stream, handle, state, attrs, input, output)
     taps = _saved(state, "taps", np, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
     pooled = output if attrs.activation is None else _saved(state, "pre", np, output.shape, output.dtype)
-    if output.size:
+    if not output.size:
+        return
+    compute = core.compute_dtype(input.dtype)
+    if compute == input.dtype:
         _cpu_forward_planes(input, attrs, pooled, taps)
         if attrs.activation is not None:
             activation.cpu_forward(attrs.activation, pooled, output)
+        return
+    # Half: the float32 pooling of the widened input, rounded once (MAX: exact).
+    wide = np.empty(output.shape, compute)
+    _cpu_forward_planes(input.astype(compute), attrs, wide, taps)
+    np.copyto(pooled, wide, casting="unsafe")
+    if attrs.activation is not None:  # f in float32 at the rounded pre-activation, rounded once
+        np.copyto(wide, pooled)
+        activation.cpu_forward(attrs.activation, wide, wide)
+        np.copyto(output, wide, casting="unsafe")
 
 
 @cpu.cpu_kernel
@@ -362,14 +383,24 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
     if input_grad is None or not input_grad.size:
         return
+    compute = core.compute_dtype(input_grad.dtype)
     grad = output_grad
     if attrs.activation is not None:
-        grad = np.empty_like(output_grad)
-        activation.cpu_backward(attrs.activation, state.saved["pre"], output_grad, grad)
+        grad = np.empty(output_grad.shape, compute)
+        if compute == output_grad.dtype:
+            activation.cpu_backward(attrs.activation, state.saved["pre"], output_grad, grad)
+        else:  # half: f' in float32, the product rounded to the dtype (the GPU's activation kernel writes it so)
+            activation.cpu_backward(attrs.activation, state.saved["pre"].astype(compute), output_grad.astype(compute),
+                                    grad)
+            grad = grad.astype(output_grad.dtype)
+    target = input_grad if compute == input_grad.dtype else np.empty(input_grad.shape, compute)
+    grad = grad.astype(compute, copy=False)  # half: widened once; the sums in float32
     if attrs.pool_type is PoolOp.MAX:
-        _cpu_max_backward(attrs, grad, state.saved["taps"], input_grad)
+        _cpu_max_backward(attrs, grad, state.saved["taps"], target)
     else:
-        _cpu_avg_backward(attrs, grad, input_grad)
+        _cpu_avg_backward(attrs, grad, target)
+    if target is not input_grad:
+        np.copyto(input_grad, target, casting="unsafe")  # rounded once
 
 
 # --------------------------------------------------------------------------- GPU
@@ -377,11 +408,12 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
 
 _CUDA = gpu.CudaModule("pool_2d.cu", [
     f"max_pool_{kind}<{value}, {tap}, {index}>"
-    for kind in ("forward", "forward_tiled", "backward") for value in gpu.FLOAT_TYPES
+    for kind in ("forward", "forward_tiled", "backward") for value in gpu.FLOAT_TYPES + gpu.HALF_TYPES
     for tap in ("unsigned char", "int") for index in gpu.INDEX_TYPES
 ] + [
     f"avg_pool_{direction}<{value}, {index}>"
-    for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES for index in gpu.INDEX_TYPES
+    for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES + gpu.HALF_TYPES
+    for index in gpu.INDEX_TYPES
 ])
 
 TILE_OUTPUTS = 512  # outputs a block of the tiled MAX forward aims at (two a thread)
@@ -397,7 +429,9 @@ def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) 
     tile_h = -(-out_h // tiles_h)
     in_h = (tile_h - 1) * attrs.stride_h + attrs.kernel_h
     in_w = (tile_w - 1) * attrs.stride_w + attrs.kernel_w
-    shared = in_h * in_w * itemsize + in_h * tile_w * (itemsize + tap_dtype(attrs).itemsize)
+    tap_size = tap_dtype(attrs).itemsize
+    values = in_h * in_w * itemsize + in_h * tile_w * itemsize
+    shared = -(-values // tap_size) * tap_size + in_h * tile_w * tap_size  # the taps aligned to their size
     if shared > TILE_SHARED_LIMIT:
         return None
     return tile_h, tile_w, tiles_h, tiles_w, shared

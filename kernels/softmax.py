@@ -94,7 +94,7 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
         for block in blocks[first:last]:
             function(*(view[block] for view in views))
 
-    cpu.cpu_parallel(run, len(blocks))
+    cpu.cpu_parallel(run, len(blocks), sum(a.nbytes for a in arrays))
 
 
 def _cpu_forward_block(x: np.ndarray, y: np.ndarray) -> None:

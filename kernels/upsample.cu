@@ -1,5 +1,5 @@
 // upsample of NCHW by an integer scale s: NEAREST (any dtype) and BILINEAR
-// (align_corners=False, float and double), forward and backward.
+// (align_corners=False; float, double, half_t, bfloat16_t), forward and backward.
 //
 // Tensors are seen as planes (N*C of them) of rows: input row r = n*C*H + h,
 // output rows r*s .. r*s + s-1, each of width W*s. Backward is a gather: each
@@ -8,7 +8,22 @@
 //
 // Compiled with --fmad=false: the bilinear arithmetic then rounds exactly as the
 // NumPy (CPU) twin does, so both devices give the same bits.
+//
+// Half precision (half_t, bfloat16_t): NEAREST forward moves bits (the BITS types);
+// the sums of the backwards and the bilinear arithmetic are in compute_t<T> (float),
+// each value widened when read, each result rounded once when written.
 #include "common.cuh"
+
+// A value as its compute type (half: widened; integers and floats as they are), and back.
+template <typename T> __device__ __forceinline__ compute_t<T> load(T x) { return x; }
+__device__ __forceinline__ float load(half_t x) { return widen(x); }
+__device__ __forceinline__ float load(bfloat16_t x) { return widen(x); }
+template <typename T> __device__ __forceinline__ T store(compute_t<T> x) { return x; }
+template <> __device__ __forceinline__ half_t store<half_t>(float x) { return narrow<half_t>(x); }
+template <> __device__ __forceinline__ bfloat16_t store<bfloat16_t>(float x) { return narrow<bfloat16_t>(x); }
+
+struct __align__(4) half_pair { half_t x, y; };
+struct __align__(4) bfloat16_pair { bfloat16_t x, y; };
 
 // Two elements of T in one aligned access (8 to 16 bytes): the s = 2 fast paths.
 template <typename T> struct Vec2;
@@ -23,6 +38,8 @@ KERNELS_VEC2(int, int2)
 KERNELS_VEC2(unsigned int, uint2)
 KERNELS_VEC2(long long, longlong2)
 KERNELS_VEC2(unsigned long long, ulonglong2)
+KERNELS_VEC2(half_t, half_pair)
+KERNELS_VEC2(bfloat16_t, bfloat16_pair)
 #undef KERNELS_VEC2
 
 // ------------------------------------------------------------------ NEAREST
@@ -67,25 +84,26 @@ __global__ void upsample_nearest_forward_x2(const T* __restrict__ input, T* __re
 
 // input_grad[r, w] = sum over i of (sum over k of output_grad[r*s + i, w*s + k]):
 // each row of the block summed left to right, then the row sums top to bottom
-// (the CPU twin's order), in T (integers wrap as they do in T).
+// (the CPU twin's order), in compute_t<T> (integers wrap as they do in T; half sums in float).
 template <typename T, typename I>
 __global__ void upsample_nearest_backward(const T* __restrict__ output_grad, T* __restrict__ input_grad,
                                           I count, I width, int scale) {
+    using C = compute_t<T>;
     const I out_width = width * scale;
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
          index += (I)gridDim.x * blockDim.x) {
         const I row = index / width;
         const I column = index - row * width;
         const T* source = output_grad + row * scale * out_width + column * scale;
-        T sum = source[0];
-        for (int k = 1; k < scale; ++k) sum += source[k];
+        C sum = load(source[0]);
+        for (int k = 1; k < scale; ++k) sum += load(source[k]);
         for (int i = 1; i < scale; ++i) {
             source += out_width;
-            T row_sum = source[0];
-            for (int k = 1; k < scale; ++k) row_sum += source[k];
+            C row_sum = load(source[0]);
+            for (int k = 1; k < scale; ++k) row_sum += load(source[k]);
             sum += row_sum;
         }
-        input_grad[index] = sum;
+        input_grad[index] = store<T>(sum);
     }
 }
 
@@ -102,12 +120,12 @@ __global__ void upsample_nearest_backward_x2(const T* __restrict__ output_grad, 
         const T* source = output_grad + row * 2 * out_width + column * 2;
         const V top = *reinterpret_cast<const V*>(source);
         const V bottom = *reinterpret_cast<const V*>(source + out_width);
-        T top_sum = top.x;
-        top_sum += top.y;
-        T bottom_sum = bottom.x;
-        bottom_sum += bottom.y;
+        compute_t<T> top_sum = load(top.x);
+        top_sum += load(top.y);
+        compute_t<T> bottom_sum = load(bottom.x);
+        bottom_sum += load(bottom.y);
         top_sum += bottom_sum;
-        input_grad[index] = top_sum;
+        input_grad[index] = store<T>(top_sum);
     }
 }
 
@@ -152,14 +170,15 @@ __global__ void upsample_bilinear_forward(const T* __restrict__ input, T* __rest
         const I rest = index / out_width;
         const I oy = rest % out_height;
         const I plane = rest / out_height;
+        using C = compute_t<T>;
         I y0, y1, x0, x1;
-        T ly0, ly1, lx0, lx1;
-        bilinear_source<T, I>(oy, scale, height, y0, y1, ly0, ly1);
-        bilinear_source<T, I>(ox, scale, width, x0, x1, lx0, lx1);
+        C ly0, ly1, lx0, lx1;
+        bilinear_source<C, I>(oy, scale, height, y0, y1, ly0, ly1);
+        bilinear_source<C, I>(ox, scale, width, x0, x1, lx0, lx1);
         const T* base = input + plane * height * width;
-        const T top = lx0 * base[y0 * width + x0] + lx1 * base[y0 * width + x1];
-        const T bottom = lx0 * base[y1 * width + x0] + lx1 * base[y1 * width + x1];
-        output[index] = ly0 * top + ly1 * bottom;
+        const C top = lx0 * load(base[y0 * width + x0]) + lx1 * load(base[y0 * width + x1]);
+        const C bottom = lx0 * load(base[y1 * width + x0]) + lx1 * load(base[y1 * width + x1]);
+        output[index] = store<T>(ly0 * top + ly1 * bottom);
     }
 }
 
@@ -178,19 +197,20 @@ __global__ void upsample_bilinear_backward(const T* __restrict__ output_grad, T*
         const I rest = index / width;
         const I y = rest % height;
         const I plane = rest / height;
+        using C = compute_t<T>;
         const T* base = output_grad + plane * out_height * out_width;
-        T sum = (T)0;
+        C sum = (C)0;
         for (int ty = tap_low; ty <= tap_high; ++ty) {
             const I oy = y * scale + ty;
             if (oy < 0 || oy >= out_height) continue;
-            T row = (T)0;
+            C row = (C)0;
             for (int tx = tap_low; tx <= tap_high; ++tx) {
                 const I ox = x * scale + tx;
                 if (ox < 0 || ox >= out_width) continue;
-                row += bilinear_weight<T, I>(ox, x, scale, width) * base[oy * out_width + ox];
+                row += bilinear_weight<C, I>(ox, x, scale, width) * load(base[oy * out_width + ox]);
             }
-            sum += bilinear_weight<T, I>(oy, y, scale, height) * row;
+            sum += bilinear_weight<C, I>(oy, y, scale, height) * row;
         }
-        input_grad[index] = sum;
+        input_grad[index] = store<T>(sum);
     }
 }

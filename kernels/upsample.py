@@ -3,10 +3,14 @@
 NEAREST (any movable dtype forward) copies input[n, c, h, w] into its s x s
 block, as torch.nn.functional.interpolate(mode='nearest') does for an integer
 scale; its backward sums each s x s block of output_grad (float and integer
-dtypes; integers sum in their own dtype and wrap like it). BILINEAR (float32,
-float64) follows interpolate(mode='bilinear', align_corners=False): source
-coordinate (o + 0.5) / s - 0.5 clamped at 0, weights r / 2s with r an integer,
+dtypes; integers sum in their own dtype and wrap like it). BILINEAR (float16,
+bfloat16, float32, float64) follows interpolate(mode='bilinear', align_corners=False):
+source coordinate (o + 0.5) / s - 0.5 clamped at 0, weights r / 2s with r an integer,
 each rounded once.
+
+float16 and bfloat16 compute in float32 on both devices (NEAREST's backward sums,
+BILINEAR's weights, products and sums): each value widened once when read, each
+result rounded once when written.
 
 Both backwards are gathers: each input_grad element sums its sources in one
 fixed order, the same on the CPU and the GPU, with no atomics.
@@ -21,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import core, cpu, gpu, gpu_paths
-from .core import FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
+from .core import ALL_FLOAT_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
 
@@ -31,8 +35,8 @@ class UpsampleMode(enum.Enum):
     BILINEAR = "bilinear"
 
 
-# NEAREST backward sums: float and integer dtypes (bool, float16 and complex are forward only).
-NEAREST_BACKWARD_DTYPES = FLOAT_DTYPES + tuple(
+# NEAREST backward sums: float and integer dtypes (bool and complex are forward only).
+NEAREST_BACKWARD_DTYPES = ALL_FLOAT_DTYPES + tuple(
     np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64))
 
 
@@ -59,7 +63,7 @@ def output_dims(attrs: UpsampleAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
 def init_kernel(handle: Any, attrs: UpsampleAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
     """Check rank 4, the output dims (N, C, H*s, W*s) and the dtype the mode allows."""
     state = core.make_state(OP, handle, attrs, UpsampleAttrs, input_shape=input_shape, output_shape=output_shape)
-    allowed = MOVABLE_DTYPES if attrs.mode is UpsampleMode.NEAREST else FLOAT_DTYPES
+    allowed = MOVABLE_DTYPES if attrs.mode is UpsampleMode.NEAREST else ALL_FLOAT_DTYPES
     core.check_dtype(OP, "input_shape", input_shape, allowed)
     core.check_rank(OP, "input_shape", input_shape, rank=4)
     core.check_dims(OP, "output_shape", output_shape, output_dims(attrs, input_shape.dims))
@@ -189,8 +193,10 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     """output = input upsampled by scale_factor (NEAREST or BILINEAR), in parts of whole planes shared out
     to the threads (an output element reads only its own plane)."""
     _check_forward(stream, handle, state, attrs, input, output)
-    forward = _cpu_nearest_forward if attrs.mode is UpsampleMode.NEAREST else _cpu_bilinear_forward
-    cpu.cpu_planes(lambda x, y: forward(x, y, attrs.scale_factor), input, output)
+    if attrs.mode is UpsampleMode.NEAREST:  # bits moved, any dtype
+        cpu.cpu_planes(lambda x, y: _cpu_nearest_forward(x, y, attrs.scale_factor), input, output)
+    else:
+        cpu.cpu_planes(_widened(lambda x, y: _cpu_bilinear_forward(x, y, attrs.scale_factor)), input, output)
 
 
 @cpu.cpu_kernel
@@ -202,7 +208,22 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     if input_grad is None:
         return
     backward = _cpu_nearest_backward if attrs.mode is UpsampleMode.NEAREST else _cpu_bilinear_backward
-    cpu.cpu_planes(lambda dy, dx: backward(dy, dx, attrs.scale_factor), output_grad, input_grad)
+    cpu.cpu_planes(_widened(lambda dy, dx: backward(dy, dx, attrs.scale_factor)), output_grad, input_grad)
+
+
+def _widened(function):
+    """function(source, target) on float32 copies where the target is half: the source widened once,
+    the float32 result rounded once into the target; as it is for every other dtype."""
+    def run(source, target):
+        compute = core.compute_dtype(target.dtype)
+        if compute == target.dtype:
+            function(source, target)
+            return
+        wide = np.empty(target.shape, compute)
+        function(source.astype(compute), wide)
+        np.copyto(target, wide, casting="unsafe")
+
+    return run
 
 
 # --------------------------------------------------------------------------- GPU
@@ -215,7 +236,7 @@ _CUDA = gpu.CudaModule("upsample.cu", [
     *(f"upsample_nearest_forward<{t}, {i}>" for t in gpu.BITS_TYPES for i in gpu.INDEX_TYPES),
     *(f"upsample_nearest_forward_x2<{t}, {i}>" for t in _VEC2_BITS for i in gpu.INDEX_TYPES),
     *(f"upsample_nearest_backward{x2}<{t}, {i}>" for x2 in ("", "_x2") for t in _ARITHMETIC for i in gpu.INDEX_TYPES),
-    *(f"upsample_bilinear_{d}<{t}, {i}>" for d in ("forward", "backward") for t in gpu.FLOAT_TYPES
+    *(f"upsample_bilinear_{d}<{t}, {i}>" for d in ("forward", "backward") for t in gpu.FLOAT_TYPES + gpu.HALF_TYPES
       for i in gpu.INDEX_TYPES),
 ], options=("--fmad=false",))  # no contraction: bilinear rounds exactly as the NumPy twin does
 

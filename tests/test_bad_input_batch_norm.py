@@ -17,6 +17,7 @@ from kernels import (
     cpu_handle,
     softmax,
 )
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -28,8 +29,8 @@ IN = (2, 3, 4, 5)
 C = (3,)
 
 
-def _state(dev, attrs=ATTRS, dims=IN):
-    return batch_norm.init_kernel(dev.handle, attrs, TensorShape(dims, np.float32), TensorShape(dims, np.float32))
+def _state(dev, attrs=ATTRS, dims=IN, dtype=np.float32):
+    return batch_norm.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(dims, dtype))
 
 
 def _values(dev, dims, dtype=np.float32):
@@ -38,9 +39,9 @@ def _values(dev, dims, dtype=np.float32):
 
 def _forward(input_dims=IN, output_dims=IN, input_dtype=np.float32, output_dtype=np.float32, gamma_dims=C,
              gamma_dtype=np.float32, attrs=ATTRS, call_attrs=None, no_gamma=False, input_transform=None,
-             other_device=False, state_dims=IN, training=True, replace_running=None):
+             other_device=False, state_dims=IN, training=True, replace_running=None, state_dtype=np.float32):
     def build(dev):
-        state = _state(dev, attrs, state_dims)
+        state = _state(dev, attrs, state_dims, state_dtype)
         input = _values(dev, input_dims, input_dtype)
         if input_transform:
             input = input_transform(input)
@@ -113,6 +114,22 @@ ROWS = [
     Row("input_grad_dtype_mismatch", _backward(input_grad_dtype=np.float64), DTypeError,
         r"input_grad: expected dtype float32"),
     Row("backward_missing_gamma", _backward(no_gamma=True), ShapeError, r"gamma: expected an array"),
+    # Half data: gamma, beta and the running statistics are float32 (mixed precision), never half.
+    Row("half_gamma_with_half_input", _forward(input_dtype=np.float16, output_dtype=np.float16,
+                                               gamma_dtype=np.float16, state_dtype=np.float16),
+        DTypeError, r"gamma: expected dtype float32, found float16"),
+    Row("bfloat16_gamma_with_bfloat16_input", _forward(input_dtype=BFLOAT16, output_dtype=BFLOAT16,
+                                                       gamma_dtype=BFLOAT16, state_dtype=BFLOAT16),
+        DTypeError, r"gamma: expected dtype float32, found bfloat16"),
+    Row("half_running_mean_with_half_input", _forward(input_dtype=np.float16, output_dtype=np.float16,
+                                                      state_dtype=np.float16,
+                                                      replace_running=np.zeros(3, np.float16)),
+        DTypeError, r"state.running_mean: expected dtype float32, found float16"),
+    Row("float32_input_to_a_half_state", _forward(output_dtype=np.float16, state_dtype=np.float16), DTypeError,
+        r"input: expected dtype float16, found float32"),
+    Row("bfloat16_output_to_a_float16_state", _forward(input_dtype=np.float16, output_dtype=BFLOAT16,
+                                                       state_dtype=np.float16),
+        DTypeError, r"output: expected dtype float16, found bfloat16"),
     Row("other_device", _forward(other_device=True), DeviceError, r"input: expected a CuPy array", devices=("gpu",)),
 ]
 
@@ -138,6 +155,7 @@ def test_bad_call(row, device):
     ({"mode": "CHANNEL"}, r"mode: expected a BatchNormMode"),
     ({"activation": "SWISH"}, r"activation: expected a Activation"),
     ({"affine": 1}, r"affine: expected a bool"),
+    ({"backward": 0}, r"backward: expected a bool"),
 ])
 def test_bad_attrs(kwargs, pattern):
     with pytest.raises(AttrsError, match=r"^batch_norm: " + pattern):
@@ -148,8 +166,10 @@ def test_init_refuses_rank_dtype_and_dims():
     handle = cpu_handle()
     with pytest.raises(ShapeError, match=r"batch_norm: input_shape: expected rank >= 2"):
         batch_norm.init_kernel(handle, ATTRS, TensorShape((5,), np.float32), TensorShape((5,), np.float32))
-    with pytest.raises(DTypeError, match=r"batch_norm: input_shape: expected one of float32, float64"):
+    with pytest.raises(DTypeError, match=r"batch_norm: input_shape: expected one of float16, bfloat16, float32, float64"):
         batch_norm.init_kernel(handle, ATTRS, TensorShape(IN, np.int32), TensorShape(IN, np.int32))
+    with pytest.raises(DTypeError, match=r"batch_norm: output_shape: expected dtype bfloat16 \(as input_shape\), found float16"):
+        batch_norm.init_kernel(handle, ATTRS, TensorShape(IN, BFLOAT16), TensorShape(IN, np.float16))
     with pytest.raises(ShapeError, match=r"batch_norm: output_shape: expected dims \(2, 3, 4, 5\)"):
         batch_norm.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape((2, 3, 5, 4), np.float32))
     with pytest.raises(DTypeError, match=r"batch_norm: output_shape: expected dtype float32"):

@@ -134,6 +134,7 @@ def test_bad_call(row, device):
     (dict(out_channels=0), r"out_channels: expected an integer >= 1"),
     (dict(kernel_h=1.5), r"kernel_h: expected an integer"),
     (dict(use_bias=1), r"use_bias: expected a bool"),
+    (dict(backward="no"), r"backward: expected a bool"),
     (dict(activation="SWISH"), r"activation: expected a Activation"),
 ])
 def test_bad_attrs(fields, pattern):

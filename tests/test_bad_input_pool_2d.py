@@ -75,6 +75,8 @@ ROWS = [
     Row("wrong_output_shape", _forward(output_dims=(2, 3, 3, 3)), ShapeError, r"output: expected dims \(2, 3, 4, 3\)"),
     Row("rank_3_input", _forward(input_dims=(6, 7, 6)), ShapeError, r"input: expected dims \(2, 3, 7, 6\)"),
     Row("dtype_mismatch", _forward(output_dtype=np.float64), DTypeError, r"output: expected dtype float32"),
+    Row("half_output_of_float32_input", _forward(output_dtype=np.float16), DTypeError,
+        r"output: expected dtype float32, found float16"),
     Row("non_contiguous", _forward(input_dims=(2, 3, 6, 7), input_transform=lambda x: x.transpose(0, 1, 3, 2)),
         ShapeError, r"input: expected a C-contiguous"),
     Row("attrs_differ_from_state", _forward(attrs=Pool2DAttrs(3, 3, 2, 2, 1, 1, PoolOp.AVG)), AttrsError,
@@ -137,7 +139,8 @@ def test_init_refuses_bad_shapes():
                             TensorShape((1, 1, 0, 5), np.float32))
     with pytest.raises(ShapeError, match=r"pool_2d: input_shape: expected W >= 1 \(a window"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape((1, 1, 4, 0), np.float32), TensorShape((1, 1, 2, 0), np.float32))
-    with pytest.raises(DTypeError, match=r"pool_2d: input_shape: expected one of float32, float64, found int32"):
+    with pytest.raises(DTypeError, match=r"pool_2d: input_shape: expected one of float16, bfloat16, float32, float64, "
+                                         r"found int32"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.int32), TensorShape(OUT, np.int32))
     with pytest.raises(DTypeError, match=r"pool_2d: output_shape: expected dtype float32"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape(OUT, np.float64))

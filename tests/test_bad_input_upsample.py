@@ -15,6 +15,7 @@ from kernels import (
     UpsampleMode,
     upsample,
 )
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -60,8 +61,11 @@ ROWS = [
         r"output_grad: expected dims \(2, 3, 8, 10\)"),
     Row("backward_wrong_input_grad_dtype", _backward(input_grad_dtype=np.int32), DTypeError,
         r"input_grad: expected dtype float32"),
-    Row("backward_bool", _backward(dtype=np.bool_), DTypeError, r"output_grad: expected one of float32, float64, int8"),
-    Row("backward_float16", _backward(dtype=np.float16), DTypeError, r"output_grad: expected one of"),
+    Row("backward_bool", _backward(dtype=np.bool_), DTypeError,
+        r"output_grad: expected one of float16, bfloat16, float32, float64, int8"),
+    Row("backward_complex64", _backward(dtype=np.complex64), DTypeError, r"output_grad: expected one of .*found complex64"),
+    Row("backward_half_input_grad_of_bfloat16", _backward(dtype=BFLOAT16, input_grad_dtype=np.float16), DTypeError,
+        r"input_grad: expected dtype bfloat16, found float16"),
     Row("cleaned_up_state", _backward(cleaned=True), StateError, r"state: expected a live state"),
     Row("other_device", _forward(other_device=True), DeviceError, r"input: expected a CuPy array", devices=("gpu",)),
 ]
@@ -102,7 +106,7 @@ def test_mode_by_name():
     (ATTRS, TensorShape(IN, np.float32), TensorShape(OUT, np.int32), DTypeError,
      r"upsample: output_shape: expected dtype float32"),
     (UpsampleAttrs(2, UpsampleMode.BILINEAR), TensorShape(IN, np.int32), TensorShape(OUT, np.int32), DTypeError,
-     r"upsample: input_shape: expected one of float32, float64, found int32"),
+     r"upsample: input_shape: expected one of float16, bfloat16, float32, float64, found int32"),
 ])
 def test_init_refuses(attrs, input_shape, output_shape, error, pattern):
     with pytest.raises(error, match=pattern):

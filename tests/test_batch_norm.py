@@ -8,7 +8,8 @@ import pytest
 
 from conformance.case import pattern, ulp
 from conformance.compare import compare
-from kernels import BatchNormAttrs, BatchNormMode, TensorShape, batch_norm
+from kernels import BatchNormAttrs, BatchNormMode, StateError, TensorShape, batch_norm
+from kernels.core import BFLOAT16, compute_dtype
 
 from .conftest import DEVICE_PARAMS, Dev, require
 
@@ -52,6 +53,41 @@ def test_running_statistics_read_and_overwritten(dev):
     assert state.num_batches_tracked == 1
     batch_norm.cleanup_kernel(dev.handle, state)
     assert state.running_mean is None and state.closed
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["f16", "bf16"])
+def test_half_data_with_float32_statistics_and_parameters(dev, dtype):
+    """Half input and output, float32 gamma, beta, running statistics and parameter gradients (mixed
+    precision); values near 65504 whose sum and squares overflow in half arithmetic: the running variance
+    (about 4.5e9) is float32, the output is the float64 normalization rounded once to the dtype."""
+    attrs = BatchNormAttrs(eps=0.25, momentum=0.5)
+    dims = (2, 2, 2, 4)
+    state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, dtype), _shape(dims, dtype))
+    assert state.running_mean.dtype == state.running_var.dtype == np.float32
+    x = np.array([65280.0, -65280.0, 60160.0, -60160.0] * 8).reshape(dims)  # channel 0: mean 0, var 3.9e9
+    x[:, 1] = np.abs(x[:, 1])  # channel 1: all positive, a sum of 16 near 65504 (1e6: inf in half)
+    gamma, beta = np.array([1, -0.5], np.float32), np.array([0.25, 0], np.float32)
+    output = dev.array(np.zeros(dims, dtype))
+    batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, dev.array(x.astype(dtype)), dev.array(gamma),
+                              dev.array(beta), output)
+    gamma_grad, beta_grad = dev.array(np.zeros(2, np.float32)), dev.array(np.zeros(2, np.float32))
+    input_grad = dev.array(np.zeros(dims, dtype))
+    output_grad = np.ones(dims, dtype)
+    batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, dev.array(output_grad),
+                               dev.array(x.astype(dtype)), input_grad, dev.array(gamma), dev.array(beta), gamma_grad,
+                               beta_grad)
+    dev.stream.synchronize()
+    channels = x.transpose(1, 0, 2, 3).reshape(2, -1)
+    mean, var = channels.mean(1), channels.var(1)
+    assert np.array_equal(dev.host(state.running_mean), (0.5 * mean).astype(np.float32))
+    assert np.array_equal(dev.host(state.running_var), (0.5 * channels.var(1, ddof=1) + 0.5).astype(np.float32))
+    got = dev.host(output)
+    assert got.dtype == dtype and np.isfinite(got.astype(np.float32)).all()
+    expected = _reference_forward(x, mean, var, 0.25, gamma, beta).astype(dtype)
+    assert compare(got, expected, ulp(1)) is None
+    assert np.array_equal(dev.host(beta_grad), np.full(2, 16, np.float32))  # a sum of 16 ones
+    assert dev.host(gamma_grad).dtype == np.float32 and dev.host(input_grad).dtype == dtype
+    batch_norm.cleanup_kernel(dev.handle, state)
 
 
 @pytest.mark.parametrize("mode", [BatchNormMode.SPATIAL, BatchNormMode.PER_ACTIVATION])
@@ -142,19 +178,53 @@ def test_zero_batch_does_nothing(dev):
     batch_norm.cleanup_kernel(dev.handle, state)
 
 
+@pytest.mark.parametrize("dims", [(1, 3, 8, 8), (2, 3, 40, 60), (4, 5)], ids=["one_part", "partials", "rank2"])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_state_without_backward_keeps_nothing_and_writes_the_same_bits(dev, dims, training, dtype):
+    """attrs.backward=False (inference only): the forward's output and running statistics are the bits of a
+    state made for a backward, no pre-activation is kept, and a backward is refused with StateError."""
+    stat_dims = (dims[1],)
+    x = dev.array(pattern(dims, 13, 0.75).astype(dtype))
+    gamma = dev.array(pattern(stat_dims, 9, 0.5, 5).astype(dtype))
+    beta = dev.array(pattern(stat_dims, 7, 0.25).astype(dtype))
+    results = []
+    for backward in (True, False):
+        attrs = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU", backward=backward)
+        state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, dtype), _shape(dims, dtype))
+        state.running_mean[...] = dev.array(np.array([0.5, -0.25, 0.125][:dims[1]] + [0.0] * (dims[1] - 3), dtype))
+        state.running_var[...] = dev.array(np.linspace(0.5, 2, dims[1]).astype(dtype))
+        output = dev.array(np.full(dims, np.nan, dtype))
+        for _ in range(2):
+            batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, x, gamma, beta, output, training=training)
+        dev.stream.synchronize()
+        results.append([dev.host(output), dev.host(state.running_mean), dev.host(state.running_var)])
+        assert (state.pre is None) is (not backward)
+        if not backward:
+            g = dev.array(np.ones(dims, dtype))
+            with pytest.raises(StateError, match=r"batch_norm: state: expected a state made for a backward"):
+                batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, g, x, g, gamma, beta,
+                                           None, None)
+        batch_norm.cleanup_kernel(dev.handle, state)
+    for kept, alone in zip(*results):
+        assert np.array_equal(kept.view(np.uint8), alone.view(np.uint8))
+    assert np.isfinite(results[1][0]).all()
+
+
 def _run_all(device, attrs, dims, dtype, steps=2):
     """Training forward and backward, `steps` times, on a device; everything written, on the host."""
     dev = Dev(device)
     stat_dims = (dims[1],) if attrs.mode is BatchNormMode.SPATIAL else dims[1:]
     state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, dtype), _shape(dims, dtype))
-    gamma = dev.array(pattern(stat_dims, 9, 0.5, 5).astype(dtype))
-    beta = dev.array(pattern(stat_dims, 5, 0.25).astype(dtype))
+    param = compute_dtype(dtype)  # float32 gamma, beta and their gradients for half data
+    gamma = dev.array(pattern(stat_dims, 9, 0.5, 5).astype(param))
+    beta = dev.array(pattern(stat_dims, 5, 0.25).astype(param))
     results = []
     for step in range(steps):
         x = dev.array(pattern(dims, 13, 0.5, step).astype(dtype))
         g = dev.array(pattern(dims, 11, 0.25, step + 3).astype(dtype))
         output, input_grad = dev.array(np.zeros(dims, dtype)), dev.array(np.zeros(dims, dtype))
-        gamma_grad, beta_grad = dev.array(np.zeros(stat_dims, dtype)), dev.array(np.zeros(stat_dims, dtype))
+        gamma_grad, beta_grad = dev.array(np.zeros(stat_dims, param)), dev.array(np.zeros(stat_dims, param))
         batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, x, gamma, beta, output)
         batch_norm.backward_kernel(dev.stream, dev.handle, state, attrs, output, g, x, input_grad, gamma, beta,
                                    gamma_grad, beta_grad)
@@ -178,14 +248,16 @@ GPU_SHAPES = [
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("attrs, dims", GPU_SHAPES)
 def test_gpu_matches_cpu_and_is_deterministic(attrs, dims, dtype):
     """Two GPU runs give the same bits; the GPU is close to the CPU (the same float64 operations; only
     the order of the sums differs, and where a channel's count is no power of two the mean is inexact,
     so the sums of squares round differently).
 
-    float32 results are within 2 ulps. float64 results are compared normwise: sums of up to 8000
+    float32 results are within 2 ulps, and so are half data (rounded once from the same float64
+    values) and their float32 parameters' gradients and running statistics. float64 results are
+    compared normwise: sums of up to 8000
     terms that mostly cancel (gamma_grad, beta_grad and the input_grad built from them) differ by
     summation order alone by hundreds of ulps of a small result (measured on the H200: 684 ulps,
     1.4e-13 absolute, under 2e-14 of the tensor's largest value), so the bound is 1e-13 of it."""
@@ -194,7 +266,7 @@ def test_gpu_matches_cpu_and_is_deterministic(attrs, dims, dtype):
     first, second = _run_all("gpu", attrs, dims, dtype), _run_all("gpu", attrs, dims, dtype)
     for index, (a, b, c) in enumerate(zip(cpu, first, second)):
         assert np.array_equal(b.view(np.uint8), c.view(np.uint8)), f"tensor {index}: two GPU runs differ"
-        if dtype == np.float32:
+        if dtype != np.float64:  # half data: 2 ulps of each tensor's dtype too (H200 not yet measured)
             report = compare(b, a, ulp(2))
             assert report is None, f"tensor {index}: {report}"
         else:

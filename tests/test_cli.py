@@ -107,7 +107,8 @@ def test_ops_filter_and_verbose(capsys):
 # --------------------------------------------------------------------------- devices
 
 
-@pytest.mark.parametrize("name, device", [("cpu", "cpu"), ("gpu", "gpu"), ("gpu:0", "gpu")])
+@pytest.mark.parametrize("name, device", [("cpu", "cpu"), ("gpu", "gpu"), ("gpu:0", "gpu"), ("gpu:1", "gpu:1"),
+                                          ("gpu:12", "gpu:12")])
 def test_device_names(name, device):
     assert cli.runner_device(name) == device
 
@@ -117,7 +118,7 @@ def test_device_names(name, device):
     ("gpu:", "invalid device 'gpu:'"),
     ("gpu:x", "invalid device 'gpu:x'"),
     ("GPU", "invalid device 'GPU'"),
-    ("gpu:1", "gpu:1: GPU cases run on CUDA device 0 only for now"),
+    ("gpu:-1", "invalid device 'gpu:-1'"),
 ])
 def test_bad_device_is_a_usage_error(capsys, name, message):
     status, _, err = run(capsys, "--device", name)
@@ -126,12 +127,12 @@ def test_bad_device_is_a_usage_error(capsys, name, message):
 
 
 @needs_no_gpu
-@pytest.mark.parametrize("name", ["gpu", "gpu:0"])
-def test_gpu_asked_for_without_one_is_an_error(capsys, name):
+@pytest.mark.parametrize("name, reported", [("gpu", "gpu"), ("gpu:0", "gpu"), ("gpu:1", "gpu:1")])
+def test_gpu_asked_for_without_one_is_an_error(capsys, name, reported):
     status, out, err = run(capsys, *ONE_CASE, "--device", "cpu", "--device", name)
     assert status == 2
     assert out == ""  # nothing ran, not even the CPU
-    assert f"error: --device gpu cannot run here: {GPU_REASON}" in err
+    assert f"error: --device {reported} cannot run here: {GPU_REASON}" in err
 
 
 @needs_no_gpu

@@ -3,6 +3,7 @@ empty convolutions, skipped gradients, GPU determinism and resource cleanup, and
 the cuDNN binding's loading and status checks (which need no GPU)."""
 
 import ctypes
+import dataclasses
 import os
 
 import numpy as np
@@ -194,6 +195,42 @@ def test_backward_without_forward_needs_none_without_activation(dev):
         conv_2d.backward_kernel(dev.stream, dev.handle, state, with_activation, None, grad, None, input_grad, filter,
                                 None, None)
     conv_2d.cleanup_kernel(dev.handle, state)
+
+
+@pytest.mark.parametrize("attrs", [
+    Conv2DAttrs(4, 3, 3, padding_h=1, padding_w=1, use_bias=True, activation=Activation.SILU),
+    Conv2DAttrs(4, 1, 1, use_bias=True, activation=Activation.SILU),
+    Conv2DAttrs(4, 3, 3, stride_h=2, stride_w=2, padding_h=1, padding_w=1, groups=4, use_bias=True,
+                activation=Activation.SILU),
+    Conv2DAttrs(4, 3, 3, padding_h=1, padding_w=1),
+], ids=["columns", "pointwise", "depthwise", "no_activation"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_state_without_backward_keeps_nothing_and_writes_the_same_bits(dev, attrs, dtype):
+    """attrs.backward=False (inference only): the output is the bits of a state made for a backward, the
+    fused activation applied in the output itself (no pre-activation kept), and a backward is refused."""
+    dims = (2, 4, 9, 10)
+    rng = np.random.default_rng(5)
+    x = dev.array(rng.standard_normal(dims).astype(dtype))
+    filter = dev.array(rng.standard_normal((4, 4 // attrs.groups, attrs.kernel_h, attrs.kernel_w)).astype(dtype))
+    bias = dev.array(rng.standard_normal(4).astype(dtype)) if attrs.use_bias else None
+    outputs = []
+    for backward in (True, False):
+        call_attrs = dataclasses.replace(attrs, backward=backward)
+        out_dims = conv_2d.output_dims(call_attrs, dims)
+        state = conv_2d.init_kernel(dev.handle, call_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
+        output = dev.array(np.full(out_dims, np.nan, dtype))
+        conv_2d.forward_kernel(dev.stream, dev.handle, state, call_attrs, x, filter, bias, output)
+        dev.stream.synchronize()
+        outputs.append(dev.host(output))
+        assert (state.pre is None) is (not backward or attrs.activation is None)
+        if not backward:
+            grad = dev.array(np.ones(out_dims, dtype))
+            with pytest.raises(StateError, match=r"conv_2d: state: expected a state made for a backward"):
+                conv_2d.backward_kernel(dev.stream, dev.handle, state, call_attrs, None, grad, None, x, filter,
+                                        None, None)
+        conv_2d.cleanup_kernel(dev.handle, state)
+    assert np.array_equal(outputs[0].view(np.uint8), outputs[1].view(np.uint8))
+    assert np.isfinite(outputs[1]).all()
 
 
 # ------------------------------------------------------------------ GPU only

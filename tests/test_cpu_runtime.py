@@ -104,3 +104,19 @@ def test_blas_controllers_fall_back_to_every_blas_when_none_is_numpys(monkeypatc
     monkeypatch.setattr(threadpoolctl, "ThreadpoolController", Controller)
     monkeypatch.setattr(cpu, "_BLAS", None)
     assert [c.filepath for c in cpu.blas_controllers()] == ["/usr/lib/libopenblas.so.0"]
+
+
+def test_parts_grow_with_the_square_root_of_the_bytes():
+    mb = 1 << 20
+    assert [cpu.parts_for(n) for n in (0, mb - 1, mb, 4 * mb - 1, 4 * mb, 24 * mb, 64 * mb, 256 * mb)] == \
+        [1, 1, 1, 1, 2, 4, 8, 16]
+    seen = []
+
+    @cpu.cpu_kernel
+    def kernel(stream, handle, nbytes):
+        cpu.cpu_parallel(lambda first, last: seen.append((first, last)), 12, nbytes)
+
+    kernel(kernels.cpu_stream(), kernels.cpu_handle(3), 24 * mb)  # 4 parts' worth: the handle's 3
+    kernel(kernels.cpu_stream(), kernels.cpu_handle(3), 4 * mb)   # 2 parts
+    kernel(kernels.cpu_stream(), kernels.cpu_handle(3), mb)       # 1: not worth a hand-off
+    assert sorted(seen) == sorted([(0, 4), (4, 8), (8, 12), (0, 6), (6, 12), (0, 12)])

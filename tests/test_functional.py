@@ -24,6 +24,7 @@ import kernels
 import kernels.functional as F
 from conformance.case import EXACT, ulp
 from conformance.compare import compare
+from kernels.core import BFLOAT16
 
 rng = np.random.default_rng(20261130)
 
@@ -221,6 +222,29 @@ def test_batch_norm_bias_without_weight(dev):
     x, bias = dyadic(3, 4, 3, 5), dyadic(4)
     got = F.batch_norm(dev.array(x), None, None, None, dev.array(bias), training=True, stream=dev.stream)
     check(dev.host(got), TF.batch_norm(t(x), None, None, None, t(bias), training=True).numpy(), BN_TOLERANCE)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["f16", "bf16"])
+def test_batch_norm_half_input_keeps_float32_statistics_and_weights(dev, dtype):
+    """Mixed precision: half input and output; the weight made for a bias alone, the running statistics
+    (updated in place) and the weight and bias gradients float32. A float64 running statistic given by
+    the caller is copied to float32 for the call and written back."""
+    x, bias = dyadic(4, 3, 2, 5), dyadic(3)
+    running_mean, running_var = dev.array(np.zeros(3, np.float32)), dev.array(np.ones(3, np.float64))
+    ctx = F.Context()
+    got = F.batch_norm(dev.array(x.astype(dtype)), running_mean, running_var, None, dev.array(bias.astype(np.float32)),
+                       training=True, momentum=0.5, ctx=ctx, stream=dev.stream)
+    torch_mean, torch_var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    expected = TF.batch_norm(t(x), torch_mean, torch_var, None, t(bias), training=True, momentum=0.5).numpy()
+    assert dev.host(got).dtype == dtype
+    check(dev.host(got), expected.astype(dtype), ulp(1))  # the float64 normalization rounded once
+    check(dev.host(running_mean), torch_mean.numpy().astype(np.float32), ulp(1))
+    var = dev.host(running_var)  # the caller's float64 array, holding the float32 statistic written back
+    assert var.dtype == np.float64 and np.array_equal(var, var.astype(np.float32))
+    check(var.astype(np.float32), torch_var.numpy().astype(np.float32), ulp(1))
+    grads = F.batch_norm_backward(dev.array(np.ones(x.shape, dtype)), ctx, stream=dev.stream)
+    assert grads.input.dtype == dtype and grads.bias.dtype == np.float32 and grads.weight is None
+    check(dev.host(grads.bias), np.full(3, 40, np.float32), EXACT)  # a sum of 40 ones
 
 
 def test_batch_norm_running_stats_that_require_grad_are_updated_in_place():

@@ -92,31 +92,46 @@ def _sample(case: LargeCase) -> Sample:
 
 
 @contextlib.contextmanager
+def _one_part_per_thread():
+    """cpu_parallel makes one part per thread however few bytes a call moves (cpu.PIECE_BYTES = 1):
+    the cases are small, and the tests are about the parts' arithmetic, not their number."""
+    real = kernels.cpu.PIECE_BYTES
+    kernels.cpu.PIECE_BYTES = 1
+    try:
+        yield
+    finally:
+        kernels.cpu.PIECE_BYTES = real
+
+
+@contextlib.contextmanager
 def _threads(count: int | None):
-    """cpu.cpu_threads() reports `count` (None: the real count) inside the block."""
+    """cpu.cpu_threads() reports `count` (None: the real count) inside the block, one part per thread."""
     if count is None:
         yield
         return
     real = kernels.cpu.cpu_threads
     kernels.cpu.cpu_threads = lambda: count
     try:
-        yield
+        with _one_part_per_thread():
+            yield
     finally:
         kernels.cpu.cpu_threads = real
 
 
 @contextlib.contextmanager
 def _parts_spy():
-    """Records the count of every cpu.cpu_parallel call inside the block."""
+    """Records the parts of every cpu.cpu_parallel call inside the block (one per thread, see
+    _one_part_per_thread, at most one per item)."""
     real, counts = kernels.cpu.cpu_parallel, []
 
-    def spy(function, count):
-        counts.append(count)
-        return real(function, count)
+    def spy(function, count, nbytes=None):
+        counts.append(min(kernels.cpu.cpu_threads(), count))
+        return real(function, count, nbytes)
 
     kernels.cpu.cpu_parallel = spy
     try:
-        yield counts
+        with _one_part_per_thread():
+            yield counts
     finally:
         kernels.cpu.cpu_parallel = real
 

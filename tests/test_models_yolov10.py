@@ -694,6 +694,67 @@ def test_inference_plans_share_buffers_and_give_the_same_values():
         separate.close()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_inference_plan_keeps_no_backward_data_and_writes_the_same_bits(dtype):
+    """An inference plan's states are made with attrs.backward=False and its activations share one arena:
+    it holds far fewer bytes than a plan with neither (the batch norms' pre-activation copies were about
+    as large as every activation together), and writes the same bits."""
+    with YOLOv10("n", dtype=dtype) as model:
+        x = inputs((2, 3, 64, 96), seed=12).astype(dtype)
+        got = model.eval()(x, detections=False)
+        plan = model.plans[(x.shape, False)]
+        graph = Graph()
+        old = Plan(graph, model.trace(graph, graph.input(x.shape), False), model, False, reuse=False,
+                   inference_states=False)
+        old.input[...] = x
+        old.forward()
+        for key in ("one2many", "one2one"):
+            for a, b in zip(got[key], old.outputs[key]):
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert np.array_equal(got["decoded"].view(np.uint8), old.outputs["decoded"].view(np.uint8))
+        new, before = plan.memory(), old.memory()
+        # Before: every batch norm with SiLU kept its input's copy; now only SPPF's argmax taps (1 byte each).
+        pre = sum(math.prod(plan.graph.values[node.inputs[0]].dims) for node in plan.graph.nodes
+                  if node.kind == "bn" and node.attrs.activation is not None) * np.dtype(dtype).itemsize
+        assert before["states"] >= pre > 0
+        taps = sum(math.prod(plan.graph.values[node.outputs[0]].dims) for node in plan.graph.nodes
+                   if node.module is kernels.pool_2d)
+        assert new["states"] == taps
+        assert new["activations"] < before["activations"] / 4 and new["gradients"] == 0
+        assert new["total"] == new["activations"] + new["states"]
+        assert all(not getattr(state.attrs, "backward", False) for _, state in plan.states)
+        old.close()
+
+
+def test_inference_arena_never_overlaps_values_that_live_at_once():
+    """Two activations of an inference plan whose lives (written .. last read) overlap never share memory,
+    and the arena is within 25% of the largest set of bytes live at once (outputs aside)."""
+    with YOLOv10("n") as model:
+        plan = model.eval().plan((1, 3, 96, 64))
+        graph = plan.graph
+        outputs = {id(b) for b in plan.buffers if any(b is o for o in _flat(plan.outputs))}
+        life: dict[int, list[int]] = {}
+        for n, node in enumerate(graph.nodes):
+            for index in node.outputs:
+                life[index] = [n, n]
+            for index in node.inputs:
+                if index in life:
+                    life[index][1] = n
+        shared = [i for i in life if id(plan.buffers[i]) not in outputs]
+        for a in shared:
+            for b in shared:
+                if a < b and life[a][0] <= life[b][1] and life[b][0] <= life[a][1]:
+                    assert not np.may_share_memory(plan.buffers[a], plan.buffers[b]), (a, b)
+        peak = max(sum(plan.buffers[i].nbytes for i in shared if life[i][0] <= n <= life[i][1])
+                   for n in range(len(graph.nodes)))
+        arena = plan.memory()["activations"] - sum(plan.buffers[i].nbytes for i in life if i not in shared)
+        assert peak <= arena <= 1.25 * peak
+
+
+def _flat(outputs):
+    return [a for value in outputs.values() for a in (value if isinstance(value, list) else [value])]
+
+
 def test_training_plans_share_gradient_buffers_and_give_the_same_gradients():
     with YOLOv10("n", dtype="float64") as model:
         x = inputs((2, 3, 64, 64), seed=14)

@@ -5,9 +5,16 @@ backward gathers against the CPU, bit for bit (same order, same IEEE operations)
 import numpy as np
 import pytest
 
+from conformance.case import EXACT, ulp
+from conformance.compare import compare
 from kernels import Pool2DAttrs, PoolOp, ShapeError, TensorShape, pool_2d
+from kernels.core import BFLOAT16
 
 from .conftest import Dev, require
+
+# A 17x16 window (int32 taps) whose tile holds an odd count of values: in float16 and bfloat16 the
+# taps after them need padding to 4-byte alignment in shared memory. Output 5x10.
+ODD_INT_TAPS = (Pool2DAttrs(17, 16, 1, 1, 8, 8, PoolOp.MAX), (1, 2, 5, 9))
 
 
 def _geometries(count, seed):
@@ -24,6 +31,7 @@ def _geometries(count, seed):
         out.append((attrs, (2, 3, height, width)))
     out.append((Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), (1, 4, 80, 80)))  # SPPF, several tiles a plane
     out.append((Pool2DAttrs(16, 17, 2, 1, 3, 8, PoolOp.MAX), (1, 2, 33, 40)))  # int32 taps
+    out.append(ODD_INT_TAPS)  # int32 taps after an odd count of 2-byte values in the tile (half dtypes)
     return out
 
 
@@ -78,9 +86,40 @@ def test_cpu_matches_torch(index, case):
         np.testing.assert_allclose(input_grad, expected_grad.numpy(), rtol=1e-13, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("index, case", list(enumerate(_geometries(20, seed=2))))
+def test_cpu_half_matches_torch_rounded_once(index, case, dtype):
+    """Half inputs against PyTorch in float64 rounded once to the dtype: MAX moves values and sums at
+    most 36 gradients in quarters (exact in float32, and the result fits the half mantissa: exact);
+    AVG divides once in float32 and rounds once: within 1 ulp of the half dtype. NaN matches NaN."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    attrs, dims = case
+    x = _input(dims, attrs, dtype, index)
+    out_dims = pool_2d.output_dims(attrs, dims)
+    output_grad = (np.random.default_rng(index).integers(-8, 9, out_dims) / 4).astype(dtype)
+    output, input_grad, _ = _run(Dev("cpu"), attrs, x, output_grad)
+    tensor = torch.from_numpy(x.astype(np.float64)).requires_grad_()
+    kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
+    padding = (attrs.padding_h, attrs.padding_w)
+    if attrs.pool_type is PoolOp.MAX:
+        expected = F.max_pool2d(tensor, kernel, stride, padding)
+    else:
+        expected = F.avg_pool2d(tensor, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
+    (expected_grad,) = torch.autograd.grad(expected, [tensor], torch.from_numpy(output_grad.astype(np.float64)))
+    expected_output = expected.detach().numpy().astype(dtype)
+    expected_grad = expected_grad.numpy().astype(dtype)
+    assert output.dtype == input_grad.dtype == dtype
+    # (AVG's backward sums shares of both signs: an element near zero is held to 1 ulp of the largest, as
+    # the conformance comparison's floor does.)
+    tolerance = EXACT if attrs.pool_type is PoolOp.MAX else ulp(1)
+    for name, got, want in (("output", output, expected_output), ("input_grad", input_grad, expected_grad)):
+        assert compare(got, want, tolerance) is None, name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "direct"])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=["f32", "f64", "f16", "bf16"])
 @pytest.mark.parametrize("index, case", list(enumerate(_geometries(24, seed=1))))
 def test_gpu_matches_cpu_bits(index, case, dtype, tiled, monkeypatch):
     require("gpu")
@@ -116,6 +155,19 @@ def test_max_tile_too_large_for_shared_memory_falls_back():
     assert pool_2d.max_forward_tile(big, 64, 64, 8) is None
     tile_h, tile_w, tiles_h, tiles_w, shared = pool_2d.max_forward_tile(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), 20, 20, 4)
     assert (tile_w, tiles_w) == (20, 1) and tile_h * tiles_h >= 20 and shared <= pool_2d.TILE_SHARED_LIMIT
+
+
+def test_max_tile_aligns_int_taps_after_half_values():
+    """2-byte values can end at an odd multiple of 2 bytes: the int32 taps after them start at the next
+    multiple of 4 (the kernel's column_offset), and the shared size counts that padding."""
+    attrs = ODD_INT_TAPS[0]  # 272 taps: int32
+    tile_h, tile_w, _, _, shared = pool_2d.max_forward_tile(attrs, 5, 10, 2)
+    in_h, in_w = tile_h - 1 + 17, tile_w - 1 + 16
+    values = (in_h * in_w + in_h * tile_w) * 2
+    taps = in_h * tile_w * 4
+    assert values % 4 == 2  # this geometry needs the padding
+    assert shared == values + 2 + taps
+    assert pool_2d.max_forward_tile(attrs, 5, 10, 4)[4] == (in_h * in_w + in_h * tile_w) * 4 + taps
 
 
 def test_output_dims_refuse_a_rank_other_than_4():

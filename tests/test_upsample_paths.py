@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kernels import TensorShape, UpsampleAttrs, UpsampleMode, upsample
+from kernels.core import BFLOAT16, is_floating
 
 from .conftest import Dev, require
 
@@ -15,7 +16,7 @@ NEAREST, BILINEAR = UpsampleMode.NEAREST, UpsampleMode.BILINEAR
 def _random(dims, dtype, seed):
     rng = np.random.default_rng(seed)
     dtype = np.dtype(dtype)
-    if dtype.kind == "f":
+    if is_floating(dtype):
         return rng.standard_normal(dims).astype(dtype)
     if dtype.kind == "c":
         return (rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(dtype)
@@ -85,6 +86,14 @@ CASES = [
     pytest.param(BILINEAR, 3, np.float32, 0, id="bilinear_x3_f32"),
     pytest.param(BILINEAR, 3, np.float64, 1, id="bilinear_x3_f64"),
     pytest.param(BILINEAR, 4, np.float64, 0, id="bilinear_x4_f64"),
+    # Half: sums and bilinear arithmetic in float32, rounded once, on both devices.
+    pytest.param(NEAREST, 2, np.float16, 0, id="nearest_x2_f16_vector"),
+    pytest.param(NEAREST, 2, BFLOAT16, 1, id="nearest_x2_bf16_unaligned"),
+    pytest.param(NEAREST, 2, BFLOAT16, 0, id="nearest_x2_bf16_vector"),
+    pytest.param(NEAREST, 3, np.float16, 1, id="nearest_x3_f16"),
+    pytest.param(BILINEAR, 2, np.float16, 0, id="bilinear_x2_f16"),
+    pytest.param(BILINEAR, 3, BFLOAT16, 1, id="bilinear_x3_bf16"),
+    pytest.param(BILINEAR, 3, np.float16, 0, id="bilinear_x3_f16"),
 ]
 
 

@@ -1,6 +1,10 @@
 """The whole YOLOv10 network on the GPU, ours beside PyTorch in one run (fp32, TF32 off on both sides):
-eval forward eager and as a CUDA graph replay, a training step (forward + backward) eager, and peak
-device memory of the eval forward. Run on the GPU machine from the repository root:
+eval forward eager and as a CUDA graph replay, the same for our fused inference (model.fuse(): BatchNorms
+folded, the one-to-many head dropped) beside PyTorch's unfused network (rows fused_eager, fused_graph), a
+training step (forward + backward) eager, and peak device memory of the eval forward (ours: CuPy's pool
+after the run, which keeps every block it ever held, plus the states' own allocations; PyTorch:
+torch.cuda.max_memory_allocated plus the weights), with our plan's own bytes (Plan.memory()). Run on the
+GPU machine from the repository root:
 
     python3 tools/yolov10_speed.py [--variants n,x] [--batches 1,16] [--runs 20] [--json FILE]
 
@@ -43,7 +47,7 @@ def median_ms(call, sync, runs):
     return statistics.median(times)
 
 
-def ours(variant, batch, runs, train):
+def ours(variant, batch, runs, train, fused=True):
     row = {}
     cupy.get_default_memory_pool().free_all_blocks()
     before = gpu.live_allocations().get("bytes", 0)
@@ -62,7 +66,15 @@ def ours(variant, batch, runs, train):
         pool = cupy.get_default_memory_pool().total_bytes()
         kept = (gpu.live_allocations().get("bytes", 0)) - before
         row["eval_memory_mib"] = (pool + kept) / 2**20
+        row["plan_mib"] = plan.memory()["total"] / 2**20
         graph = None
+        if fused:
+            model.fuse()
+            row["fused_eager"] = median_ms(lambda: model(x, detections=False), sync, runs)
+            graph = model.plan(dims).capture()
+            row["fused_graph"] = median_ms(lambda: graph.launch(cs), sync, runs)
+            graph = None
+            model.fuse(False)
         if train:
             model.train()
             out = model(x)
@@ -90,6 +102,7 @@ def theirs(variant, batch, runs, train):
             p.numel() * p.element_size() for p in model.parameters())) / 2**20
         graph = reference.cuda_graph(model, x)
         row["graph"] = median_ms(graph.replay, sync, runs)
+        row["fused_eager"], row["fused_graph"] = row["eager"], row["graph"]  # our fused rows' twin: unfused
         graph = None
     if train:
         model.train()
@@ -127,7 +140,10 @@ def main():
             except Exception as error:  # report and go on with the next configuration
                 print(f"yolov10{variant} batch {batch}: {type(error).__name__}: {error}")
                 continue
-            for what in ("eager", "graph", "train_step", "eval_memory_mib"):
+            print(f"yolov10{variant:2} {batch:5} plan bytes (activations + gradients + states): "
+                  f"{a['plan_mib']:.1f} MiB; peak: ours {a['eval_memory_mib']:.0f} MiB (pool + kept), "
+                  f"torch.cuda.max_memory_allocated {b['eval_memory_mib']:.0f} MiB (+ weights)")
+            for what in ("eager", "graph", "fused_eager", "fused_graph", "train_step", "eval_memory_mib"):
                 if what in a and what in b:
                     ratio = a[what] / b[what]
                     print(f"yolov10{variant:2} {batch:5} {what:12} {a[what]:9.2f} {b[what]:9.2f} {ratio:6.2f}")

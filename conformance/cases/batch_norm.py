@@ -20,6 +20,7 @@ float64 golden (see TOL).
 import numpy as np
 
 from kernels import BatchNormAttrs, BatchNormMode, batch_norm
+from kernels.core import BFLOAT16, HALF_DTYPES
 
 from ..case import EXACT, CaseTable, pattern, ulp
 
@@ -86,9 +87,17 @@ def _add(name, dims, *, mode=SPATIAL, affine=True, eps=1e-5, momentum=0.1, activ
         inputs["beta"] = pattern(stat_dims, modulus=5, scale=0.25, offset=1)
     if tolerance is None:
         tolerance = TOL if activation is None else TOL_ACTIVATION
+    extra = {} if input_grad else {"input_grad": False}
+    if np.dtype(dtype) in HALF_DTYPES:
+        # Half data: gamma, beta, their gradients and the running statistics are float32 (mixed precision).
+        if affine:
+            extra["input_dtypes"] = {"gamma": np.float32, "beta": np.float32}
+        extra["expected_dtypes"] = {name + suffix: np.float32 for suffix in ("", "_step2")
+                                    for name in ("gamma_grad", "beta_grad")}
+        extra["expected_dtypes"].update(running_mean=np.float32, running_var=np.float32)
     # input_grad=False: backward is given no input_grad (the GPU's SPATIAL finalize path); only then in extra.
     TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description, steps=tuple(steps),
-              **({} if input_grad else {"input_grad": False}))
+              **extra)
 
 
 _add("spatial_affine_2x3x2x4", (2, 3, 2, 4), description="BatchNorm2d defaults, batch 2, H != W, 16 values a channel")
@@ -136,6 +145,81 @@ _add("long_channel_1x2x40x56", (1, 2, 40, 56), eps=1e-3, momentum=0.03, activati
 _add("zero_size_channels", (2, 0, 3, 4), affine=False, description="no channels: nothing to do")
 _add("no_input_grad_2x3x2x4", (2, 3, 2, 4), input_grad=False,
      description="input_grad not wanted (None): gamma_grad and beta_grad only (the GPU's SPATIAL finalize kernel)")
+
+
+# --------------------------------------------------------------------------- float16 and bfloat16
+# Half data, float32 gamma / beta / running statistics / their gradients (PyTorch's mixed precision).
+# Bounds in ulps of each tensor's own dtype, measured with tools/measure_ulps.py (CPU; the H200 not yet
+# measured: it does the same float64 operations, its sums in another order, so its results round to
+# half alike but where a tie breaks: the float32 cases' 1 ulp is kept for it).
+# - Without an activation (TOL): every half output and input_grad measured 0 on the CPU, the float32
+#   gamma_grad, running_mean, running_var at most 1 (the running statistics rounded after each step).
+# - With SiLU (TOL_HALF_SILU): output and input_grad 1 ulp of the half dtype (SiLU in float32 at the
+#   rounded pre-activation, rounded once). gamma_grad and beta_grad are float32 sums of g = dy * f'(pre)
+#   at the pre-activation rounded to half, where the golden takes f' at the exact one: one half rounding,
+#   relative 2^-11 (float16) or 2^-8 (bfloat16), is 2^12 or 2^15 float32 ulps of the sum. Measured on
+#   the CPU: 1721 (float16, yolov10_silu gamma_grad_step2), 24811 (bfloat16, the same tensor).
+_HALF = {"f16": np.float16, "bf16": BFLOAT16}
+_PARAM_GRADS = ("gamma_grad", "beta_grad", "gamma_grad_step2", "beta_grad_step2")
+TOL_HALF_SILU = {
+    "f16": {"*": ulp(1), **{name: ulp(2 ** 12) for name in _PARAM_GRADS}},
+    "bf16": {"*": ulp(1), **{name: ulp(2 ** 15) for name in _PARAM_GRADS}},
+}
+
+
+def _big_channels(dims):
+    """Values near the float16 maximum, exact in float16 and bfloat16 (multiples of 256 up to 65280):
+    channel 0 holds +-65280 and +-60160 (mean 0, variance about 4e9: its square overflows in half),
+    channel 1 holds 64768..65280 (its sum of 16 overflows in half, its mean does not)."""
+    n, c, h, w = dims
+    count = n * h * w
+    signs = np.where(np.arange(count) % 2 == 0, 1.0, -1.0)
+    magnitudes = np.where(np.arange(count) % 4 < 2, 65280.0, 60160.0)
+    first = signs * magnitudes
+    second = 65280.0 - 256.0 * (np.arange(count) % 3)
+    channels = [first, second] + [pattern((count,), modulus=7, scale=0.5, offset=k) for k in range(c - 2)]
+    return np.stack([v.reshape(n, h, w) for v in channels], axis=1)
+
+
+def _subnormal_inputs(dims, tiny):
+    """Inputs k * tiny (tiny the dtype's smallest subnormal, k in -8..8) and short dyadic gradients."""
+    inputs = _steps_inputs(dims)
+    inputs["input"] = pattern(dims, modulus=17, scale=tiny)
+    inputs["input_step2"] = pattern(dims, modulus=13, scale=tiny, offset=4)
+    return inputs
+
+
+for _suffix, _dtype in _HALF.items():
+    _add(f"spatial_affine_2x3x2x4_{_suffix}", (2, 3, 2, 4), dtype=_dtype,
+         description="half data, float32 gamma/beta/running statistics: two training steps")
+    _add(f"yolov10_silu_2x4x2x4_{_suffix}", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU", dtype=_dtype,
+         tolerance=TOL_HALF_SILU[_suffix],
+         description="YOLOv10's BatchNorm + SiLU in half: the SiLU in float32 at the rounded pre-activation")
+    _add(f"inference_after_training_{_suffix}", (2, 3, 2, 4), eps=1e-3, momentum=0.03, steps=(True, False),
+         dtype=_dtype, description="eval with the float32 running statistics of a training step")
+    _add(f"per_activation_affine_4x2x3x2_{_suffix}", (4, 2, 3, 2), mode=PER_ACTIVATION, dtype=_dtype)
+    _add(f"exact_eps3_momentum_half_{_suffix}", (2, 2, 2, 4), eps=3.0, momentum=0.5, dtype=_dtype,
+         inputs=dict(_steps_inputs((2, 2, 2, 4)),
+                     input=_exact_channels((2, 2, 2, 4), (0.5, -1.0), (1, 13), 5),
+                     input_step2=_exact_channels((2, 2, 2, 4), (2.0, 0.25), (13, 1), 3)),
+         tolerance={"*": EXACT, "running_var": ulp(1)},
+         description="var + eps a power of 4: every half result exact (but the unbiased running variance)")
+    _add(f"near_max_2x3x2x4_{_suffix}", (2, 3, 2, 4), dtype=_dtype,
+         inputs=dict(_steps_inputs((2, 3, 2, 4)), input=_big_channels((2, 3, 2, 4)),
+                     input_step2=_big_channels((2, 3, 2, 4))[::-1].copy()),
+         description="values near 65504: sums and squares overflow in half arithmetic, not in the float64 "
+                     "statistics; the running variance (about 4e9) is float32")
+_add("long_channel_bf16", (2, 2, 48, 64), eps=1e-3, momentum=0.03, activation="SILU", dtype=BFLOAT16,
+     tolerance=TOL_HALF_SILU["bf16"],
+     description="6144 values a channel (2 rows of 3072, 2 parts each on the GPU): a sum that stalls in "
+                 "bfloat16 arithmetic (its 8-bit mantissa) but not in the float64 statistics")
+_add("subnormal_f16", (2, 2, 2, 4), affine=False, eps=1.0, dtype=np.float16,
+     inputs=_subnormal_inputs((2, 2, 2, 4), 2.0 ** -24),
+     description="float16 subnormal inputs (multiples of 2^-24) widened exactly; with eps 1 the outputs "
+                 "x - mean round to subnormals")
+_add("subnormal_bf16", (2, 2, 2, 4), affine=False, eps=1.0, dtype=BFLOAT16,
+     inputs=_subnormal_inputs((2, 2, 2, 4), 2.0 ** -133),
+     description="bfloat16 subnormal inputs (multiples of 2^-133) widened exactly; the outputs round to subnormals")
 
 
 _TORCH_ACTIVATIONS = {

@@ -4,7 +4,7 @@ depthwise, PSA's depthwise positional conv, the head's 1x1 convs with bias and D
 fixed 1x1 conv from 16 bins to 1), and the shapes that hid bugs before: kernels
 and strides that differ in h and w, padding wider than half the kernel, dilation,
 groups neither 1 nor C, batch > 1, odd spatial sizes, float64, zero batch, and
-every fused activation.
+every fused activation, and the fused inference convs (states without backward).
 
 Inputs and filters are quarters in [-2, 2] (pattern()), so every product is a
 multiple of 1/16 and every partial sum of the forward and of both gradients is
@@ -22,6 +22,8 @@ The edges: float16 partial sums past 65504 (forward and filter gradient) that a 
 accumulator carries, float16 subnormal results, and bfloat16's 8-bit mantissa on a
 reduction over 4608 terms.
 """
+
+import dataclasses
 
 import numpy as np
 
@@ -47,8 +49,9 @@ def _add(name, input_dims, attrs, dtype=np.float32, tolerance=EXACT, description
         inputs["bias"] = pattern((attrs.out_channels,), modulus=13, offset=5) if bias is None else bias
     # Positive output gradients for the activation cases: the bias gradient then adds terms of one sign
     # (mostly), so the few-ulp errors of the activation's derivative do not meet cancellation.
-    inputs["output_grad"] = pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0) \
-        if output_grad is None else output_grad
+    if attrs.backward:  # a state made with backward=False runs the forward only
+        inputs["output_grad"] = (pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0)
+                                 if output_grad is None else output_grad)
     TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description)
 
 
@@ -144,6 +147,27 @@ _add("f64_k1_silu", (2, 3, 4, 5), _conv(5, (1, 1), activation=Activation.SILU), 
      filter_scale=0.125, positive_output_grad=True)
 
 
+# Inference states (backward=False): no pre-activation kept, the bias and activation applied as one
+# epilogue (in the depthwise kernel, else one conv_bias_activation launch on the GPU); the forward only.
+# YOLOv10's fused inference convs: 3x3 and 1x1 with bias and SILU, RepVGGDW folded into a 7x7 depthwise
+# with bias and SILU, SCDown's depthwise with bias alone. The pre-activations are exact (as above) and
+# SILU's value is a few ulps off in the dtype: the forward's bound of the cases above, 2 (float64: 1).
+def _inference(out_channels, kernel, stride=(1, 1), padding=(0, 0), groups=1, activation=Activation.SILU):
+    return dataclasses.replace(_conv(out_channels, kernel, stride, padding, groups=groups, use_bias=True,
+                                     activation=activation), backward=False)
+
+
+_add("inference_k3_s1_p1_bias_silu", (2, 3, 4, 5), _inference(4, (3, 3), padding=(1, 1)), tolerance=ulp(2),
+     filter_scale=0.125, description="fused inference: 3x3 conv, bias and SILU, no backward")
+_add("inference_k1_bias_silu", (2, 5, 6, 7), _inference(3, (1, 1)), tolerance=ulp(2), filter_scale=0.125,
+     description="fused inference: 1x1 conv (pointwise), bias and SILU, no backward")
+_add("inference_depthwise_k7_p3_bias_silu", (1, 4, 9, 10), _inference(4, (7, 7), padding=(3, 3), groups=4),
+     tolerance=ulp(2), filter_scale=0.125, description="fused inference: RepVGGDW folded, depthwise 7x7, bias, SILU")
+_add("inference_depthwise_k3_s2_p1_bias", (2, 4, 9, 8), _inference(4, (3, 3), (2, 2), (1, 1), groups=4, activation=None),
+     description="fused inference: SCDown cv2 folded, depthwise 3x3 stride 2 with bias, no activation")
+_add("f64_inference_k1_bias_silu", (2, 3, 4, 5), _inference(5, (1, 1)), dtype=np.float64, tolerance=ulp(1),
+     filter_scale=0.125, description="fused inference in float64")
+
 
 # --------------------------------------------------------------------------- half precision
 
@@ -161,6 +185,8 @@ _add("f64_k1_silu", (2, 3, 4, 5), _conv(5, (1, 1), activation=Activation.SILU), 
 #   bf16_k3_s1_p1_bias_sigmoid           0        1           1           1
 #   f16_depthwise_k3_s2_p1_silu          0        1           1           -
 #   bf16_depthwise_k3_s2_p1_silu         0        1           1           -
+#   f16_inference_*_silu                 0        -           -           -      (SILU of the rounded
+#   bf16_inference_depthwise_k7_..._silu 1        -           -           -       pre-activation)
 #
 # The activation cases state 1 ulp for the output too: CUDA's expf is within 2 float32 ulps, not
 # NumPy's bits, and can move a value across a rounding boundary of the half dtype.
@@ -169,7 +195,8 @@ _HALF_TOLERANCE = {
     "bf16_groups_2_c4_o6_bias": _BIAS_TWICE,
     "bf16_pointwise_batch_3_c64": _BIAS_TWICE,
     **{f"{prefix}_{name}": ulp(1) for prefix in ("f16", "bf16")
-       for name in ("k3_s1_p1_bias_silu", "k3_s1_p1_bias_sigmoid", "depthwise_k3_s2_p1_silu")},
+       for name in ("k3_s1_p1_bias_silu", "k3_s1_p1_bias_sigmoid", "depthwise_k3_s2_p1_silu",
+                    "inference_k3_s1_p1_bias_silu", "inference_depthwise_k7_p3_bias_silu")},
 }
 
 
@@ -205,6 +232,13 @@ for _activation in (Activation.SILU, Activation.SIGMOID):
           positive_output_grad=True, description=f"3x3 conv with bias, then {_activation.name}")
 _half("depthwise_k3_s2_p1_silu", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4, activation=Activation.SILU),
       filter_scale=0.125, positive_output_grad=True, description="depthwise stride 2, then SILU")
+
+# Inference states in half: the epilogue kernels (conv_bias_activation, the depthwise forward's own)
+# round at the same points as the backward states' separate passes.
+_half("inference_k3_s1_p1_bias_silu", (2, 3, 4, 5), _inference(4, (3, 3), padding=(1, 1)), filter_scale=0.125,
+      description="fused inference: 3x3 conv, bias and SILU, no backward")
+_half("inference_depthwise_k7_p3_bias_silu", (1, 4, 9, 10), _inference(4, (7, 7), padding=(3, 3), groups=4),
+      filter_scale=0.125, description="fused inference: depthwise 7x7, bias, SILU")
 
 # float16's largest finite value is 65504. A 1x1 conv of 3 channels of 200 with filter (240, 240, -240):
 # partial sums 48000, 96000 (inf in a float16 accumulator), 48000; the bias -32 gives 47968 (exact).
@@ -250,6 +284,8 @@ def torch_program(case, tensors):
                    padding=(attrs.padding_h, attrs.padding_w), dilation=(attrs.dilation_h, attrs.dilation_w),
                    groups=attrs.groups)
     output = _torch_activation(attrs.activation, pre)
+    if not attrs.backward:
+        return {"output": output}
     wanted = [input, filter] + ([bias] if bias is not None else [])
     grads = torch.autograd.grad(output, wanted, tensors["output_grad"], allow_unused=True)
     # An unused gradient (N = 0) is a zero gradient.
@@ -267,6 +303,9 @@ def run(case, env):
     output = env.write("output")
     state = conv_2d.init_kernel(env.handle, attrs, env.shape("input"), env.shape("output"))
     conv_2d.forward_kernel(env.stream, env.handle, state, attrs, input, filter, bias, output)
+    if not attrs.backward:
+        conv_2d.cleanup_kernel(env.handle, state)
+        return
     output_grad = env.read("output_grad")
     input_grad, filter_grad = env.write("input_grad"), env.write("filter_grad")
     bias_grad = env.write("bias_grad") if attrs.use_bias else None

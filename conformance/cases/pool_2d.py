@@ -13,6 +13,7 @@ input. Overlapping windows send several gradients to one element.
 import numpy as np
 
 from kernels import Activation, Pool2DAttrs, PoolOp, pool_2d
+from kernels.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, pattern, ulp
 from ..harness import run_unary
@@ -107,6 +108,54 @@ for _activation, _tolerance in _ACTIVATION_TOLERANCE.items():
 _add("avg_2x2_s2_silu_f64", (2, 1, 4, 6), _avg((2, 2), (2, 2), (0, 0), True, activation=Activation.SILU),
      input=pattern((2, 1, 4, 6), modulus=9, scale=0.25), dtype=np.float64, tolerance=ulp(1),
      description="AVG then SILU")  # measured 0 on the CPU, 1 on the H200
+
+
+# --------------------------------------------------------------------------- float16 and bfloat16
+# Stored in half, computed in float32, rounded once. MAX moves values and sums at most 25 short
+# dyadic gradients (exact in float32 and in half: no more than 8 significant bits); AVG divides once.
+# Measured with tools/measure_ulps.py on the CPU (output / input_grad, ulps of the half dtype):
+#   avg_3x3 include_pad, exclude_pad, near_max: f16 0 / 0; bf16 0 / 1 (the float32 sum of shares
+#   rounded once, the golden's float64 sum rounded once: a tie apart); avg_subnormal f16 0 / 0;
+#   avg_long_16x16 bf16 0 / 0; max + silu: f16 0 / 1, bf16 0 / 0.
+# The H200 is not yet measured: it runs the same float32 operations in the same order (CPU and GPU
+# agree to the bit in the float32 cases), so ulp(1) is kept where the CPU measured 0 or 1.
+_HALF = {"f16": np.float16, "bf16": BFLOAT16}
+_NEAR_MAX = np.array([65280.0, 65024.0, 64768.0, 64512.0, 60160.0])  # exact in float16 and bfloat16
+
+
+def _near_max(dims):
+    """Values near the float16 maximum: a window sum overflows in half arithmetic, never in float32."""
+    count = int(np.prod(dims))
+    return _NEAR_MAX[(np.arange(count) * 3) % 5].reshape(dims)
+
+
+for _suffix, _dtype in _HALF.items():
+    _add(f"sppf_max_5x5_s1_p2_{_suffix}", (2, 3, 6, 7), _max((5, 5), (1, 1), (2, 2)), dtype=_dtype,
+         description="YOLOv10 SPPF pool in half: ties, up to 25 gradients summed in float32 (exact)")
+    _add(f"max_3x3_s2_p1_{_suffix}", (2, 2, 7, 6), _max((3, 3), (2, 2), (1, 1)), dtype=_dtype)
+    _add(f"max_nan_and_neg_inf_{_suffix}", (1, 1, 4, 6), _max((3, 3), (1, 1), (1, 1)), dtype=_dtype,
+         input=np.array([[[[1, NAN, 3, -INF, -INF, -INF], [NAN, 2, 3, -INF, -INF, -INF],
+                           [0, 3, NAN, 1, -INF, -INF], [2, 2, 1, -INF, -INF, -INF]]]], dtype=np.float64),
+         description="PyTorch's NaN and -inf rules in half")
+    _add(f"avg_2x2_s2_{_suffix}", (2, 3, 6, 8), _avg((2, 2), (2, 2), (0, 0), True), dtype=_dtype,
+         description="divides by 4: exact")
+    _add(f"avg_3x3_s1_p1_include_pad_{_suffix}", (2, 2, 5, 7), _avg((3, 3), (1, 1), (1, 1), True), dtype=_dtype,
+         tolerance=_AVG_TOLERANCE, description="divides by 9 in float32, rounded once to half")
+    _add(f"avg_3x3_s2_p1_exclude_pad_{_suffix}", (1, 3, 7, 6), _avg((3, 3), (2, 2), (1, 1), False), dtype=_dtype,
+         tolerance=_AVG_TOLERANCE, description="edge windows divide by 4 or 6")
+    _add(f"avg_near_max_3x3_s1_p1_{_suffix}", (1, 2, 5, 6), _avg((3, 3), (1, 1), (1, 1), False), dtype=_dtype,
+         input=_near_max((1, 2, 5, 6)), tolerance=_AVG_TOLERANCE,
+         description="values near 65504: the window sums (up to 9 x 65280) overflow in half, not in float32")
+    _add(f"max_3x3_s1_p1_silu_{_suffix}", (1, 2, 5, 6), _max((3, 3), (1, 1), (1, 1), activation=Activation.SILU),
+         input=_ACTIVATION_INPUT, dtype=_dtype, tolerance=ulp(1),
+         description="MAX then SiLU in half: f in float32 at the pooled value, rounded once")
+_add("avg_subnormal_3x3_s1_p1_f16", (1, 2, 5, 6), _avg((3, 3), (1, 1), (1, 1), True), dtype=np.float16,
+     input=pattern((1, 2, 5, 6), modulus=17, scale=2.0 ** -24), tolerance=_AVG_TOLERANCE,
+     description="float16 subnormals (multiples of 2^-24): sums exact in float32, the quotient rounds to a subnormal")
+_add("avg_long_16x16_s8_bf16", (1, 2, 24, 32), _avg((16, 16), (8, 8), (0, 0), True), dtype=BFLOAT16,
+     input=1.0 + pattern((1, 2, 24, 32), modulus=15, scale=2.0 ** -7), tolerance=_AVG_TOLERANCE,
+     description="256-tap windows of 1 + k/128: a bfloat16 running sum would stall at 256 (8-bit mantissa); "
+                 "the float32 sum is exact")
 
 
 def _torch_activation(activation, value):

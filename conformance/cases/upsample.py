@@ -5,6 +5,7 @@ channels > 1, float and integer dtypes; BILINEAR (align_corners=False) with scal
 import numpy as np
 
 from kernels import UpsampleAttrs, UpsampleMode, upsample
+from kernels.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, int_pattern, pattern, ulp
 from ..harness import run_unary
@@ -54,6 +55,48 @@ _add("bilinear_x2_1x2x1x3", (1, 2, 1, 3), 2, BILINEAR, description="H = 1: both 
 _add("bilinear_x4_1x2x3x2", (1, 2, 3, 2), 4, BILINEAR, description="weights in eighths")
 _add("bilinear_x3_2x2x3x4", (2, 2, 3, 4), 3, BILINEAR, tolerance=ulp(2))
 _add("bilinear_x3_f64", (2, 2, 4, 3), 3, BILINEAR, np.float64, tolerance=ulp(3))
+
+
+# --------------------------------------------------------------------------- float16 and bfloat16
+# NEAREST forward moves bits; its backward sums s*s gradients in float32 and rounds once; BILINEAR
+# computes its weights, products and sums in float32 and rounds once. With s = 2 and s = 4 every
+# weight is dyadic: exact in half (the sums of short dyadic values fit 8 bits). With s = 3 the
+# float32 result is rounded once more to half: measured on the CPU (tools/measure_ulps.py) output /
+# input_grad f16 0 / 0, bf16 1 / 0; ulp(1) (H200 not yet measured: the same operations, no FMA).
+_HALF = {"f16": np.float16, "bf16": BFLOAT16}
+
+
+def _add_half(name, dims, scale, mode, dtype, tolerance=EXACT, description="", output_grad=None):
+    attrs = UpsampleAttrs(scale, mode)
+    out_dims = upsample.output_dims(attrs, tuple(dims))
+    if output_grad is None:
+        output_grad = pattern(out_dims, modulus=13, offset=3, scale=0.5)
+    TABLE.add(name, attrs, {"input": pattern(dims), "output_grad": output_grad}, dtype=dtype, tolerance=tolerance,
+              description=description)
+
+
+def _cancelling_near_max(dims):
+    """Blocks of 2x2 gradients (60160, 64512 / -65280, -58880): a left-to-right half sum overflows at its
+    first add, the float32 sum (512) does not."""
+    n, c, h, w = dims
+    block = np.array([[60160.0, 64512.0], [-65280.0, -58880.0]])
+    return np.tile(block, (n, c, h // 2, w // 2))
+
+
+for _suffix, _dtype in _HALF.items():
+    _add_half(f"nearest_x2_backward_{_suffix}", (2, 3, 4, 5), 2, NEAREST, _dtype,
+              description="block sums of 4 in float32, rounded once")
+    _add_half(f"nearest_x3_backward_{_suffix}", (2, 2, 3, 4), 3, NEAREST, _dtype)
+    _add_half(f"nearest_x2_near_max_{_suffix}", (1, 2, 3, 4), 2, NEAREST, _dtype,
+              output_grad=_cancelling_near_max((1, 2, 6, 8)),
+              description="gradients near 65504 whose half running sum overflows; the float32 sum does not")
+    _add_half(f"bilinear_x2_{_suffix}", (2, 3, 4, 5), 2, BILINEAR, _dtype, description="weights in quarters: exact")
+    _add_half(f"bilinear_x4_{_suffix}", (1, 2, 3, 2), 4, BILINEAR, _dtype, description="weights in eighths: exact")
+    _add_half(f"bilinear_x3_{_suffix}", (2, 2, 3, 4), 3, BILINEAR, _dtype, tolerance=ulp(1),
+              description="weights r/6: the float32 result rounded to half")
+_add_half("nearest_x2_subnormal_f16", (1, 2, 3, 4), 2, NEAREST, np.float16,
+          output_grad=pattern((1, 2, 6, 8), modulus=13, scale=2.0 ** -24),
+          description="float16 subnormal gradients (multiples of 2^-24): block sums exact")
 
 
 def torch_program(case, tensors):

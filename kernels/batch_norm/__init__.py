@@ -21,6 +21,17 @@ the dtype (float32 values are widened, the result rounded once), with the same
 operations in the same order on the CPU and the GPU, so the two agree to the
 bit wherever the sums are exact and to an ulp or two elsewhere.
 
+Half precision, as PyTorch's mixed precision (cuDNN's batch norm takes float32
+scale, bias and statistics with half data): with a float16 or bfloat16 input,
+input, output, output_grad and input_grad are in the half dtype, while gamma,
+beta, gamma_grad, beta_grad, running_mean and running_var are float32
+(core.compute_dtype of the input's dtype; for float32 and float64 inputs they
+share its dtype). The saved batch statistics stay float64. Each half value is
+widened exactly to float64, the statistics and the normalization are the float64
+operations of the other dtypes, and each result is rounded once, from float64,
+to its dtype. A fused activation is evaluated in float32 at the pre-activation
+rounded to the half dtype, and rounded once (its derivative in float32 too).
+
 A package: this module holds the attrs, the state, the checks and the entry points;
 cpu.py the NumPy code, plan.py the layout and the GPU plan (pure Python, no device),
 gpu.py the launches of batch_norm.cu.
@@ -39,7 +50,7 @@ from .. import activation as activations
 from .. import core
 from .. import cpu as cpu_runtime
 from ..activation import Activation
-from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from .plan import GpuPlan, Layout
 
 if TYPE_CHECKING:
@@ -70,9 +81,13 @@ class BatchNormAttrs:
     momentum: float | None = 0.1
     mode: BatchNormMode = BatchNormMode.SPATIAL
     activation: Activation | None = None  # applied after the normalization, forward and backward
+    # False: no backward will be called on the state (inference only). The forward then keeps nothing
+    # for one (no copy of a fused activation's pre-activation) and backward_kernel raises StateError.
+    backward: bool = True
 
     def __post_init__(self) -> None:
         core.set_attr(self, "affine", core.attr_bool(OP, "affine", self.affine))
+        core.set_attr(self, "backward", core.attr_bool(OP, "backward", self.backward))
         eps = _attr_real("eps", self.eps)
         if eps <= 0:
             raise fail(AttrsError, OP, "eps", "a number > 0", eps)
@@ -111,7 +126,8 @@ class SavedForward:
 
 @dataclass(eq=False)
 class BatchNormState(core.KernelState):
-    """The running statistics (arrays on the state's device, in the input's dtype, shaped like gamma;
+    """The running statistics (arrays on the state's device, shaped and typed like gamma: the input's dtype,
+    float32 for a half input;
     a caller may read them or overwrite them, in place or by assignment), the number of training
     forwards so far, and what backward needs from the forward before it (`forward`, `pre`)."""
 
@@ -157,15 +173,16 @@ def init_kernel(handle: Any, attrs: BatchNormAttrs, input_shape: TensorShape, ou
     mean 0, variance 1, on the handle's device."""
     state = core.make_state(OP, handle, attrs, BatchNormAttrs, BatchNormState, input_shape=input_shape,
                             output_shape=output_shape)
-    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "input_shape", input_shape, ALL_FLOAT_DTYPES)
     core.check_rank(OP, "input_shape", input_shape, min_rank=2)
     core.check_dims(OP, "output_shape", output_shape, input_shape.dims)
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
     layout = state.layout = layout_of(attrs, input_shape.dims)
-    state.stat_shape = TensorShape(layout.stat_dims, input_shape.dtype)
+    # gamma, beta, their gradients and the running statistics: float32 for half inputs
+    state.stat_shape = TensorShape(layout.stat_dims, core.compute_dtype(input_shape.dtype))
     if state.device == "cpu":
-        state.running_mean = np.zeros(layout.stat_dims, input_shape.dtype)
-        state.running_var = np.ones(layout.stat_dims, input_shape.dtype)
+        state.running_mean = np.zeros(layout.stat_dims, state.stat_shape.dtype)
+        state.running_var = np.ones(layout.stat_dims, state.stat_shape.dtype)
     else:  # pragma: no cover - GPU: device buffers of a GPU handle
         gpu.init(state, input_shape.dtype)
     return state
@@ -222,6 +239,9 @@ def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: An
     rows += _param_rows(state, ("gamma",), (gamma,), True)
     rows += _param_rows(state, ("beta", "gamma_grad", "beta_grad"), (beta, gamma_grad, beta_grad), False)
     core.check_call(OP, stream, handle, state, attrs, rows)
+    if not state.attrs.backward:
+        raise fail(StateError, OP, "state", "a state made for a backward (attrs.backward True)",
+                   "a state made with attrs.backward False (inference only: its forward keeps nothing for one)")
     saved = state.forward
     if saved is None:
         raise fail(StateError, OP, "state", "a forward on this state before backward", "none")

@@ -15,8 +15,45 @@
 // take g = f'(pre) * output_grad in double wherever they read the gradient. In
 // double, CUDA's exp/erf/tanh are within an ulp or two, so float32 results do
 // not depend on which device's math library evaluated them.
+//
+// Half precision (T = half_t or bfloat16_t): the data (input, output, pre, the
+// gradients of input and output) is stored in T; gamma, beta, the running
+// statistics and gamma_grad / beta_grad are P = compute_t<T> (float), as in
+// PyTorch's mixed precision. Every value is widened to double (exactly) when read,
+// the statistics and the normalization are the same double operations as for
+// float, and each result is rounded once, straight from double to T (PTX cvt.rn,
+// as NumPy and ml_dtypes round float64 on the CPU). A fused activation is
+// evaluated in float at the pre-activation rounded to T (widen, float, narrow).
 #include "common.cuh"
 #include "activation.cuh"
+
+// A stored value as double (exact), and a double rounded once to the storage type.
+__device__ __forceinline__ double to_double(float x) { return (double)x; }
+__device__ __forceinline__ double to_double(double x) { return x; }
+__device__ __forceinline__ double to_double(half_t x) { return (double)widen(x); }
+__device__ __forceinline__ double to_double(bfloat16_t x) { return (double)widen(x); }
+template <typename T> __device__ __forceinline__ T from_double(double x);
+template <> __device__ __forceinline__ float from_double<float>(double x) { return __double2float_rn(x); }
+template <> __device__ __forceinline__ double from_double<double>(double x) { return x; }
+template <> __device__ __forceinline__ half_t from_double<half_t>(double x) {
+    half_t h;
+    asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h.bits) : "d"(x));
+    return h;
+}
+template <> __device__ __forceinline__ bfloat16_t from_double<bfloat16_t>(double x) {
+    bfloat16_t b;
+    asm("cvt.rn.bf16.f64 %0, %1;" : "=h"(b.bits) : "d"(x));
+    return b;
+}
+
+// The type a fused activation is evaluated in: double for float and double data,
+// float for the half types; and its result rounded to T.
+template <typename T> struct BnActivation { using type = double; };
+template <> struct BnActivation<half_t> { using type = float; };
+template <> struct BnActivation<bfloat16_t> { using type = float; };
+template <typename T> using bn_act_t = typename BnActivation<T>::type;
+template <typename T> __device__ __forceinline__ T from_activation(double x) { return from_double<T>(x); }
+template <typename T> __device__ __forceinline__ T from_activation(float x) { return narrow<T>(x); }
 
 // Every constant this source shares with Python is defined once there (plan.py, gpu.py) and
 // passed by CudaModule as a -D option: BN_BLOCK (threads of every block), BN_APPLY_UNROLL, and
@@ -46,9 +83,9 @@ __device__ __forceinline__ double sum_in_order(const double* values, long long c
 }
 
 // torch's running update: momentum * value + (1 - momentum) * running.
-template <typename T>
-__device__ __forceinline__ T running_update(double momentum, double value, T running) {
-    return (T)__dadd_rn(__dmul_rn(momentum, value), __dmul_rn(__dsub_rn(1.0, momentum), (double)running));
+template <typename P>
+__device__ __forceinline__ P running_update(double momentum, double value, P running) {
+    return from_double<P>(__dadd_rn(__dmul_rn(momentum, value), __dmul_rn(__dsub_rn(1.0, momentum), (double)running)));
 }
 
 __device__ __forceinline__ double inverse_std(double var, double eps) {
@@ -67,7 +104,7 @@ __device__ __forceinline__ double inverse_std(double var, double eps) {
 // The value a partial sum adds: x, or (x - mean)^2.
 template <typename T>
 __device__ __forceinline__ double part_term(T x, bool squares, double mean) {
-    double value = (double)x;
+    double value = to_double(x);
     if (squares) {
         value = __dsub_rn(value, mean);
         value = __dmul_rn(value, value);
@@ -157,9 +194,9 @@ __global__ void bn_spatial_partials(const T* __restrict__ input, double* __restr
 
 // One thread per channel: mean and invstd (saved for backward), and the running
 // statistics (their variance unbiased: the sum divided by count - 1).
-template <typename T>
+template <typename P>
 __device__ __forceinline__ void spatial_finalize_one(long long c, double sum, double var_sum, double count,
-                                                     double eps, double momentum, T* running_mean, T* running_var,
+                                                     double eps, double momentum, P* running_mean, P* running_var,
                                                      double* saved_mean, double* saved_invstd) {
     const double mean = __ddiv_rn(sum, count);
     saved_mean[c] = mean;
@@ -173,16 +210,16 @@ __device__ __forceinline__ void spatial_finalize_one(long long c, double sum, do
 // One thread per statistic f: two passes over the rows input[n, f].
 template <typename T, typename I>
 __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features, double eps, double momentum,
-                                 T* __restrict__ running_mean, T* __restrict__ running_var,
+                                 compute_t<T>* __restrict__ running_mean, compute_t<T>* __restrict__ running_var,
                                  double* __restrict__ saved_mean, double* __restrict__ saved_invstd) {
     const double count = (double)rows;
     for (I f = (I)blockIdx.x * blockDim.x + threadIdx.x; f < features; f += (I)gridDim.x * blockDim.x) {
         double sum = 0.0;
-        for (I n = 0; n < rows; ++n) sum = __dadd_rn(sum, (double)input[n * features + f]);
+        for (I n = 0; n < rows; ++n) sum = __dadd_rn(sum, to_double(input[n * features + f]));
         const double mean = __ddiv_rn(sum, count);
         double var_sum = 0.0;
         for (I n = 0; n < rows; ++n) {
-            const double centered = __dsub_rn((double)input[n * features + f], mean);
+            const double centered = __dsub_rn(to_double(input[n * features + f]), mean);
             var_sum = __dadd_rn(var_sum, __dmul_rn(centered, centered));
         }
         saved_mean[f] = mean;
@@ -204,18 +241,21 @@ __global__ void bn_feature_stats(const T* __restrict__ input, I rows, I features
 #endif
 
 // One element of the forward: output[index] = f((x - mean) * invstd * gamma[s] + beta[s]) (gamma and beta
-// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation.
+// null when not affine), the pre-activation kept in pre[index] (rounded to T) when there is an activation
+// and pre is not null (a state made with attrs.backward False passes null: it keeps nothing for a backward).
 template <typename T, typename I>
-__device__ __forceinline__ void forward_one(T x, double mean, double invstd, const T* gamma, const T* beta, I s,
-                                            T* pre, T* output, I index, int activation) {
-    double value = __dmul_rn(__dsub_rn((double)x, mean), invstd);
+__device__ __forceinline__ void forward_one(T x, double mean, double invstd, const compute_t<T>* gamma,
+                                            const compute_t<T>* beta, I s, T* pre, T* output, I index,
+                                            int activation) {
+    double value = __dmul_rn(__dsub_rn(to_double(x), mean), invstd);
     if (gamma) value = __dadd_rn(__dmul_rn(value, (double)gamma[s]), (double)beta[s]);
     if (activation == KERNELS_ACTIVATION_NONE) {
-        output[index] = (T)value;
+        output[index] = from_double<T>(value);
     } else {
-        const T pre_value = (T)value;
-        pre[index] = pre_value;
-        output[index] = (T)kernels_activation::activation_forward<double>(activation, (double)pre_value);
+        using A = bn_act_t<T>;
+        const T pre_value = from_double<T>(value);
+        if (pre) pre[index] = pre_value;  // null: a state without backward keeps no pre-activation
+        output[index] = from_activation<T>(kernels_activation::activation_forward<A>(activation, (A)to_double(pre_value)));
     }
 }
 
@@ -229,10 +269,11 @@ __device__ __forceinline__ void forward_one(T x, double mean, double invstd, con
 // 64-bit I where base + step could pass 2^31).
 template <typename T, typename I>
 __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, const double* __restrict__ partials,
-                                 I parts, double count, double eps, double momentum, T* __restrict__ running_mean,
-                                 T* __restrict__ running_var, double* __restrict__ saved_mean,
-                                 double* __restrict__ saved_invstd, const T* __restrict__ gamma,
-                                 const T* __restrict__ beta, T* __restrict__ pre, T* __restrict__ output, I rows,
+                                 I parts, double count, double eps, double momentum,
+                                 compute_t<T>* __restrict__ running_mean, compute_t<T>* __restrict__ running_var,
+                                 double* __restrict__ saved_mean, double* __restrict__ saved_invstd,
+                                 const compute_t<T>* __restrict__ gamma, const compute_t<T>* __restrict__ beta,
+                                 T* __restrict__ pre, T* __restrict__ output, I rows,
                                  I cols, I stats, int stat_by_row, int activation) {
     __shared__ double shared[2 * BN_BLOCK];
     for (I row = blockIdx.y; row < rows; row += gridDim.y) {
@@ -298,9 +339,11 @@ __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, co
 // is 0.0 + it), and applies: the same operations, so the same bits as those three launches, in one.
 template <typename T, typename I>
 __global__ void bn_spatial_forward_one_part(const T* __restrict__ input, double count, double eps, double momentum,
-                                            T* __restrict__ running_mean, T* __restrict__ running_var,
+                                            compute_t<T>* __restrict__ running_mean,
+                                            compute_t<T>* __restrict__ running_var,
                                             double* __restrict__ saved_mean, double* __restrict__ saved_invstd,
-                                            const T* __restrict__ gamma, const T* __restrict__ beta,
+                                            const compute_t<T>* __restrict__ gamma,
+                                            const compute_t<T>* __restrict__ beta,
                                             T* __restrict__ pre, T* __restrict__ output, I channels, I inner,
                                             int activation) {
     __shared__ double shared[BN_BLOCK];
@@ -323,21 +366,22 @@ __global__ void bn_spatial_forward_one_part(const T* __restrict__ input, double 
 // ----------------------------------------------------------------------------- backward
 
 // The gradient at the normalization's output: output_grad through the activation (pre not null,
-// f' in double at the kept pre-activation, not rounded to T) or as is.
+// f' in bn_act_t<T> at the kept pre-activation, not rounded to T) or as is.
 template <typename T, typename I>
 __device__ __forceinline__ double upstream_grad(const T* output_grad, const T* pre, int activation, I index) {
-    const double g = (double)output_grad[index];
-    return pre ? kernels_activation::activation_backward<double>(activation, (double)pre[index], g) : g;
+    using A = bn_act_t<T>;
+    const double g = to_double(output_grad[index]);
+    return pre ? (double)kernels_activation::activation_backward<A>(activation, (A)to_double(pre[index]), (A)g) : g;
 }
 
 // Writes gamma_grad = dot * invstd and beta_grad = sum_g (each when not null), and
 // the coefficients of the input gradient: coef[f] = sum_g / count (grad_mean) and
 // coef[stats + f] = dot * invstd * invstd / count (k); zero after an inference forward.
-template <typename T>
+template <typename P>
 __device__ __forceinline__ void grad_finalize(long long f, long long stats, double sum_g, double dot, double invstd,
-                                              double count, int training, T* gamma_grad, T* beta_grad, double* coef) {
-    if (gamma_grad) gamma_grad[f] = (T)__dmul_rn(dot, invstd);
-    if (beta_grad) beta_grad[f] = (T)sum_g;
+                                              double count, int training, P* gamma_grad, P* beta_grad, double* coef) {
+    if (gamma_grad) gamma_grad[f] = from_double<P>(__dmul_rn(dot, invstd));
+    if (beta_grad) beta_grad[f] = from_double<P>(sum_g);
     coef[f] = training ? __ddiv_rn(sum_g, count) : 0.0;
     coef[stats + f] = training ? __ddiv_rn(__dmul_rn(__dmul_rn(dot, invstd), invstd), count) : 0.0;
 }
@@ -362,7 +406,7 @@ __global__ void bn_spatial_grad_partials(const T* __restrict__ output_grad, cons
             for (I s = begin + threadIdx.x; s < end; s += BN_BLOCK) {
                 const double g = upstream_grad(output_grad, pre, activation, offset + s);
                 sum_g = __dadd_rn(sum_g, g);
-                dot = __dadd_rn(dot, __dmul_rn(g, __dsub_rn((double)input[offset + s], channel_mean)));
+                dot = __dadd_rn(dot, __dmul_rn(g, __dsub_rn(to_double(input[offset + s]), channel_mean)));
             }
             sum_g = block_sum(sum_g, shared);
             dot = block_sum(dot, shared);
@@ -392,15 +436,15 @@ template <typename T, typename I>
 __global__ void bn_feature_grad(const T* __restrict__ output_grad, const T* __restrict__ pre, int activation,
                                 const T* __restrict__ input,
                                 const double* __restrict__ mean, const double* __restrict__ invstd, I rows,
-                                I features, double count, int training, T* __restrict__ gamma_grad,
-                                T* __restrict__ beta_grad, double* __restrict__ coef) {
+                                I features, double count, int training, compute_t<T>* __restrict__ gamma_grad,
+                                compute_t<T>* __restrict__ beta_grad, double* __restrict__ coef) {
     for (I f = (I)blockIdx.x * blockDim.x + threadIdx.x; f < features; f += (I)gridDim.x * blockDim.x) {
         const double feature_mean = mean[f];
         double sum_g = 0.0, dot = 0.0;
         for (I n = 0; n < rows; ++n) {
             const double g = upstream_grad(output_grad, pre, activation, n * features + f);
             sum_g = __dadd_rn(sum_g, g);
-            dot = __dadd_rn(dot, __dmul_rn(g, __dsub_rn((double)input[n * features + f], feature_mean)));
+            dot = __dadd_rn(dot, __dmul_rn(g, __dsub_rn(to_double(input[n * features + f]), feature_mean)));
         }
         grad_finalize((long long)f, (long long)features, sum_g, dot, invstd[f], count, training, gamma_grad,
                       beta_grad, coef);
@@ -423,8 +467,9 @@ __global__ void bn_backward_apply(const T* __restrict__ output_grad, const T* __
                                   const T* __restrict__ input, int coef_from, const double* __restrict__ partials,
                                   I parts, double count, const double* __restrict__ mean,
                                   const double* __restrict__ invstd, const double* __restrict__ coef,
-                                  const T* __restrict__ gamma, T* __restrict__ gamma_grad,
-                                  T* __restrict__ beta_grad, T* __restrict__ input_grad, I rows, I cols, I stats,
+                                  const compute_t<T>* __restrict__ gamma, compute_t<T>* __restrict__ gamma_grad,
+                                  compute_t<T>* __restrict__ beta_grad, T* __restrict__ input_grad, I rows, I cols,
+                                  I stats,
                                   int stat_by_row, int training) {
     __shared__ double shared[2 * BN_BLOCK];
     for (I row = blockIdx.y; row < rows; row += gridDim.y) {
@@ -439,8 +484,8 @@ __global__ void bn_backward_apply(const T* __restrict__ output_grad, const T* __
                 row_k = __ddiv_rn(__dmul_rn(__dmul_rn(dot, channel_invstd), channel_invstd), count);
             }
             if (blockIdx.x == 0 && threadIdx.x == 0 && row < stats) {
-                if (gamma_grad) gamma_grad[row] = (T)__dmul_rn(dot, channel_invstd);
-                if (beta_grad) beta_grad[row] = (T)sum_g;
+                if (gamma_grad) gamma_grad[row] = from_double<compute_t<T>>(__dmul_rn(dot, channel_invstd));
+                if (beta_grad) beta_grad[row] = from_double<compute_t<T>>(sum_g);
             }
         } else if (stat_by_row && training) {
             row_grad_mean = coef[row_stat];
@@ -467,13 +512,13 @@ __global__ void bn_backward_apply(const T* __restrict__ output_grad, const T* __
                 if (training) {
                     const double grad_mean = stat_by_row ? row_grad_mean : coef[f];
                     const double k_f = stat_by_row ? row_k : coef[stats + f];
-                    const double projection = __dmul_rn(__dsub_rn((double)x[k], mean[f]), k_f);
+                    const double projection = __dmul_rn(__dsub_rn(to_double(x[k]), mean[f]), k_f);
                     value = __dmul_rn(__dsub_rn(__dsub_rn(g[k], grad_mean), projection), invstd[f]);
                 } else {
                     value = __dmul_rn(g[k], invstd[f]);
                 }
                 if (gamma) value = __dmul_rn(value, (double)gamma[f]);
-                input_grad[offset + col] = (T)value;
+                input_grad[offset + col] = from_double<T>(value);
             }
         }
     }

@@ -3,7 +3,10 @@ statistics, the apply, the backward's sums and its apply) runs over cache-sized 
 (outer, stats, inner) view, shared out to the handle's threads; a block is cast to float64 in the
 thread's own scratch, so no float64 copy of the tensor is ever made. Each block's sums per
 statistic are kept apart and added in a fixed order (block by block), so the thread count never
-changes a bit. The arguments are checked (kernels.batch_norm's entry points) before anything here runs."""
+changes a bit. The arguments are checked (kernels.batch_norm's entry points) before anything here runs.
+
+Half inputs take the same float64 path (their float32 parameters widened like the data); only a fused
+activation differs: it is evaluated in float32 (activation_dtype), as the GPU does for half data."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import numpy as np
 
 from .. import activation as activations
 from .. import cpu as cpu_runtime
+from ..core import HALF_DTYPES
 from . import SavedForward
 from .plan import Layout
 
@@ -61,7 +65,8 @@ def _run(blocks: list[Block], function: Callable[[Block], None]) -> None:
             for block in blocks[first:last]:
                 function(block)
 
-    cpu_runtime.cpu_parallel(run, len(blocks))
+    # Each block's elements are read and written in float64 several times over: 16 bytes a pass.
+    cpu_runtime.cpu_parallel(run, len(blocks), len(blocks) * CPU_BLOCK_ELEMENTS * 16)
 
 
 def _sums(layout: Layout, blocks: list[Block], inner_parts: int, terms: int,
@@ -85,6 +90,11 @@ def _wide(array: np.ndarray, block: Block, slot: int) -> np.ndarray:
     wide = _scratch(slot, part.shape)
     np.copyto(wide, part)
     return wide
+
+
+def activation_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a fused activation is evaluated in: float64, or float32 for half data."""
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else np.dtype(np.float64)
 
 
 def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gamma: np.ndarray | None,
@@ -119,14 +129,17 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
         mean = state.running_mean.reshape(-1).astype(np.float64)
         invstd = 1.0 / np.sqrt(state.running_var.reshape(-1).astype(np.float64) + attrs.eps)
     state.forward = SavedForward(training, mean=mean, invstd=invstd)
+    out = _view(output, layout)
     pre = None
-    if attrs.activation is not None:
+    if attrs.activation is not None and not attrs.backward:
+        pre = out  # no backward: the output holds the rounded pre-activation, then f of it (the same bits)
+    elif attrs.activation is not None:
         if state.pre is None:
             state.pre = np.empty(input.shape, input.dtype)
         pre = _view(state.pre, layout)
     gamma64 = None if not attrs.affine else gamma.reshape(-1).astype(np.float64)
     beta64 = None if not attrs.affine else beta.reshape(-1).astype(np.float64)
-    out = _view(output, layout)
+    act_dtype = activation_dtype(input.dtype)
 
     def apply(block: Block) -> None:
         # The same float64 operations, element by element, as over the whole tensor at once.
@@ -141,8 +154,8 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
             out[where] = normalized
             return
         pre[where] = normalized
-        # f in float64 at the kept (rounded) pre-activation, rounded once: as the GPU does.
-        wide = _wide(pre, block, 0)
+        # f in float64 (float32 for half data) at the kept (rounded) pre-activation, rounded once: as the GPU does.
+        wide = _wide(pre, block, 0) if act_dtype == np.float64 else pre[where].astype(act_dtype)
         activations.cpu_forward(attrs.activation, wide, wide)
         out[where] = wide
 
@@ -164,6 +177,7 @@ def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, 
     x, dy = _view(input, layout), _view(output_grad, layout)
     pre = None if attrs.activation is None else _view(state.pre, layout)
     blocks, inner_parts = _blocks(layout)
+    act_dtype = activation_dtype(input.dtype)
 
     # With an activation, g (f' in float64 at the kept pre-activation, not rounded to the dtype, as the
     # GPU does) is worked out once, by the sums pass, and kept in float64 for the apply: recomputing
@@ -180,8 +194,15 @@ def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, 
             return _wide(dy, block, 1)
         if not first and kept is not None:
             return kept[block[:3]]
-        g = _wide(dy, block, 1)
-        activations.cpu_backward(attrs.activation, _wide(pre, block, 2), g, g)
+        if act_dtype == np.float64:
+            g = _wide(dy, block, 1)
+            activations.cpu_backward(attrs.activation, _wide(pre, block, 2), g, g)
+        else:  # half data: f' and its product in float32, widened (exactly) to float64 for the sums
+            where = block[:3]
+            narrow = dy[where].astype(act_dtype)
+            activations.cpu_backward(attrs.activation, pre[where].astype(act_dtype), narrow, narrow)
+            g = _scratch(1, narrow.shape)
+            np.copyto(g, narrow)
         if kept is not None:
             kept[block[:3]] = g
         return g

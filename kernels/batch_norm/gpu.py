@@ -10,6 +10,8 @@ reduce in float64 in a fixed order with no atomics (deterministic: the same
 bits on every run), follow torch's conventions exactly (unbiased running
 variance, cumulative momentum) and do the same float64 operations as cpu.py,
 so that the CPU and the GPU agree to the bit wherever the sums are exact.
+float16 and bfloat16 data run the same kernels (half_t, bfloat16_t), their
+parameters and running statistics float32 (see the package's docstring).
 
 SPATIAL training: a partial-sum kernel over (part, channel) blocks, then the
 same kernel again for the sum of squared deviations (each block recomputes
@@ -77,9 +79,9 @@ _CUDA = gpu.CudaModule("batch_norm.cu", [
     f"{kernel}<{t}, {i}>"
     for kernel in ("bn_spatial_partials", "bn_feature_stats", "bn_forward_apply", "bn_spatial_forward_one_part",
                    "bn_spatial_grad_partials", "bn_feature_grad", "bn_backward_apply")
-    for t in gpu.FLOAT_TYPES for i in gpu.INDEX_TYPES
+    for t in gpu.FLOAT_TYPES + gpu.HALF_TYPES for i in gpu.INDEX_TYPES
 ] + [
-    f"{kernel}<{t}>" for kernel in ("bn_spatial_grad_finalize",)
+    f"{kernel}<{t}>" for kernel in ("bn_spatial_grad_finalize",)  # t: the parameters' type (float for half data)
     for t in gpu.FLOAT_TYPES
 ], defines=DEFINES, directory=os.path.dirname(__file__))
 
@@ -93,8 +95,8 @@ def init(state: BatchNormState, dtype: np.dtype) -> None:
     device = state.device
     stats = max(layout.stats, 1)
     # The state's memory: gpu.device_empty (outside CuPy's pool; freed only once the device is done).
-    state.running_mean = gpu.device_empty(layout.stat_dims, dtype, device)
-    state.running_var = gpu.device_empty(layout.stat_dims, dtype, device)
+    state.running_mean = gpu.device_empty(layout.stat_dims, state.stat_shape.dtype, device)
+    state.running_var = gpu.device_empty(layout.stat_dims, state.stat_shape.dtype, device)
     state.saved_mean = gpu.device_empty((stats,), np.float64, device)
     state.saved_invstd = gpu.device_empty((stats,), np.float64, device)
     state.coef = gpu.device_empty((2 * stats,), np.float64, device)  # backward: grad_mean, k per statistic
@@ -130,8 +132,10 @@ class GpuCalls:
             def function(name: str) -> Any:
                 return _CUDA.function(name, state.device)
 
+            # The pre-activation a fused activation's backward reads (none for a state without backward:
+            # the kernels then write the output alone).
             self.pre = (gpu.device_empty(state.shapes["input_shape"].dims, dtype, state.device)
-                        if attrs.activation is not None else _NULL)
+                        if attrs.activation is not None and attrs.backward else _NULL)
             mean, invstd, partials = state.saved_mean, state.saved_invstd, state.partials
             self.fixed_momentum = None if attrs.momentum is None else np.float64(attrs.momentum)
             self.stat_grid = gpu.grid_for(layout.stats)
@@ -186,7 +190,7 @@ class GpuCalls:
                 self.grad_partials_args = (mean, partials) + partials_tail[:-1]
                 # bn_spatial_grad_finalize(partials, parts, channels, invstd, count, training, gamma_grad,
                 #   beta_grad, coef)
-                self.grad_finalize = function(f"bn_spatial_grad_finalize<{t}>")
+                self.grad_finalize = function(f"bn_spatial_grad_finalize<{gpu.cuda_type(state.stat_shape.dtype)}>")
                 self.grad_finalize_args = (partials, np.int64(plan.parts), np.int64(layout.stats), invstd, count)
 
 
@@ -194,7 +198,7 @@ def _calls(state: BatchNormState, attrs: BatchNormAttrs, dtype: np.dtype) -> Gpu
     calls = state.calls
     if calls is None:
         calls = state.calls = GpuCalls(state, attrs, dtype)
-        if attrs.activation is not None:
+        if attrs.activation is not None and attrs.backward:
             state.pre = calls.pre
     return calls
 

@@ -9,7 +9,9 @@ Backward overwrites every gradient it is given (None skips it): input_grad,
 filter_grad and bias_grad (the sum of the pre-activation gradient over N, H, W).
 With a fused activation, the forward keeps the pre-activation in the state (like
 cuDNN's reserve space) and a backward without a forward before it raises StateError;
-without one, backward needs no forward.
+without one, backward needs no forward. A state made with ``attrs.backward=False`` is for
+inference only: the activation is applied in the output itself (no pre-activation kept, the
+same bits) and backward_kernel raises StateError.
 
 CPU: NumPy im2col through a strided view, one batched matmul over the groups;
 the input gradient scatters back tap by tap (a loop over the kh * kw taps, each a
@@ -108,6 +110,9 @@ class Conv2DAttrs:
     groups: int = 1
     use_bias: bool = False
     activation: activation.Activation | None = None  # applied after the bias
+    # False: no backward will be called on the state (inference only). A fused activation's forward then
+    # keeps no pre-activation (it is applied in the output itself) and backward_kernel raises StateError.
+    backward: bool = True
 
     def __post_init__(self) -> None:
         for name in ("out_channels", "kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w",
@@ -119,6 +124,7 @@ class Conv2DAttrs:
             raise fail(AttrsError, OP, "groups", f"a divisor of out_channels ({self.out_channels})", self.groups)
         core.set_attr(self, "use_bias", core.attr_bool(OP, "use_bias", self.use_bias))
         core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
+        core.set_attr(self, "backward", core.attr_bool(OP, "backward", self.backward))
 
 
 def _check_extent(attrs: Conv2DAttrs, dims: tuple[int, ...]) -> None:
@@ -270,6 +276,9 @@ def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: An
     ])
     if not attrs.use_bias:
         _check_absent("bias_grad", bias_grad, "use_bias is False")
+    if not state.attrs.backward:
+        raise fail(StateError, OP, "state", "a state made for a backward (attrs.backward True)",
+                   "a state made with attrs.backward False (inference only: its forward keeps nothing for one)")
     if attrs.activation is not None and state.pre is None:
         raise fail(StateError, OP, "state",
                    f"a forward before the backward (it saves the pre-{attrs.activation.name} values)", "none")

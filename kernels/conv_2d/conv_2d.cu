@@ -1,13 +1,14 @@
 // conv_2d's own kernels: the bias gradient; im2col and the col2im gather around
 // cuBLAS GEMMs for groups == 1; both gradients of depthwise convolutions. The
-// rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu.
+// rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu, or, for a
+// state without backward (no pre-activation kept), in the depthwise forward and in
+// conv_bias_activation, with activation.cuh's same device functions.
 //
-// The bias gradient and the depthwise kernels also take the half storage types (half.cuh:
-// half_t, bfloat16_t): each value widened when read, products and sums in compute_t (float)
-// or double as for float, each result rounded once when written (narrow). For float and
-// double, widen and narrow are the identity: the same code as before half precision.
-
-#include "half.cuh"
+// The bias gradient, the depthwise kernels and conv_bias_activation also take the half storage
+// types (half.cuh, included by activation.cuh: half_t, bfloat16_t): each value widened when read,
+// products and sums in compute_t (float) or double as for float, each result rounded when written
+// (narrow). For float and double, widen and narrow are the identity: the same code as before.
+#include "activation.cuh"
 
 // Constants shared with kernels/conv_2d/gpu.py, defined there once and passed as -D options
 // (CudaModule's defines): the launch block sizes of the two shared-memory reductions (powers of
@@ -46,18 +47,6 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
         }
         if (threadIdx.x == 0) bias_grad[channel] = narrow<T>((compute_t<T>)partial[0]);
         __syncthreads();  // partial is reused by the block's next channel
-    }
-}
-
-// The bias of the half types on the cuDNN paths: output[n, c, ...] = round(widen(output) + widen(bias[c]))
-// over `total` elements of `spatial` positions per channel, in place; one thread per element,
-// grid-stride. (float and double take cudnnAddTensor, which rounds the same way.)
-template <typename T>
-__global__ void conv_add_bias(T* __restrict__ output, const T* __restrict__ bias, long long channels,
-                              long long spatial, long long total) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        output[i] = narrow<T>(widen(output[i]) + widen(bias[(i / spatial) % channels]));
     }
 }
 
@@ -244,12 +233,14 @@ __global__ void conv_sum_images(const T* __restrict__ partials, T* __restrict__ 
 // input[n, o / multiplier, oh * sh - ph + i * dh, ow * sw - pw + j * dw] * filter[o, 0, i, j]
 // (taps in the padding skipped), then + bias[o] where has_bias (rounded after the sum, as a
 // separate bias add would: for the half types the sum is rounded to T, widened, the bias added
-// in float and rounded again, as cuDNN's convolution and AddTensor do on the other paths).
-// One thread per output element, a fixed order.
+// in float and rounded again, as cuDNN's convolution and conv_bias_activation do on the other
+// paths), then f of that where activation is not KERNELS_ACTIVATION_NONE (the value activation.cu's
+// pass would write from it: f in float of the rounded value, rounded). One thread per output
+// element, a fixed order.
 template <typename T, typename I>
 __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __restrict__ filter,
                                        const T* __restrict__ bias, T* __restrict__ output, int has_bias,
-                                       I images, I multiplier, ConvGeometry g) {
+                                       int activation, I images, I multiplier, ConvGeometry g) {
     CONV_GEOMETRY_LOCALS(g);
     const I out_channels = channels * multiplier;
     const I total = images * out_channels * out_h * out_w;
@@ -273,6 +264,22 @@ __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __r
             }
         }
         if (has_bias) sum = widen(narrow<T>(sum)) + widen(bias[o]);
-        output[index] = narrow<T>(sum);
+        const compute_t<T> pre = widen(narrow<T>(sum));  // the pre-activation as stored (for float: sum)
+        output[index] = narrow<T>(kernels_activation::activation_forward<compute_t<T>>(activation, pre));
+    }
+}
+
+// The epilogue of a forward whose state keeps no pre-activation, in place over the (N, C, plane)
+// output: data = f(data + bias[c]) (bias where has_bias; f the identity for KERNELS_ACTIVATION_NONE).
+// The sum and f are the operations of a separate bias add and activation.cu's pass: the same bits.
+// For the half types: the sum in float, rounded (the pre-activation), then f in float of that,
+// rounded; with KERNELS_ACTIVATION_NONE it is the half types' bias add on every path but depthwise.
+template <typename T, typename I>
+__global__ void conv_bias_activation(T* __restrict__ data, const T* __restrict__ bias, int has_bias, int activation,
+                                     I total, I plane, I channels) {
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        compute_t<T> value = widen(data[index]);
+        if (has_bias) value = widen(narrow<T>(value + widen(bias[(index / plane) % channels])));
+        data[index] = narrow<T>(kernels_activation::activation_forward<compute_t<T>>(activation, value));
     }
 }

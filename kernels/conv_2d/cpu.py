@@ -33,7 +33,7 @@ def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) 
     if nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
         function(slice(0, channels))
         return
-    cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels)
+    cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels, 2 * nbytes)
 
 
 def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray, groups: int,
@@ -56,7 +56,7 @@ def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.
         part = slice(first, last)
         function(left[:, part] if image_left else left[part], right[:, part], out=out[:, part])
 
-    cpu_runtime.cpu_parallel(run, groups)
+    cpu_runtime.cpu_parallel(run, groups, left.nbytes + right.nbytes + out.nbytes)
     return out
 
 
@@ -183,7 +183,8 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         return
     n, o, out_h, out_w = output.shape
     groups = attrs.groups
-    target = np.empty_like(output) if attrs.activation is not None else output
+    # The pre-activation: kept for a backward, or (no backward) the output itself, activated in place.
+    target = np.empty_like(output) if attrs.activation is not None and attrs.backward else output
     if out_w >= WIDE_ROWS_BELOW or _plain(attrs):
         columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
         weights = filter.reshape(groups, o // groups, columns.shape[2])
@@ -199,7 +200,8 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         cpu_runtime.cpu_parts(lambda part, bias_part: np.add(part, bias_part, out=part), target, bias.reshape(1, o, 1, 1))
     if attrs.activation is not None:
         activation.cpu_forward(attrs.activation, target, output)
-        state.pre = target
+        if attrs.backward:
+            state.pre = target
 
 
 def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, input: np.ndarray | None,
@@ -296,7 +298,8 @@ def half_forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filt
     activated = np.empty(output.shape, dtype=np.float32)
     activation.cpu_forward(attrs.activation, pre.astype(np.float32), activated)
     _store(output, activated)
-    state.pre = pre
+    if attrs.backward:  # an inference state keeps nothing
+        state.pre = pre
 
 
 def half_backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, input: np.ndarray | None,

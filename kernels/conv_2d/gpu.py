@@ -43,8 +43,8 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
-    f"conv_depthwise_forward<{t}, {i}>" for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
-    f"conv_add_bias<{t}>" for t in gpu.HALF_TYPES],
+    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_bias_activation") for t in _ALL_TYPES
+    for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
@@ -54,7 +54,8 @@ gpu_paths.declare("conv_2d", {
     "cudnn.backward_filter": "filter_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
     "cudnn.add_bias": "the bias added by cuDNN's AddTensor (float and double; every path but depthwise, which adds "
                       "it in its kernel)",
-    "half.add_bias": "float16 and bfloat16: the bias added by conv_add_bias (widened, added in float, rounded)",
+    "half.add_bias": "float16 and bfloat16 with backward: the bias added by conv_bias_activation (no activation: "
+                     "widened, added in float, rounded)",
     "gemm.forward": "pointwise (1x1, stride 1, no padding, groups 1): the forward as one cuBLAS batched GEMM",
     "gemm.backward_data": "pointwise: input_grad as one cuBLAS batched GEMM",
     "columns.backward_data": "groups 1: input_grad by a cuBLAS GEMM into columns, then conv_col2im, a chunk at a time",
@@ -62,6 +63,8 @@ gpu_paths.declare("conv_2d", {
     "filter_grad.per_image": "filter_grad one image a GEMM (chunk 1), beta 0 then 1: the sum in image order",
     "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
     "depthwise.forward": "groups == channels > 1: conv_depthwise_forward, the bias added in the kernel",
+    "depthwise.forward_activation": "depthwise, a state without backward: the activation applied in the kernel too",
+    "epilogue": "a state without backward, not depthwise: the bias and activation in one conv_bias_activation",
     "depthwise.input_grad": "depthwise: conv_depthwise_input_grad",
     "depthwise.filter_grad": "depthwise: conv_depthwise_filter_grad, a block per filter tap",
     "bias_grad": "conv_bias_grad: a block per output channel, a tree sum in double",
@@ -226,9 +229,9 @@ def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any
 
 
 def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "input", "filter"], grad: Any,
-                   input: Any, filter: Any, target: Any, bias: Any = None) -> None:
-    """conv_depthwise_forward (grad unused) or conv_depthwise_{input,filter}_grad of conv_2d.cu into
-    target, enqueued on the stream."""
+                   input: Any, filter: Any, target: Any, bias: Any = None, fused: Any = None) -> None:
+    """conv_depthwise_forward (grad unused; the activation `fused` applied in it too, where not None) or
+    conv_depthwise_{input,filter}_grad of conv_2d.cu into target, enqueued on the stream."""
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
     o = attrs.out_channels
@@ -241,8 +244,11 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
     kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
     if which == "forward":
+        if fused is not None:
+            gpu_paths.reach("conv_2d.depthwise.forward_activation")
         gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK,
-                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None)) + sizes)
+                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None),
+                    activation.code(fused)) + sizes)
     elif which == "input":
         gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
     else:
@@ -272,15 +278,20 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
     pre-activation is kept in the state's buffer (state.pre) for the backward."""
     from .. import cudnn
 
-    target = output
-    if attrs.activation is not None:
+    target = output  # without backward, a fused activation is applied in the output itself
+    # Without backward, the bias and activation are one epilogue: in the depthwise kernel, else one
+    # conv_bias_activation launch (rather than cuDNN's AddTensor, then activation.cu's pass).
+    epilogue = attrs.activation is not None and not attrs.backward
+    if attrs.activation is not None and attrs.backward:
         if state.pre_buffer is None:
             state.pre_buffer = _device_buffer(state, output)
         target = state.pre_buffer
     if output.size:
         dtype = output.dtype
-        if _convolvable(state) and state.paths["forward"] == "depthwise":  # the bias too
-            _run_depthwise(stream, state, "forward", None, input, filter, target, bias)
+        depthwise = _convolvable(state) and state.paths["forward"] == "depthwise"
+        if depthwise:  # the bias too, and the activation where it is the epilogue
+            _run_depthwise(stream, state, "forward", None, input, filter, target, bias,
+                           attrs.activation if epilogue else None)
         elif _convolvable(state) and state.paths["forward"] == "gemm":
             gpu_paths.reach("conv_2d.gemm.forward")
             _run_plan(stream, handle, state, _forward_plan(state), {"input": input, "filter": filter, "output": target})
@@ -295,19 +306,26 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
             cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d.x, input.data.ptr,
                                       d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
                                       workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
-        if bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise") \
-                and dtype in core.HALF_DTYPES:
-            gpu_paths.reach("conv_2d.half.add_bias")
+        # The epilogue kernel: bias and activation of a state without backward; for the half dtypes also
+        # the bias alone (added in float, rounded), where float and double take cuDNN's AddTensor.
+        half_bias = bias is not None and dtype in core.HALF_DTYPES
+        if (epilogue or half_bias) and not depthwise:
+            gpu_paths.reach("conv_2d.epilogue" if epilogue else "conv_2d.half.add_bias")
             n, o, out_h, out_w = target.shape
-            gpu.launch(stream, _CUDA.function(f"conv_add_bias<{gpu.cuda_type(dtype)}>"), gpu.grid_for(target.size),
-                       gpu.BLOCK, (target, bias, np.int64(o), np.int64(out_h * out_w), np.int64(target.size)))
-        elif bias is not None and not (_convolvable(state) and state.paths["forward"] == "depthwise"):
+            index = gpu.index_type(target.size + _GRID_SLACK)
+            scalar = np.int32 if index == "int" else np.int64
+            gpu.launch(stream, _CUDA.function(f"conv_bias_activation<{gpu.cuda_type(dtype)}, {index}>"),
+                       gpu.grid_for(target.size), gpu.BLOCK,
+                       (target, target if bias is None else bias, np.int32(bias is not None),
+                        activation.code(attrs.activation if epilogue else None), scalar(target.size),
+                        scalar(out_h * out_w), scalar(o)))
+        elif bias is not None and not depthwise:
             gpu_paths.reach("conv_2d.cudnn.add_bias")
             cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,
                              cudnn.scalar(dtype, 1), state.descriptors.y, target.data.ptr)
-        if attrs.activation is not None:
+        if attrs.activation is not None and not epilogue:
             activation.gpu_forward(stream, attrs.activation, target, output)
-    if attrs.activation is not None:
+    if attrs.activation is not None and attrs.backward:
         state.pre = target
 
 

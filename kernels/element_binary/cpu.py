@@ -31,7 +31,7 @@ def elementwise(function: Callable[..., Any], output: np.ndarray, *operands: np.
         with np.errstate(all="ignore"):
             function(*views, out=output)
         return
-    cpu_runtime.cpu_parallel(run, shape[axis])
+    cpu_runtime.cpu_parallel(run, shape[axis], output.nbytes * (1 + len(operands)))
 
 
 def _copy(source: np.ndarray, out: np.ndarray) -> None:
@@ -124,4 +124,4 @@ def _reduced_grad(op: BinaryOpType, side: int, lhs: np.ndarray, rhs: np.ndarray,
             full = grad(op, side, *(None if a is None else a[index] for a in operands), part)
             np.copyto(target[index], sum_to(np.broadcast_to(full, part.shape), target[index].shape))
 
-    cpu_runtime.cpu_parallel(run, shape[axis])
+    cpu_runtime.cpu_parallel(run, shape[axis], output_grad.nbytes * 4)

@@ -18,6 +18,7 @@ passed for that input gradient), as torch's `detach()`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from ..core import TensorShape
 #   CONCAT: forward (inputs, output);       backward (output, output_grad, inputs, input_grads)
 #   SPLIT:  forward (input, outputs);       backward (outputs, output_grads, input, input_grad)
 CONV, BN, UNARY, BINARY, CONCAT, SPLIT = "conv", "bn", "unary", "binary", "concat", "split"
+ARENA_ALIGN = 256  # bytes: where each activation of an inference plan's arena starts (cudaMalloc's alignment)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class Node:
     outputs: tuple[int, ...]
     no_grad: tuple[bool, ...]  # per input: read through detach (no gradient flows back)
     bn: str | None = None  # a batch norm's name (its running statistics are the network's)
+    layer: str | None = None  # the network's layer that traced it (Graph.layer then), for profiles
 
 
 @dataclass
@@ -93,6 +96,8 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     params: dict[str, int] = field(default_factory=dict)  # parameter name -> value
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # host arrays, placed at compile time
+    fused: bool = False  # the fused inference graph (BatchNorms folded into the convs: Network.fuse)
+    layer: str | None = None  # the layer being traced (a network sets it; each node records it)
 
     def _value(self, dims: Sequence[int], kind: str, name: str | None = None) -> Tensor:
         self.values.append(Value(tuple(int(d) for d in dims), kind, name))
@@ -122,7 +127,7 @@ class Graph:
               bn: str | None = None) -> list[Tensor]:
         outputs = [self._value(dims, "activation") for dims in output_dims]
         self.nodes.append(Node(kind, module, attrs, tuple(t.index for t in inputs), tuple(t.index for t in outputs),
-                               tuple(t.detached for t in inputs), bn))
+                               tuple(t.detached for t in inputs), bn, self.layer))
         return outputs
 
     # The ops, one builder each: they check nothing (init_kernel does, at compile time) but the dims.
@@ -180,6 +185,24 @@ def _structure(outputs: Any, function: Callable[[Tensor], Any]) -> Any:
     return [_structure(value, function) for value in outputs]
 
 
+def _inference_attrs(attrs: Any) -> Any:
+    """attrs with backward=False where the op takes that option (its state then keeps nothing for a backward)."""
+    if getattr(attrs, "backward", False):
+        return dataclasses.replace(attrs, backward=False)
+    return attrs
+
+
+def _arrays(items: Any, xp: Any) -> list[Any]:
+    """The arrays among items, and among the values of the dicts among them (a state's fields)."""
+    found = []
+    for item in items:
+        if isinstance(item, dict):
+            found += _arrays(item.values(), xp)
+        elif isinstance(item, (np.ndarray, xp.ndarray)):
+            found.append(item)
+    return found
+
+
 def _leaves(outputs: Any) -> list[Tensor]:
     found: list[Tensor] = []
     _structure(outputs, found.append)
@@ -192,23 +215,31 @@ class Plan:
     forward the backward, without allocating."""
 
     def __init__(self, graph: Graph, outputs: Any, runtime: Any, training: bool,
-                 grad_outputs: Sequence[str] = (), reuse: bool = True):
+                 grad_outputs: Sequence[str] = (), reuse: bool = True, inference_states: bool = True):
         """outputs: the Tensors to return (a dict); grad_outputs: its keys whose gradients backward takes
         (training plans only). runtime: the network's device runtime (stream, handle, arrays, parameters).
         reuse: share buffers between values whose lives do not overlap: the activations of an inference
-        plan, the gradients of a training plan (it keeps every activation: its backward reads them)."""
+        plan, the gradients of a training plan (it keeps every activation: its backward reads them).
+        inference_states: an inference plan makes the states of the ops that take it with
+        ``attrs.backward=False``, so that they keep nothing for a backward (False: as a training plan's)."""
         self.graph, self.training, self.runtime = graph, training, runtime
         self.states: list[tuple[Any, Any]] = []  # (op module, state) of every call, for cleanup
         self.node_states: list[Any] = []  # the state of each node
+        # The attrs each node's state is made and called with.
+        self.node_attrs = [_inference_attrs(node.attrs) if inference_states and not training else node.attrs
+                           for node in graph.nodes]
+        self.activation_bytes = 0  # of the activation buffers the plan made (see memory())
         dtype = runtime.dtype
         with runtime.active():
             self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=reuse and not training)
             self.input = next(b for b, v in zip(self.buffers, graph.values) if v.kind == "input")
             self.outputs = _structure(outputs, lambda t: self.buffers[t.index])
-            self.forward_calls = [self._forward_call(node, runtime, dtype) for node in graph.nodes]
+            self.forward_calls = [self._forward_call(node, attrs, runtime, dtype)
+                                  for node, attrs in zip(graph.nodes, self.node_attrs)]
             self.bn_names = [node.bn for node in graph.nodes if node.bn is not None]
             self.grads: dict[str, Any] = {}
             self.backward_calls: list[tuple[Callable[..., None], tuple]] = []
+            self.backward_layers: list[str | None] = []  # the layer of each backward call (Node.layer)
             self.output_grads: Any = None
             self.input_grad: Any = None
             self.gradient_bytes = 0  # of the gradient buffers the plan made (the network's parameter ones aside)
@@ -216,32 +247,50 @@ class Plan:
                 self._compile_backward(outputs, grad_outputs, runtime, dtype, reuse)
 
     def _allocate(self, outputs: Any, runtime: Any, reuse: bool) -> list[Any]:
-        """A buffer per value. With reuse, an activation's buffer returns to a pool (by element count) after
-        the last node that reads it, and a later value of that size takes it: the outputs of a node are
-        placed before its inputs are released, so no node writes a buffer it reads. Outputs are never shared."""
+        """A buffer per value. With reuse, the activations (outputs aside, which are never shared) are views
+        of one arena, placed at compile time: each lives from the node that writes it to the last node that
+        reads it, and two values whose lives overlap (a node's inputs and outputs included) never overlap in
+        the arena. Placement is greedy by size: the largest value first, each at the lowest offset clear of
+        every placed value whose life overlaps its own (offsets aligned to ARENA_ALIGN bytes)."""
         values = self.graph.values
-        if not reuse:
-            return [self._bind(value, runtime) for value in values]
-        buffers = [None if value.kind == "activation" else self._bind(value, runtime) for value in values]
         kept = {tensor.index for tensor in _leaves(outputs)}
-        last_read = [-1] * len(values)
-        for n, node in enumerate(self.graph.nodes):
-            for index in node.inputs:
-                last_read[index] = n
-        pool: dict[int, list[Any]] = {}
+        shared = [i for i, value in enumerate(values) if reuse and value.kind == "activation" and i not in kept]
+        buffers = [None if i in shared else self._bind(value, runtime) for i, value in enumerate(values)]
+        self.activation_bytes = sum(b.nbytes for b, v in zip(buffers, values) if b is not None and v.kind == "activation")
+        if not shared:
+            return buffers
+        life = {i: [len(self.graph.nodes), -1] for i in shared}  # [written, last read]
         for n, node in enumerate(self.graph.nodes):
             for index in node.outputs:
-                dims = values[index].dims
-                free = pool.get(math.prod(dims))
-                buffers[index] = free.pop().reshape(dims) if free else runtime.empty(dims)
-            for index in set(node.inputs) | set(node.outputs):
-                if values[index].kind == "activation" and index not in kept and last_read[index] <= n:
-                    pool.setdefault(buffers[index].size, []).append(buffers[index])
+                if index in life:
+                    life[index] = [n, n]
+            for index in node.inputs:
+                if index in life:
+                    life[index][1] = n
+        itemsize = np.dtype(runtime.dtype).itemsize
+        align = ARENA_ALIGN // itemsize
+        sizes = {i: -(-math.prod(values[i].dims) // align) * align for i in shared}
+        placed: list[tuple[int, int, int, int]] = []  # (offset, end, written, last read), in elements
+        offsets: dict[int, int] = {}
+        for index in sorted(shared, key=lambda i: (-sizes[i], life[i][0])):
+            first, last = life[index]
+            offset = 0
+            for begin, end, _, _ in sorted(p for p in placed if p[2] <= last and first <= p[3]):
+                if offset + sizes[index] <= begin:
+                    break
+                offset = max(offset, end)
+            offsets[index] = offset
+            placed.append((offset, offset + sizes[index], first, last))
+        arena = runtime.empty((max(end for _, end, _, _ in placed),))
+        self.activation_bytes += arena.nbytes
+        for index in shared:
+            dims = values[index].dims
+            buffers[index] = arena[offsets[index]:offsets[index] + math.prod(dims)].reshape(dims)
         return buffers
 
     def _bind(self, value: Value, runtime: Any) -> Any:
         if value.kind in ("param", "frozen"):
-            return runtime.params[value.name]
+            return runtime.array(value.name)
         if value.kind == "constant":
             return runtime.place(self.graph.constants[value.name])
         return runtime.empty(value.dims)
@@ -249,17 +298,17 @@ class Plan:
     def _shape(self, index: int, dtype: Any) -> TensorShape:
         return TensorShape(self.graph.values[index].dims, dtype)
 
-    def _state(self, node: Node, runtime: Any, dtype: Any) -> Any:
+    def _state(self, node: Node, attrs: Any, runtime: Any, dtype: Any) -> Any:
         ins = [self._shape(i, dtype) for i in node.inputs]
         outs = [self._shape(o, dtype) for o in node.outputs]
         if node.kind == BINARY:
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins[0], ins[1], outs[0])
+            state = node.module.init_kernel(runtime.handle, attrs, ins[0], ins[1], outs[0])
         elif node.kind == CONCAT:
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins, outs[0])
+            state = node.module.init_kernel(runtime.handle, attrs, ins, outs[0])
         elif node.kind == SPLIT:
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins[0], outs)
+            state = node.module.init_kernel(runtime.handle, attrs, ins[0], outs)
         else:  # conv, bn and the unary-like ops: (input_shape, output_shape)
-            state = node.module.init_kernel(runtime.handle, node.attrs, ins[0], outs[0])
+            state = node.module.init_kernel(runtime.handle, attrs, ins[0], outs[0])
         self.node_states.append(state)
         self.states.append((node.module, state))
         if node.kind == BN:
@@ -267,10 +316,10 @@ class Plan:
             state.running_mean, state.running_var = runtime.running[node.bn]
         return state
 
-    def _forward_call(self, node: Node, runtime: Any, dtype: Any) -> tuple[Callable[..., None], tuple]:
-        state = self._state(node, runtime, dtype)
+    def _forward_call(self, node: Node, attrs: Any, runtime: Any, dtype: Any) -> tuple[Callable[..., None], tuple]:
+        state = self._state(node, attrs, runtime, dtype)
         function = getattr(node.module, runtime.prefix + "forward_kernel")
-        head = (runtime.stream, runtime.handle, state, node.attrs)
+        head = (runtime.stream, runtime.handle, state, attrs)
         ins = [self.buffers[i] for i in node.inputs]
         outs = [self.buffers[o] for o in node.outputs]
         if node.kind == CONV:
@@ -341,8 +390,9 @@ class Plan:
         parts: dict[int, list[Any]] = {}  # per value read more than once: its gradient's terms so far
         calls = self.backward_calls
 
-        def reduce(index: int) -> None:
-            """Sum a value's per-use gradients (and the given one of an output also read) into its gradient."""
+        def reduce(index: int, layer: str | None) -> None:
+            """Sum a value's per-use gradients (and the given one of an output also read) into its gradient
+            (a call of `layer`'s)."""
             terms = ([grad[index]] if index in given else []) + parts.pop(index)
             grad[index] = take(index)
             shape = TensorShape(values[index].dims, dtype)
@@ -351,6 +401,7 @@ class Plan:
             self.states.append((gradient_reduction, state))
             function = getattr(gradient_reduction, runtime.prefix + "forward_kernel")
             calls.append((function, (runtime.stream, runtime.handle, state, attrs, terms, grad[index])))
+            self.backward_layers.append(layer)
             for term in terms[1 if index in given else 0:]:
                 release(index, term)
 
@@ -360,7 +411,7 @@ class Plan:
             node = graph.nodes[n]
             for o in node.outputs:
                 if o in parts:
-                    reduce(o)
+                    reduce(o, node.layer)
                 elif grad[o] is None:  # an output nothing reads (one part of a split): its gradient is zero
                     grad[o] = runtime.zeros(values[o].dims)
                     given.add(o)  # a constant: never shared
@@ -375,11 +426,12 @@ class Plan:
                     in_grads.append(take(index, part=True))
                     parts.setdefault(index, []).append(in_grads[-1])
             calls.append(self._backward_call(n, node, grad, in_grads, runtime))
+            self.backward_layers.append(node.layer)
             for o in node.outputs:
                 if o not in given:
                     release(o, grad[o])
-        for index in list(parts):  # the leaves (input, parameters) read more than once
-            reduce(index)
+        for index in list(parts):  # the leaves (input, parameters) read more than once: their first reader's
+            reduce(index, graph.nodes[uses[index][-1][0]].layer)
         self.input_grad = next((grad[i] for i, v in enumerate(values) if v.kind == "input"), None)
         self.grads = {v.name: grad[i] for i, v in enumerate(values) if v.kind == "param" and grad[i] is not None}
 
@@ -387,7 +439,7 @@ class Plan:
                        runtime: Any) -> tuple[Callable[..., None], tuple]:
         state = self.node_states[n]
         function = getattr(node.module, runtime.prefix + "backward_kernel")
-        head = (runtime.stream, runtime.handle, state, node.attrs)
+        head = (runtime.stream, runtime.handle, state, self.node_attrs[n])
         ins = [self.buffers[i] for i in node.inputs]
         outs = [self.buffers[o] for o in node.outputs]
         out_grads = [grad[o] for o in node.outputs]
@@ -405,6 +457,24 @@ class Plan:
         else:
             args = head + (outs[0], out_grads[0], ins[0], in_grads[0])
         return function, args
+
+    def memory(self) -> dict[str, int]:
+        """Bytes the plan holds beside the network's parameters and running statistics: "activations" (the
+        activation buffers it made, shared ones counted once), "gradients" (gradient_bytes), "states" (the
+        arrays its op states keep: pre-activations, argmax taps, saved statistics; made by a state's first
+        call, so count after a forward) and "total"."""
+        shared = {id(array) for array in [*self.runtime.params.values(), *self.runtime.fused_params.values()]}
+        shared.update(id(array) for pair in self.runtime.running.values() for array in pair)
+        seen: set[int] = set()
+        states = 0
+        for _, state in self.states:
+            for array in _arrays(vars(state).values(), self.runtime.xp):
+                if id(array) not in shared and id(array) not in seen:
+                    seen.add(id(array))
+                    states += array.nbytes
+        result = {"activations": self.activation_bytes, "gradients": self.gradient_bytes, "states": states}
+        result["total"] = sum(result.values())
+        return result
 
     def forward(self) -> None:
         for function, args in self.forward_calls:

@@ -37,11 +37,29 @@ class Entry:
     fan_in: int = 1
 
 
+@dataclass(frozen=True)
+class Fold:
+    """One convolution of a fused (BN-folded) inference graph: the sum of `parts`, each a conv without bias
+    (its weight's name) followed by a BatchNorm (its prefix and eps), folded into one conv's weight of dims
+    `dims` and bias. A part's kernel smaller than dims is centred in it (zeros around: RepVGGDW's 3x3 in
+    its 7x7), which is exact where the padding is kernel // 2 on both."""
+
+    weight: str
+    bias: str
+    dims: tuple[int, ...]
+    parts: tuple[tuple[str, str, float], ...]
+
+
 class Registry:
-    """The parameters and buffers of a network, in the order they are declared (the state_dict's)."""
+    """The parameters and buffers of a network, in the order they are declared (the state_dict's), and
+    the folds of its fused inference graph."""
 
     def __init__(self) -> None:
         self.entries: list[Entry] = []
+        self.folds: list[Fold] = []
+
+    def fold(self, weight: str, bias: str, dims: Sequence[int], parts: Sequence[tuple[str, str, float]]) -> None:
+        self.folds.append(Fold(weight, bias, tuple(dims), tuple(parts)))
 
     def param(self, name: str, dims: Sequence[int], init: str, fan_in: int = 1, frozen: bool = False) -> str:
         self.entries.append(Entry(name, tuple(dims), "frozen" if frozen else "param", init, fan_in))
@@ -96,6 +114,8 @@ class Network:
             self.stream, self.handle = gpu_runtime.gpu_stream(self.device), gpu_runtime.gpu_handle(self.device)
             self.xp, self.prefix, self._context = gpu_runtime.cupy, "gpu_", self.stream
         self.training = True  # as a torch module: training until eval()
+        self.fused = False  # eval plans trace the fused graph (fuse())
+        self.fused_params: dict[str, Any] = {}  # the folded weights and biases, made by fuse()
         self.closed = False
         self.plans: dict[tuple, Plan] = {}
         self._last: Plan | None = None  # the plan of the last forward
@@ -141,6 +161,48 @@ class Network:
         self.training = bool(mode)
         return self
 
+    def fuse(self, mode: bool = True) -> "Network":
+        """Fused inference (ultralytics' fuse()): fold each BatchNorm (its running statistics, gamma, beta,
+        eps) into the conv before it, and the sums of such pairs (RepVGGDW) into one conv, in float64 from
+        the current values, rounded once to the dtype; eval calls then run the fused graph (the activation
+        fused into each conv; the subclass says what else: YOLOv10 drops the one-to-many head). Switches
+        to eval mode. The folded arrays are made again by fuse() and by load_state_dict / init_random;
+        change parameters or running statistics any other way (a training step) and call fuse() again.
+        fuse(False) goes back to the unfused eval graph. Returns self."""
+        self._require_open()
+        if mode:
+            self._fold()
+            self.training = False
+        self.fused = bool(mode)
+        return self
+
+    def _fold(self) -> None:
+        """Write every Fold's weight and bias into fused_params (in place where they exist, so that compiled
+        plans see the new values)."""
+        def host(array: Any) -> np.ndarray:
+            return np.asarray(array.get() if self.xp is not np else array, dtype=np.float64)
+
+        with self.active():
+            for fold in self.registry.folds:
+                weight, bias = np.zeros(fold.dims), np.zeros(fold.dims[0])
+                for conv, bn, eps in fold.parts:
+                    mean, var = (host(a) for a in self.running[bn])
+                    scale = host(self.params[f"{bn}.weight"]) / np.sqrt(var + eps)
+                    part = host(self.params[conv]) * scale[:, None, None, None]
+                    dh, dw = (fold.dims[2] - part.shape[2]) // 2, (fold.dims[3] - part.shape[3]) // 2
+                    weight[:, :, dh:dh + part.shape[2], dw:dw + part.shape[3]] += part
+                    bias += host(self.params[f"{bn}.bias"]) - mean * scale
+                for name, value in ((fold.weight, weight), (fold.bias, bias)):
+                    array = self.xp.asarray(value.astype(self.dtype))
+                    if name in self.fused_params:
+                        self.fused_params[name][...] = array
+                    else:
+                        self.fused_params[name] = array
+
+    def array(self, name: str) -> Any:
+        """A parameter's array, or a folded one (fused_params)."""
+        return self.params[name] if name in self.params else self.fused_params[name]
+
     def eval(self) -> "Network":
         """Inference mode (running statistics); returns self."""
         return self.train(False)
@@ -173,6 +235,8 @@ class Network:
                 else:  # running_var
                     host = rng.uniform(0.5, 2.0, entry.dims)
                 self._target(entry)[...] = self.xp.asarray(host.astype(self.dtype))
+        if self.fused_params:
+            self._fold()
         return self
 
     def _target(self, entry: Entry) -> Any:
@@ -226,6 +290,8 @@ class Network:
                     self.counts[entry.name[: -len(".num_batches_tracked")]] = int(array)
                 else:
                     self._target(entry)[...] = array
+        if self.fused_params:
+            self._fold()
         return self
 
     # ----------------------------------------------------------------- running
@@ -238,10 +304,11 @@ class Network:
 
     def plan(self, dims: tuple[int, ...]) -> Plan:
         """The plan for this input shape in the current mode, compiled on first use."""
-        key = (dims, self.training)
+        fused = self.fused and not self.training
+        key = (dims, self.training) + (("fused",) if fused else ())
         plan = self.plans.get(key)
         if plan is None:
-            graph = Graph()
+            graph = Graph(fused=fused)
             outputs = self.trace(graph, graph.input(dims), self.training)
             plan = self.plans[key] = Plan(graph, outputs, self, self.training,
                                           self.GRAD_OUTPUTS if self.training else ())

@@ -8,6 +8,7 @@ c = make_divisible(min(c, max_channels) * width, 8), n = max(round(n * depth), 1
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Sequence
 
@@ -42,15 +43,24 @@ class Conv:
     """conv_2d (no bias, padding k // 2) -> batch_norm (eps 1e-3, momentum 0.03) with SiLU fused, or no activation."""
 
     def __init__(self, reg: Registry, prefix: str, c1: int, c2: int, k: int = 1, s: int = 1, g: int = 1,
-                 act: bool = True):
+                 act: bool = True, fold: bool = True):
         self.weight = reg.param(f"{prefix}.conv.weight", (c2, c1 // g, k, k), "weight", (c1 // g) * k * k)
         self.bn = reg.batch_norm(f"{prefix}.bn", c2)
         self.dims = (c2, c1 // g, k, k)
         self.c2 = c2
         self.conv_attrs = Conv2DAttrs(c2, k, k, s, s, k // 2, k // 2, groups=g)
         self.bn_attrs = BatchNormAttrs(eps=BN_EPS, momentum=BN_MOMENTUM, activation=Activation.SILU if act else None)
+        # Fused: one conv with the BatchNorm folded into its weight and bias, the SiLU fused (fold False: a
+        # part of a larger fold, RepVGGDW's).
+        self.fused = (f"{prefix}.fused.weight", f"{prefix}.fused.bias")
+        self.fused_attrs = dataclasses.replace(self.conv_attrs, use_bias=True, activation=self.bn_attrs.activation)
+        if fold:
+            reg.fold(*self.fused, self.dims, [(self.weight, self.bn, BN_EPS)])
 
     def __call__(self, g: Graph, x: Tensor) -> Tensor:
+        if g.fused:
+            return g.conv2d(x, g.param(self.fused[0], self.dims, frozen=True),
+                            g.param(self.fused[1], (self.c2,), frozen=True), self.fused_attrs)
         y = g.conv2d(x, g.param(self.weight, self.dims), None, self.conv_attrs)
         gamma = g.param(f"{self.bn}.weight", (self.c2,))
         beta = g.param(f"{self.bn}.bias", (self.c2,))
@@ -101,10 +111,21 @@ class RepVGGDW:
     """SiLU(Conv 7x7 depthwise (no act)(x) + Conv 3x3 depthwise (no act)(x))."""
 
     def __init__(self, reg: Registry, prefix: str, c: int):
-        self.conv = Conv(reg, f"{prefix}.conv", c, c, 7, g=c, act=False)
-        self.conv1 = Conv(reg, f"{prefix}.conv1", c, c, 3, g=c, act=False)
+        self.conv = Conv(reg, f"{prefix}.conv", c, c, 7, g=c, act=False, fold=False)
+        self.conv1 = Conv(reg, f"{prefix}.conv1", c, c, 3, g=c, act=False, fold=False)
+        # Fused (ultralytics' RepVGGDW.fuse): both convs with their BatchNorms folded into one 7x7 depthwise
+        # conv (the 3x3 centred in it: its padding 1 is the 7x7's 3 less 2), the SiLU fused.
+        self.fused = (f"{prefix}.fused.weight", f"{prefix}.fused.bias")
+        self.dims, self.c = (c, 1, 7, 7), c
+        self.fused_attrs = Conv2DAttrs(c, 7, 7, padding_h=3, padding_w=3, groups=c, use_bias=True,
+                                       activation=Activation.SILU)
+        reg.fold(*self.fused, self.dims, [(self.conv.weight, self.conv.bn, BN_EPS),
+                                          (self.conv1.weight, self.conv1.bn, BN_EPS)])
 
     def __call__(self, g: Graph, x: Tensor) -> Tensor:
+        if g.fused:
+            return g.conv2d(x, g.param(self.fused[0], self.dims, frozen=True),
+                            g.param(self.fused[1], (self.c,), frozen=True), self.fused_attrs)
         return g.unary(_add(g, self.conv(g, x), self.conv1(g, x)), UnaryOpType.SILU)
 
 
@@ -257,8 +278,10 @@ class V10Detect:
         for i, x in enumerate(xs):
             x = g.detach(x)
             one2one.append(g.concat([self.one2one_cv2[i](g, x), self.one2one_cv3[i](g, x)], 1))
-        one2many = [g.concat([self.cv2[i](g, x), self.cv3[i](g, x)], 1) for i, x in enumerate(xs)]
-        outputs: dict[str, Any] = {"one2many": one2many, "one2one": one2one}
+        outputs: dict[str, Any] = {"one2one": one2one}
+        if not g.fused:  # fused inference drops the one-to-many head, as ultralytics' v10Detect.fuse()
+            outputs = {"one2many": [g.concat([self.cv2[i](g, x), self.cv3[i](g, x)], 1) for i, x in enumerate(xs)],
+                       "one2one": one2one}
         if not training:
             outputs["decoded"] = self.decode(g, one2one)
         return outputs
@@ -396,7 +419,8 @@ class YOLOv10(Network):
     def trace(self, graph: Graph, x: Tensor, training: bool) -> dict[str, Any]:
         saved: list[Tensor] = []
         upsample = UpsampleAttrs(2)
-        for source, (kind, block) in self.layers[:-1]:
+        for i, (source, (kind, block)) in enumerate(self.layers[:-1]):
+            graph.layer = f"model.{i}"  # each node records its ultralytics layer (profiles)
             if kind == "Upsample":
                 x = graph.upsample(x, upsample)
             elif kind == "Concat":
@@ -405,6 +429,7 @@ class YOLOv10(Network):
                 x = block(graph, x)
             saved.append(x)
         source, (_, detect) = self.layers[-1]
+        graph.layer = f"model.{len(self.layers) - 1}"
         return detect(graph, [saved[j] for j in source], training)
 
     def finish(self, plan: Any, detections: bool = True) -> dict[str, Any]:

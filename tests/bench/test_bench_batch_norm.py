@@ -6,12 +6,45 @@ F.batch_norm + F.silu and their autograd backward; and a deep, small layer
 Bytes are what any implementation must move: forward reads the input and writes
 the output; backward reads output_grad, the input and what the activation's
 derivative needs (the pre-activation or the output) and writes input_grad.
+
+Half precision (float16, bfloat16) rows, on the GPU only: the same random values rounded to the
+dtype, gamma, beta and the running statistics float32 on both sides (PyTorch's mixed precision:
+F.batch_norm on half input with float32 weights, then F.silu in the dtype); their groups end in
+the dtype's name.
 """
 
 import numpy as np
 import pytest
 
 from kernels import BatchNormAttrs, TensorShape, batch_norm
+from kernels.core import BFLOAT16
+
+DTYPES = [
+    pytest.param(np.dtype(np.float32), id="f32"),
+    pytest.param(np.dtype(np.float16), id="f16"),
+    pytest.param(BFLOAT16, id="bf16"),
+]
+
+
+def half_rows_on_gpu_only(bench, dtype):
+    if dtype != np.float32 and bench.device == "cpu":
+        pytest.skip("half-precision rows run on the GPU only")
+
+
+def array(bench, dims, dtype, seed=0):
+    """bench.array's random values rounded to `dtype`, as our array or a torch tensor of that dtype."""
+    if dtype == np.float32:
+        return bench.array(dims, seed=seed)
+    host = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
+    if bench.impl == "torch":
+        tensor = bench.torch.from_numpy(host).to(getattr(bench.torch, dtype.name))
+        return tensor.cuda() if bench.device == "gpu" else tensor
+    return bench.xp.asarray(host.astype(dtype))
+
+
+def suffix(dtype):
+    """What a group's name ends in: nothing for float32, else the dtype's name."""
+    return "" if dtype == np.float32 else " " + dtype.name
 
 ATTRS = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU")
 SHAPES = [
@@ -26,39 +59,44 @@ def _torch_forward(bench, input, gamma, beta, running_mean, running_var, trainin
                                momentum=ATTRS.momentum, eps=ATTRS.eps))
 
 
-def _setup(bench, dims):
+def _setup(bench, dims, dtype):
     channels = (dims[1],)
-    input, gamma, beta = bench.array(dims), bench.array(channels, seed=1), bench.array(channels, seed=2)
+    # gamma and beta float32 (for half data too: mixed precision)
+    input, gamma, beta = array(bench, dims, dtype), bench.array(channels, seed=1), bench.array(channels, seed=2)
     if bench.impl == "torch":
         torch = bench.torch
         device = "cuda" if bench.device == "gpu" else "cpu"
         running = (torch.zeros(channels, device=device), torch.ones(channels, device=device))
         return input, gamma, beta, running
-    state = batch_norm.init_kernel(bench.handle, ATTRS, TensorShape(dims, np.float32), TensorShape(dims, np.float32))
+    state = batch_norm.init_kernel(bench.handle, ATTRS, TensorShape(dims, dtype), TensorShape(dims, dtype))
     return input, gamma, beta, state
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("training", [pytest.param(True, id="training"), pytest.param(False, id="inference")])
 @pytest.mark.parametrize("dims", SHAPES)
-def test_batch_norm_silu_forward(benchmark, bench, dims, training):
-    group = f"batch_norm+silu forward {'training' if training else 'inference'} {dims}"
-    bytes_moved = 2 * int(np.prod(dims)) * 4
-    input, gamma, beta, extra = _setup(bench, dims)
+def test_batch_norm_silu_forward(benchmark, bench, dims, training, dtype):
+    half_rows_on_gpu_only(bench, dtype)
+    group = f"batch_norm+silu forward {'training' if training else 'inference'} {dims}{suffix(dtype)}"
+    bytes_moved = 2 * int(np.prod(dims)) * dtype.itemsize
+    input, gamma, beta, extra = _setup(bench, dims, dtype)
     if bench.impl == "torch":
         bench.run(benchmark, lambda: _torch_forward(bench, input, gamma, beta, *extra, training), bytes_moved, group)
         return
-    output = bench.empty(dims)
+    output = bench.empty(dims, dtype)
     bench.run(benchmark, lambda: batch_norm.forward_kernel(bench.stream, bench.handle, extra, ATTRS, input, gamma, beta,
                                                            output, training=training), bytes_moved, group)
     batch_norm.cleanup_kernel(bench.handle, extra)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims", SHAPES)
-def test_batch_norm_silu_backward(benchmark, bench, dims):
-    group = f"batch_norm+silu backward training {dims}"
-    bytes_moved = 4 * int(np.prod(dims)) * 4
-    input, gamma, beta, extra = _setup(bench, dims)
-    output_grad = bench.array(dims, seed=3)
+def test_batch_norm_silu_backward(benchmark, bench, dims, dtype):
+    half_rows_on_gpu_only(bench, dtype)
+    group = f"batch_norm+silu backward training {dims}{suffix(dtype)}"
+    bytes_moved = 4 * int(np.prod(dims)) * dtype.itemsize
+    input, gamma, beta, extra = _setup(bench, dims, dtype)
+    output_grad = array(bench, dims, dtype, seed=3)
     if bench.impl == "torch":
         torch = bench.torch
         for tensor in (input, gamma, beta):
@@ -67,8 +105,8 @@ def test_batch_norm_silu_backward(benchmark, bench, dims):
         bench.run(benchmark, lambda: torch.autograd.grad(output, [input, gamma, beta], output_grad, retain_graph=True),
                   bytes_moved, group)
         return
-    output, input_grad = bench.empty(dims), bench.empty(dims)
-    gamma_grad, beta_grad = bench.empty((dims[1],)), bench.empty((dims[1],))
+    output, input_grad = bench.empty(dims, dtype), bench.empty(dims, dtype)
+    gamma_grad, beta_grad = bench.empty((dims[1],)), bench.empty((dims[1],))  # float32
     batch_norm.forward_kernel(bench.stream, bench.handle, extra, ATTRS, input, gamma, beta, output)
     bench.run(benchmark, lambda: batch_norm.backward_kernel(bench.stream, bench.handle, extra, ATTRS, output, output_grad,
                                                             input, input_grad, gamma, beta, gamma_grad, beta_grad),

@@ -5,12 +5,17 @@ and backward, beside F.max_pool2d and its autograd backward.
 Bytes are what any implementation must move (read the input, write the output;
 backward: read output_grad, write input_grad), so the GB/s of ours and PyTorch's
 compare directly; ours also moves one byte of argmax per output, PyTorch eight.
+
+Half precision (float16, bfloat16) rows, on the GPU only, beside F.max_pool2d in the same dtype;
+their groups end in the dtype's name.
 """
 
 import numpy as np
 import pytest
 
 from kernels import Pool2DAttrs, PoolOp, TensorShape, pool_2d
+
+from .test_bench_batch_norm import DTYPES, array, half_rows_on_gpu_only, suffix
 
 SPPF = Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX)
 SHAPES = [
@@ -25,29 +30,33 @@ def _torch_pool(bench, input):
                                                 (SPPF.padding_h, SPPF.padding_w))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims", SHAPES)
-def test_pool_2d_forward(benchmark, bench, dims):
+def test_pool_2d_forward(benchmark, bench, dims, dtype):
+    half_rows_on_gpu_only(bench, dtype)
     out_dims = pool_2d.output_dims(SPPF, dims)
-    group = f"pool_2d forward MAX 5x5 s1 p2 {dims}"
-    bytes_moved = (int(np.prod(dims)) + int(np.prod(out_dims))) * 4
-    input = bench.array(dims)
+    group = f"pool_2d forward MAX 5x5 s1 p2 {dims}{suffix(dtype)}"
+    bytes_moved = (int(np.prod(dims)) + int(np.prod(out_dims))) * dtype.itemsize
+    input = array(bench, dims, dtype)
     if bench.impl == "torch":
         bench.run(benchmark, lambda: _torch_pool(bench, input), bytes_moved, group)
         return
-    output = bench.empty(out_dims)
-    state = pool_2d.init_kernel(bench.handle, SPPF, TensorShape(dims, np.float32), TensorShape(out_dims, np.float32))
+    output = bench.empty(out_dims, dtype)
+    state = pool_2d.init_kernel(bench.handle, SPPF, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
     bench.run(benchmark, lambda: pool_2d.forward_kernel(bench.stream, bench.handle, state, SPPF, input, output),
               bytes_moved, group)
     pool_2d.cleanup_kernel(bench.handle, state)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims", SHAPES)
-def test_pool_2d_backward(benchmark, bench, dims):
+def test_pool_2d_backward(benchmark, bench, dims, dtype):
+    half_rows_on_gpu_only(bench, dtype)
     out_dims = pool_2d.output_dims(SPPF, dims)
-    group = f"pool_2d backward MAX 5x5 s1 p2 {dims}"
-    bytes_moved = (int(np.prod(dims)) + int(np.prod(out_dims))) * 4
-    input = bench.array(dims)
-    output_grad = bench.array(out_dims, seed=1)
+    group = f"pool_2d backward MAX 5x5 s1 p2 {dims}{suffix(dtype)}"
+    bytes_moved = (int(np.prod(dims)) + int(np.prod(out_dims))) * dtype.itemsize
+    input = array(bench, dims, dtype)
+    output_grad = array(bench, out_dims, dtype, seed=1)
     if bench.impl == "torch":
         input.requires_grad_()
         output = _torch_pool(bench, input)
@@ -55,8 +64,8 @@ def test_pool_2d_backward(benchmark, bench, dims):
         bench.run(benchmark, lambda: torch.autograd.grad(output, [input], output_grad, retain_graph=True),
                   bytes_moved, group)
         return
-    output, input_grad = bench.empty(out_dims), bench.empty(dims)
-    state = pool_2d.init_kernel(bench.handle, SPPF, TensorShape(dims, np.float32), TensorShape(out_dims, np.float32))
+    output, input_grad = bench.empty(out_dims, dtype), bench.empty(dims, dtype)
+    state = pool_2d.init_kernel(bench.handle, SPPF, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
     pool_2d.forward_kernel(bench.stream, bench.handle, state, SPPF, input, output)  # saves the argmax
     bench.run(benchmark, lambda: pool_2d.backward_kernel(bench.stream, bench.handle, state, SPPF, output, output_grad,
                                                          input, input_grad), bytes_moved, group)

@@ -1,6 +1,8 @@
 """The whole YOLOv10 network on the GPU beside PyTorch (fp32, TF32 off on both sides), 640x640: the eval
 forward eager and as a CUDA graph replay (ours: Plan.capture; PyTorch: torch.cuda.CUDAGraph of the same
-call), and a training step (forward + backward) for yolov10n at batch 1. PyTorch runs the reference
+call), a training step (forward + backward) for yolov10n at batch 1, and our fused inference (model.fuse():
+BatchNorms folded into the convs, the one-to-many head dropped, as ultralytics' fuse()) beside PyTorch's
+unfused eval (target: fused graph replay <= 0.7x PyTorch's unfused one, n at batch 1). PyTorch runs the reference
 program of conformance/models/reference.py; its eval includes ultralytics' top-k selection, ours leaves
 it out (detections=False). tools/yolov10_speed.py measures the same and more (memory, x's training step)
 in one script. GPU only: the CPU model is timed by `python -m conformance.models --device cpu`."""
@@ -18,6 +20,12 @@ CONFIGS = [
     pytest.param("x", 1, "graph", id="x_b1_graph"),
     pytest.param("x", 16, "eval", id="x_b16_eval"),
     pytest.param("x", 16, "graph", id="x_b16_graph"),
+    # Ours fused (model.fuse(): BatchNorms folded, the one-to-many head dropped) beside PyTorch unfused.
+    pytest.param("n", 1, "fused_eval", id="n_b1_fused_eval"),
+    pytest.param("n", 1, "fused_graph", id="n_b1_fused_graph"),
+    pytest.param("n", 16, "fused_graph", id="n_b16_fused_graph"),
+    pytest.param("x", 1, "fused_graph", id="x_b1_fused_graph"),
+    pytest.param("x", 16, "fused_graph", id="x_b16_fused_graph"),
 ]
 
 
@@ -38,7 +46,7 @@ def _torch_call(bench, variant, dims, mode):
             torch.autograd.backward(o["one2many"] + o["one2one"], grads)
         return step
     model.eval()
-    if mode == "eval":
+    if mode in ("eval", "fused_eval"):  # the fused rows' twin is PyTorch's unfused network
         def forward():
             with torch.no_grad():
                 model(x)
@@ -73,8 +81,8 @@ def test_yolov10(benchmark, bench, variant, batch, mode):
                 model.backward(grads)
                 sync()
         else:
-            model.eval()(x, detections=False)
-            if mode == "eval":
+            (model.fuse() if mode.startswith("fused") else model.eval())(x, detections=False)
+            if mode in ("eval", "fused_eval"):
                 def function():
                     model(x, detections=False)
                     sync()
