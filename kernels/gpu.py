@@ -1,14 +1,18 @@
 """The GPU half of the shared machinery: streams, handles, the NVRTC module cache
 and kernel launches. Imported lazily, so the CPU library never needs CuPy.
 
-Every op's CUDA source is a `.cu` file next to its Python module, compiled once
-per process and device by NVRTC through `cupy.RawModule`, templated on dtype
-through `name_expressions`.
+Every op's CUDA source is a `.cu` file next to its Python module, compiled by
+NVRTC (with our options only: not through `cupy.RawModule`, which forces
+-ftz=true) once per device, kept on disk for later processes (cache_folder),
+templated on dtype through `name_expressions`.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
+import hashlib
+import json
 import math
 import os
 import threading
@@ -367,7 +371,10 @@ class CudaModule:
                  defines: Mapping[str, int] | None = None, directory: str = _HERE):
         self.path = os.path.join(directory, filename)
         self.name_expressions = tuple(name_expressions)
-        self._options = ("--std=c++17", f"-I{_HERE}") + tuple(options)
+        # -ftz=false: subnormal floats kept (IEEE), as PyTorch's CUDA kernels keep them. CuPy's RawModule
+        # appends -ftz=true to every compile (the last option wins), which flushed bfloat16 subnormals
+        # (float32 subnormals once widened) to zero: the sources are compiled here instead.
+        self._options = ("--std=c++17", "-ftz=false", f"-I{_HERE}") + tuple(options)
         self._defines = dict(defines or {})
         self._functions: dict[tuple[str, int], Any] = {}
         MODULES.append(self)
@@ -390,13 +397,8 @@ class CudaModule:
         return self._compile_offline("cubin", arch)
 
     def _compile_offline(self, method: str, arch: str) -> bytes:
-        from cupy.cuda import compiler
-
-        with open(self.path) as source_file:
-            program = compiler._NVRTCProgram(source_file.read(), self.path, (), (),
-                                             name_expressions=self.name_expressions, method=method)
-        compiled, _ = program.compile(self.options + (f"-arch={arch}",))
-        return compiled if isinstance(compiled, bytes) else compiled.encode()
+        compiled, _ = _nvrtc_compile(self.path, self.name_expressions, self.options, method, arch)
+        return compiled
 
     def function(self, name_expression: str, device: int | None = None) -> Any:
         """The compiled kernel (a `cupy.cuda.function.Function`) of one instantiation on `device`
@@ -410,26 +412,70 @@ class CudaModule:
                 raise KernelError(f"{os.path.basename(self.path)}: {name_expression} is not among its name_expressions")
             with cupy.cuda.Device(device):
                 module = _compiled_module(self.path, self.name_expressions, self.options, device)
-                function = module.get_function(name_expression).kernel
+                function = module.get_function(name_expression)
             self._functions[key] = function
         return function
 
 
-def cupy_backends_nvrtc_error() -> type:
+def _nvrtc_compile(path: str, name_expressions: tuple[str, ...], options: tuple[str, ...], method: str,
+                  arch: str) -> tuple[bytes, dict[str, str]]:
+    """NVRTC's PTX or cubin of a source and the lowered (mangled) name of each name expression."""
+    from cupy.cuda import compiler
+
+    with open(path) as source_file:
+        program = compiler._NVRTCProgram(source_file.read(), path, (), (), name_expressions=name_expressions,
+                                         method=method)
+    try:
+        compiled, mapping = program.compile(options + (f"-arch={arch}",))
+    except compiler.CompileException as error:
+        raise CudaError("NVRTC", "NVRTC_ERROR_COMPILATION", f"{os.path.basename(path)}: {error}") from error
+    return (compiled if isinstance(compiled, bytes) else compiled.encode()), dict(mapping or {})
+
+
+def cache_folder() -> str:
+    """Where compiled modules are kept between processes: $KERNELS_CACHE_DIR, else ~/.cache/yolov10-kernels."""
+    return os.environ.get("KERNELS_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "yolov10-kernels")
+
+
+def _cache_key(path: str, options: tuple[str, ...], name_expressions: tuple[str, ...], arch: str) -> str:
+    """A digest of everything a module's machine code depends on: its source and every shared header,
+    the options, the instantiations, the architecture and the NVRTC version."""
     from cupy_backends.cuda.libs import nvrtc
 
-    return nvrtc.NVRTCError
+    digest = hashlib.sha256()
+    for source in [path] + sorted(glob.glob(os.path.join(_HERE, "*.cuh"))):
+        with open(source, "rb") as file:
+            digest.update(file.read())
+    digest.update(repr((options, name_expressions, arch, nvrtc.getVersion())).encode())
+    return digest.hexdigest()
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tuple[str, ...], device: int) -> Any:
-    with open(path) as source_file:
-        source = source_file.read()
+    """The module of a source for a device, compiled by NVRTC with our options only (see CudaModule)
+    and kept on disk (cache_folder) for the next process."""
+    arch = f"sm_{cupy.cuda.Device(device).compute_capability}"  # e.g. "90"
+    key = _cache_key(path, options, name_expressions, arch)
+    stem = os.path.join(cache_folder(), key)
     try:
-        module = cupy.RawModule(code=source, options=options, name_expressions=name_expressions)
-        module.compile()
-    except (cupy.cuda.compiler.CompileException, cupy_backends_nvrtc_error()) as error:
-        raise CudaError("NVRTC", "NVRTC_ERROR_COMPILATION", f"{os.path.basename(path)}: {error}") from error
+        with open(stem + ".cubin", "rb") as file:
+            cubin = file.read()
+        with open(stem + ".json") as file:
+            mapping = json.load(file)
+    except (OSError, ValueError):
+        cubin, mapping = _nvrtc_compile(path, name_expressions, options, "cubin", arch)
+        try:
+            os.makedirs(cache_folder(), exist_ok=True)
+            for suffix, data in ((".json", json.dumps(mapping).encode()), (".cubin", cubin)):
+                temporary = f"{stem}{suffix}.{os.getpid()}.tmp"
+                with open(temporary, "wb") as file:
+                    file.write(data)
+                os.replace(temporary, stem + suffix)  # the .cubin last: readers find the pair whole
+        except OSError:
+            pass  # a read-only home: compile again next time
+    module = cupy.cuda.function.Module()
+    module.load(cubin)
+    module._set_mapping(mapping)
     return module
 
 

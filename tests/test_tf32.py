@@ -84,14 +84,16 @@ def test_tf32_applies_to_float32_only():
 @pytest.mark.parametrize("problem", tf32.PROBLEMS, ids=PROBLEM_IDS)
 def test_tf32_error_within_its_bound(problem):
     """|error| <= (2 * 2^-10 + K 2^-23) * sum |a||b| for every result (conformance.tf32; H200 not yet
-    measured: tools/measure_tf32.py), and where cuBLAS computes (batch_matmul, the pointwise conv) the
-    error is above float32's level: TF32 really ran."""
+    measured: tools/measure_tf32.py), and where cuBLAS computes (batch_matmul, the pointwise conv) some
+    result's error is above float32's level: TF32 really ran. Not every result's: FAST_TF32 allows TF32,
+    and cuBLAS may still pick a full float32 kernel for a GEMM (on the H200 psa_scores' forward, K = 32,
+    measured 0.0005 units while its two gradients measured 0.2)."""
     require("gpu")
     results = tf32.measure(problem, True)
     for name, (units, bound) in results.items():
         assert units <= bound, (name, units, bound)
     if problem.op == "batch_matmul" or problem.name.startswith("conv_k1"):
-        assert results["output"][0] > FLOAT32_LEVEL, results
+        assert max(units for units, _ in results.values()) > FLOAT32_LEVEL, results
 
 
 _FLOAT32_CASES = [c for c in all_cases() if c.op in ("conv_2d", "batch_matmul") and np.dtype(c.dtype) == np.float32]
