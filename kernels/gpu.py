@@ -411,8 +411,8 @@ class CudaModule:
             if name_expression not in self.name_expressions:
                 raise KernelError(f"{os.path.basename(self.path)}: {name_expression} is not among its name_expressions")
             with cupy.cuda.Device(device):
-                module = _compiled_module(self.path, self.name_expressions, self.options, device)
-                function = module.get_function(name_expression)
+                module, lowered = _compiled_module(self.path, self.name_expressions, self.options, device)
+                function = module.get_function(lowered[name_expression])  # by its mangled name
             self._functions[key] = function
         return function
 
@@ -451,9 +451,11 @@ def _cache_key(path: str, options: tuple[str, ...], name_expressions: tuple[str,
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tuple[str, ...], device: int) -> Any:
-    """The module of a source for a device, compiled by NVRTC with our options only (see CudaModule)
-    and kept on disk (cache_folder) for the next process."""
+def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tuple[str, ...],
+                     device: int) -> tuple[Any, dict[str, str]]:
+    """The module of a source for a device (a cupy.cuda.function.Module) and the mangled name of each
+    name expression, compiled by NVRTC with our options only (see CudaModule) and kept on disk
+    (cache_folder) for the next process."""
     arch = f"sm_{cupy.cuda.Device(device).compute_capability}"  # e.g. "90"
     key = _cache_key(path, options, name_expressions, arch)
     stem = os.path.join(cache_folder(), key)
@@ -475,8 +477,7 @@ def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tupl
             pass  # a read-only home: compile again next time
     module = cupy.cuda.function.Module()
     module.load(cubin)
-    module._set_mapping(mapping)
-    return module
+    return module, mapping
 
 
 def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any],

@@ -142,8 +142,12 @@ def test_gpu_fused_equals_unfused_at_640():
     with YOLOv10("n", device="gpu") as model:
         with model.stream:
             x = cupy.asarray(np.random.default_rng(5).standard_normal((1, 3, 640, 640)).astype(np.float32))
-        unfused = _outputs(model.eval()(x, detections=False), cupy.asnumpy)
-        fused = _outputs(model.fuse()(x, detections=False), cupy.asnumpy)
+        out = model.eval()(x, detections=False)
+        model.stream.synchronize()  # asnumpy copies on the current stream, not model.stream
+        unfused = _outputs(out, cupy.asnumpy)
+        out = model.fuse()(x, detections=False)
+        model.stream.synchronize()
+        fused = _outputs(out, cupy.asnumpy)
         model.stream.synchronize()
         _check(fused, unfused, "float32", "gpu n float32 640")
     print("\nworst fused/unfused relative errors:", {k: f"{v:.2g}" for k, v in sorted(MEASURED.items())})
@@ -162,8 +166,8 @@ def test_gpu_fused_graph_replay_equals_eager(dims):
             x = cupy.asarray(np.random.default_rng(1).standard_normal(dims).astype(np.float32))
         out = model.fuse()(x, detections=False)
         written = list(out["one2one"]) + [out["decoded"]]
+        model.stream.synchronize()  # before reading: asnumpy copies on the current stream, not model.stream
         eager = _outputs(out, cupy.asnumpy)
-        model.stream.synchronize()
         assert all(np.isfinite(e).all() for e in eager)
         with model.stream:
             for a in written:
@@ -172,8 +176,8 @@ def test_gpu_fused_graph_replay_equals_eager(dims):
         model.stream.synchronize()
         assert all(np.isnan(cupy.asnumpy(a)).all() for a in written), "capturing ran work"
         graph.launch(model.stream.cupy_stream)
-        replay = _outputs(out, cupy.asnumpy)
         model.stream.synchronize()
+        replay = _outputs(out, cupy.asnumpy)
         for i, (a, b) in enumerate(zip(replay, eager)):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i} differs after replay"
 

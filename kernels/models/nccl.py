@@ -65,9 +65,13 @@ class NcclCommunicator:
     def __init__(self, launch: parallel.Launch, device: int, nccl_id: tuple[int, ...]):
         nccl = _nccl()
         self.rank, self.world_size, self.device = launch.rank, launch.world_size, int(device)
+        what = f"ncclCommInitRank (rank {self.rank} of {self.world_size}, GPU {self.device})"
         with gpu.cupy.cuda.Device(self.device):
-            self.comm = _call(f"ncclCommInitRank (rank {self.rank} of {self.world_size}, GPU {self.device})",
-                              nccl.NcclCommunicator, self.world_size, nccl_id, self.rank)
+            try:  # CuPy 14 takes the id as its 128 bytes (the H200's CuPy refused a tuple)
+                self.comm = _call(what, nccl.NcclCommunicator, self.world_size, bytes(v & 0xFF for v in nccl_id),
+                                  self.rank)
+            except TypeError:  # older CuPy: the tuple of ints get_unique_id gave
+                self.comm = _call(what, nccl.NcclCommunicator, self.world_size, tuple(nccl_id), self.rank)
         self._types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64}
         self._sum = nccl.NCCL_SUM
 
