@@ -1,9 +1,18 @@
-"""batch_matmul: lhs (..., M, K) @ rhs (..., K, N) -> output (..., M, N), float32 and float64.
+"""batch_matmul: lhs (..., M, K) @ rhs (..., K, N) -> output (..., M, N), in float16, bfloat16,
+float32 or float64.
 
 Rank >= 3 and identical leading (batch) dims: no broadcasting. Backward writes
 lhs_grad = output_grad @ rhs^T and rhs_grad = lhs^T @ output_grad; a None gradient
 is skipped. K == 0 gives zeros. The GPU runs cuBLAS strided batched GEMM in
 pedantic math (no TF32), so exactly representable products and sums stay exact.
+
+Half precision (float16, bfloat16): every product and sum in float32, each result
+rounded once to the dtype; on the GPU cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F
+(tensor cores allowed), on the CPU a float32 matmul of the widened operands.
+
+TF32: a float32 state initialised with a GpuHandle made with allow_tf32=True runs its
+GEMMs with CUBLAS_COMPUTE_32F_FAST_TF32 (inputs rounded to TF32's 10-bit mantissa,
+float32 sums). Without it, never.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import core, cpu, cublas, gpu, gpu_paths
-from .core import FLOAT_DTYPES, ShapeError, TensorShape, fail
+from .core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
 
 OP = "batch_matmul"
 
@@ -33,7 +42,7 @@ def init_kernel(handle: Any, attrs: BatchMatmulAttrs, lhs_shape: TensorShape, rh
     """Check ranks, batch and inner dims, the output shape and dtypes; record them."""
     state = core.make_state(OP, handle, attrs, BatchMatmulAttrs, lhs_shape=lhs_shape, rhs_shape=rhs_shape,
                             output_shape=output_shape)
-    core.check_dtype(OP, "lhs_shape", lhs_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "lhs_shape", lhs_shape, ALL_FLOAT_DTYPES)
     core.check_rank(OP, "lhs_shape", lhs_shape, min_rank=3)
     core.check_rank(OP, "rhs_shape", rhs_shape, min_rank=3)
     if rhs_shape.dims[:-2] != lhs_shape.dims[:-2]:
@@ -45,6 +54,8 @@ def init_kernel(handle: Any, attrs: BatchMatmulAttrs, lhs_shape: TensorShape, rh
     core.check_same_dtype(OP, "rhs_shape", rhs_shape, lhs_shape, "lhs_shape")
     core.check_dims(OP, "output_shape", output_shape, output_dims(lhs_shape.dims, rhs_shape.dims))
     core.check_same_dtype(OP, "output_shape", output_shape, lhs_shape, "lhs_shape")
+    # TF32 is the handle's setting at init (a CPU handle has none), for float32 only.
+    state.saved["tf32"] = bool(getattr(handle, "allow_tf32", False)) and lhs_shape.dtype == np.float32
     return state
 
 
@@ -71,6 +82,17 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_
 # --------------------------------------------------------------------------- CPU
 
 
+def _matmul(left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+    """out = left @ right; half dtypes widened to float32, multiplied and summed in float32, and the
+    result rounded once to out's dtype (as the GPU's float32-compute GEMM)."""
+    if out.dtype in core.HALF_DTYPES:
+        compute = core.compute_dtype(out.dtype)
+        np.copyto(out, np.matmul(left.astype(compute), right.astype(compute)).astype(out.dtype))
+    else:
+        np.matmul(left, right, out=out)
+
+
+
 @cpu.cpu_kernel
 def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: BatchMatmulAttrs,
                        lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
@@ -78,7 +100,7 @@ def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
     if output.size:
         with cpu.blas_threads():
-            np.matmul(lhs, rhs, out=output)
+            _matmul(lhs, rhs, output)
 
 
 @cpu.cpu_kernel
@@ -89,9 +111,9 @@ def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: cor
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
     with cpu.blas_threads():
         if lhs_grad is not None and lhs_grad.size:
-            np.matmul(output_grad, np.swapaxes(rhs, -1, -2), out=lhs_grad)
+            _matmul(output_grad, np.swapaxes(rhs, -1, -2), lhs_grad)
         if rhs_grad is not None and rhs_grad.size:
-            np.matmul(np.swapaxes(lhs, -1, -2), output_grad, out=rhs_grad)
+            _matmul(np.swapaxes(lhs, -1, -2), output_grad, rhs_grad)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -165,8 +187,8 @@ def _plan(state: core.KernelState, direction: str) -> GemmPlan:  # pragma: no co
     return plan
 
 
-def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any,
-         path: str) -> None:  # pragma: no cover - GPU: cuBLAS
+def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any, path: str,
+         tf32: bool) -> None:  # pragma: no cover - GPU: cuBLAS
     """Enqueue one planned GEMM (or its zero fill) on the stream; `path` names the GEMM (kernels.gpu_paths)."""
     if plan.kind == "skip":
         return
@@ -177,7 +199,7 @@ def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any
     gpu_paths.reach(path)
     cublas.gemm_strided_batched(stream, handle, dtype, plan.trans_a, plan.trans_b, plan.m, plan.n, plan.k, a.data.ptr,
                                 plan.lda, plan.stride_a, b.data.ptr, plan.ldb, plan.stride_b, 0.0, c.data.ptr,
-                                plan.ldc, plan.stride_c, plan.batch, OP)
+                                plan.ldc, plan.stride_c, plan.batch, OP, tf32)
 
 
 @core.gpu_kernel
@@ -185,7 +207,8 @@ def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core
                        lhs: core.Array, rhs: core.Array, output: core.Array) -> None:
     """output = lhs @ rhs through cuBLAS strided batched GEMM, enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, lhs, rhs, output)
-    _run(stream, handle, output.dtype, _plan(state, "forward"), rhs, lhs, output, "batch_matmul.cublas.forward")
+    _run(stream, handle, output.dtype, _plan(state, "forward"), rhs, lhs, output, "batch_matmul.cublas.forward",
+         state.saved["tf32"])
 
 
 @core.gpu_kernel
@@ -196,10 +219,10 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad)
     if lhs_grad is not None:
         _run(stream, handle, output_grad.dtype, _plan(state, "lhs_grad"), rhs, output_grad, lhs_grad,
-             "batch_matmul.cublas.lhs_grad")
+             "batch_matmul.cublas.lhs_grad", state.saved["tf32"])
     if rhs_grad is not None:
         _run(stream, handle, output_grad.dtype, _plan(state, "rhs_grad"), output_grad, lhs, rhs_grad,
-             "batch_matmul.cublas.rhs_grad")
+             "batch_matmul.cublas.rhs_grad", state.saved["tf32"])
 
 
 # --------------------------------------------------------------------------- entry points

@@ -12,9 +12,14 @@ from a pool of its own. The handle is bound to a call's stream only when that st
 ``cublasSetStream`` resets the workspace to cuBLAS's default, so the workspace is set again
 right after it.
 
-Handles compute in pedantic math (no TF32, no reduced-precision reductions), so exactly
-representable products and sums stay exact, and read alpha and beta from host memory
-(CUBLAS_POINTER_MODE_HOST, set once). Every status other than CUBLAS_STATUS_SUCCESS raises
+float32 and float64 GEMMs compute in pedantic math (no TF32, no reduced-precision reductions),
+so exactly representable products and sums stay exact. Half-precision GEMMs (float16, bfloat16
+storage) run through cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F: products and sums in
+float32, tensor cores allowed, reduced-precision reductions disallowed, the result rounded once to
+the storage type. A float32 GEMM asked for with tf32=True (a GpuHandle's allow_tf32) runs through
+the same Ex call with CUBLAS_COMPUTE_32F_FAST_TF32 instead; nothing else ever does. The handle's
+math mode is set before each call where it changed (pedantic for the plain GEMMs). alpha and beta
+are read from host memory (CUBLAS_POINTER_MODE_HOST, set once). Every status other than CUBLAS_STATUS_SUCCESS raises
 ``core.CudaError("cuBLAS", <status name>, ...)``.
 """
 
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import gpu
-from .core import CudaError
+from .core import BFLOAT16, HALF_DTYPES, CudaError
 
 LIBRARY = "cuBLAS"
 SONAMES = ("libcublas.so.13", "libcublas.so.12")
@@ -37,7 +42,18 @@ SONAMES = ("libcublas.so.13", "libcublas.so.12")
 # cublas_api.h
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_POINTER_MODE_HOST = 0
+CUBLAS_DEFAULT_MATH = 0
 CUBLAS_PEDANTIC_MATH = 2
+CUBLAS_TF32_TENSOR_OP_MATH = 3
+CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
+# library_types.h (cudaDataType) and cublas_api.h (cublasComputeType_t, cublasGemmAlgo_t)
+CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF = 0, 2, 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+CUBLAS_GEMM_DEFAULT = -1
+# The math mode of a half-precision or TF32 Ex GEMM: tensor cores allowed, but every reduction in
+# float32 (PyTorch's setting with allow_fp16_reduced_precision_reduction off).
+EX_MATH = CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
 STATUS_NAMES = {
     0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
     7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
@@ -50,6 +66,9 @@ WORKSPACE_BYTES = 32 * 1024 * 1024
 
 _p, _i, _i64, _status = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_int
 _GEMM_ARGS = (_p, _i, _i, _i, _i, _i, _p, _p, _i, _i64, _p, _i, _i64, _p, _p, _i, _i64, _i)
+# handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype, ldc,
+# strideC, batchCount, computeType, algo
+_GEMM_EX_ARGS = (_p, _i, _i, _i, _i, _i, _p, _p, _i, _i, _i64, _p, _i, _i, _i64, _p, _p, _i, _i, _i64, _i, _i, _i)
 FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "cublasCreate_v2": (_status, (ctypes.POINTER(_p),)),
     "cublasDestroy_v2": (_status, (_p,)),
@@ -59,7 +78,11 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "cublasSetPointerMode_v2": (_status, (_p, _i)),
     "cublasSgemmStridedBatched": (_status, _GEMM_ARGS),
     "cublasDgemmStridedBatched": (_status, _GEMM_ARGS),
+    "cublasGemmStridedBatchedEx": (_status, _GEMM_EX_ARGS),
 }
+
+# The cudaDataType of each storage dtype the Ex GEMM takes (bfloat16 is ml_dtypes' dtype).
+_EX_TYPES = {np.dtype(np.float16): CUDA_R_16F, BFLOAT16: CUDA_R_16BF, np.dtype(np.float32): CUDA_R_32F}
 
 # Host alpha and beta (pointer mode host): cuBLAS reads them during the call (and a captured
 # graph when it is made); they live as long as the process.
@@ -137,6 +160,7 @@ class CublasHandle:
 
         self.device = device
         self.stream: int | None = None
+        self.math_mode = CUBLAS_PEDANTIC_MATH
         lib = library()
         pointer = _p()
         with cupy.cuda.Device(device):
@@ -158,6 +182,12 @@ class CublasHandle:
             check(lib.cublasSetWorkspace_v2(self.ptr, self.workspace.data.ptr, self.workspace.nbytes),
                   "cublasSetWorkspace")
             self.stream = stream_ptr
+
+    def set_math_mode(self, mode: int) -> None:
+        """Set the handle's math mode where it differs from the one set last."""
+        if mode != self.math_mode:
+            check(library().cublasSetMathMode(self.ptr, mode), "cublasSetMathMode")
+            self.math_mode = mode
 
     def destroy(self) -> None:
         import cupy
@@ -181,25 +211,40 @@ def destroy_handle(handle: CublasHandle, device: int) -> None:
 
 def gemm_strided_batched(stream: Any, handle: Any, dtype: np.dtype, trans_a: bool, trans_b: bool, m: int, n: int,
                          k: int, a: int, lda: int, stride_a: int, b: int, ldb: int, stride_b: int, beta: float, c: int,
-                         ldc: int, stride_c: int, batch: int, caller: str) -> None:
+                         ldc: int, stride_c: int, batch: int, caller: str, tf32: bool = False) -> None:
     """Enqueue on `stream` the column-major C = op(A) @ op(B) + beta * C for `batch` matrices
     `stride_*` elements apart (a, b, c are device addresses; alpha is 1), through the cuBLAS
-    handle of `handle` (a GpuHandle), with the handle's device current. `caller` names the op in errors."""
+    handle of `handle` (a GpuHandle), with the handle's device current. `caller` names the op in errors.
+    float32 and float64 in pedantic math; float16 and bfloat16 storage with float32 compute; float32
+    with TF32 tensor cores only where tf32 is True."""
     import cupy
 
     blas = handle.cublas()
     if cupy.cuda.runtime.getDevice() != blas.device:
         with cupy.cuda.Device(blas.device):
             gemm_strided_batched(stream, handle, dtype, trans_a, trans_b, m, n, k, a, lda, stride_a, b, ldb, stride_b,
-                                 beta, c, ldc, stride_c, batch, caller)
+                                 beta, c, ldc, stride_c, batch, caller, tf32)
         return
     blas.bind(stream.ptr)
     lib = library()
-    single = dtype == np.float32
-    function = lib.cublasSgemmStridedBatched if single else lib.cublasDgemmStridedBatched
-    status = function(blas.ptr, (CUBLAS_OP_N, CUBLAS_OP_T)[trans_a], (CUBLAS_OP_N, CUBLAS_OP_T)[trans_b], m, n, k,
-                      ctypes.byref(_SCALARS[(dtype, 1.0)]), a, lda, stride_a, b, ldb, stride_b,
-                      ctypes.byref(_SCALARS[(dtype, float(beta))]), c, ldc, stride_c, batch)
-    if status != 0:
+    dtype = np.dtype(dtype)
+    ops = (CUBLAS_OP_N, CUBLAS_OP_T)[trans_a], (CUBLAS_OP_N, CUBLAS_OP_T)[trans_b]
+    if dtype in HALF_DTYPES or (tf32 and dtype == np.float32):
+        blas.set_math_mode(EX_MATH)
+        kind = _EX_TYPES[dtype]
+        compute = CUBLAS_COMPUTE_32F if dtype in HALF_DTYPES else CUBLAS_COMPUTE_32F_FAST_TF32
+        scalar = np.dtype(np.float32)  # alpha and beta are float for a float32 compute type
+        status = lib.cublasGemmStridedBatchedEx(
+            blas.ptr, *ops, m, n, k, ctypes.byref(_SCALARS[(scalar, 1.0)]), a, kind, lda, stride_a, b, kind, ldb,
+            stride_b, ctypes.byref(_SCALARS[(scalar, float(beta))]), c, kind, ldc, stride_c, batch, compute,
+            CUBLAS_GEMM_DEFAULT)
+        name = "cublasGemmStridedBatchedEx"
+    else:
+        blas.set_math_mode(CUBLAS_PEDANTIC_MATH)
+        single = dtype == np.float32
+        function = lib.cublasSgemmStridedBatched if single else lib.cublasDgemmStridedBatched
+        status = function(blas.ptr, *ops, m, n, k, ctypes.byref(_SCALARS[(dtype, 1.0)]), a, lda, stride_a, b, ldb,
+                          stride_b, ctypes.byref(_SCALARS[(dtype, float(beta))]), c, ldc, stride_c, batch)
         name = "cublasSgemmStridedBatched" if single else "cublasDgemmStridedBatched"
-        check(status, f"{caller}: {name} (m={m}, n={n}, k={k}, batch={batch})")
+    if status != 0:
+        check(status, f"{caller}: {name} ({dtype.name}, m={m}, n={n}, k={k}, batch={batch})")

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import gpu
-from .core import CudaError, DTypeError
+from .core import BFLOAT16, HALF_DTYPES, CudaError, DTypeError
 
 LIBRARY = "cuDNN"
 ENV_PATH = "KERNELS_CUDNN_PATH"
@@ -101,6 +101,8 @@ STATUS_NAMES = {
 # cudnnDataType_t (cudnn_graph.h)
 DATA_FLOAT = 0
 DATA_DOUBLE = 1
+DATA_HALF = 2
+DATA_BFLOAT16 = 9
 # cudnnTensorFormat_t (cudnn_graph.h)
 TENSOR_NCHW = 0
 # cudnnMathType_t (cudnn_graph.h)
@@ -139,7 +141,8 @@ BWD_FILTER_ALGO_WINOGRAD = 4
 BWD_FILTER_ALGO_WINOGRAD_NONFUSED = 5
 BWD_FILTER_ALGO_FFT_TILING = 6
 
-_DATA_TYPES = {np.dtype(np.float32): DATA_FLOAT, np.dtype(np.float64): DATA_DOUBLE}
+_DATA_TYPES = {np.dtype(np.float32): DATA_FLOAT, np.dtype(np.float64): DATA_DOUBLE, np.dtype(np.float16): DATA_HALF,
+               BFLOAT16: DATA_BFLOAT16}
 
 
 class AlgoPerf(ctypes.Structure):
@@ -329,11 +332,18 @@ def _call(name: str, *args: Any) -> None:
 
 
 def data_type(dtype: Any) -> int:
-    """The cudnnDataType_t of a NumPy float dtype."""
+    """The cudnnDataType_t of a NumPy float dtype (float16, bfloat16, float32, float64)."""
     try:
         return _DATA_TYPES[np.dtype(dtype)]
     except KeyError:
-        raise DTypeError(f"cuDNN: dtype: expected float32 or float64, found {np.dtype(dtype).name}") from None
+        raise DTypeError(f"cuDNN: dtype: expected float16, bfloat16, float32 or float64, found {np.dtype(dtype).name}") \
+            from None
+
+
+def compute_type(dtype: Any) -> int:
+    """The cudnnDataType_t a convolution of `dtype` data computes in: float for the half dtypes
+    (cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configurations: float32 products and sums), else the data type."""
+    return DATA_FLOAT if np.dtype(dtype) in HALF_DTYPES else data_type(dtype)
 
 
 # Host scalars for alpha and beta: double for double data, float otherwise (cuDNN's rule).
@@ -346,8 +356,12 @@ _SCALARS = {
 
 
 def scalar(dtype: Any, value: float) -> int:
-    """A host pointer to alpha or beta (0 or 1) of the type cuDNN reads for `dtype` data."""
-    return ctypes.addressof(_SCALARS[(np.dtype(dtype), float(value))])
+    """A host pointer to alpha or beta (0 or 1) of the type cuDNN reads for `dtype` data (float for
+    the half dtypes)."""
+    dtype = np.dtype(dtype)
+    if dtype in HALF_DTYPES:
+        dtype = np.dtype(np.float32)
+    return ctypes.addressof(_SCALARS[(dtype, float(value))])
 
 
 # --------------------------------------------------------------------------- handles
@@ -447,7 +461,8 @@ class FilterDescriptor(_Descriptor):
 
 
 class ConvolutionDescriptor(_Descriptor):
-    """A 2-D cross-correlation (PyTorch's conv2d) computed in the data type, FMA math (no TF32)."""
+    """A 2-D cross-correlation (PyTorch's conv2d) computed in the data type (float for half data),
+    FMA math (no TF32) until find_algorithm picks an algorithm's math type."""
 
     kind = "convolution"
     _create = "cudnnCreateConvolutionDescriptor"
@@ -455,7 +470,7 @@ class ConvolutionDescriptor(_Descriptor):
 
     def __init__(self, padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], groups: int,
                  dtype: Any):
-        kind = data_type(dtype)
+        kind = compute_type(dtype)
         super().__init__()
         (pad_h, pad_w), (stride_h, stride_w), (dilation_h, dilation_w) = padding, stride, dilation
         self._configure("cudnnSetConvolution2dDescriptor", int(pad_h), int(pad_w), int(stride_h), int(stride_w),
@@ -520,8 +535,14 @@ def _workspace_size(function: str, handle: int, descriptors: Sequence[int], algo
     return None
 
 
+# The math types an algorithm may run in where tensor cores are allowed (half data; float32 with TF32
+# asked for). Never TENSOR_OP_MATH_ALLOW_CONVERSION: it would round float32 data to float16.
+TENSOR_MATH = (TENSOR_OP_MATH, DEFAULT_MATH, FMA_MATH)
+
+
 def find_algorithm(direction: str, handle: int, descriptors: Sequence[_Descriptor], conv: ConvolutionDescriptor,
-                   dtype: Any, workspace_limit: int, preferred: int | None = None) -> Algorithm:
+                   dtype: Any, workspace_limit: int, preferred: int | None = None,
+                   tensor_ops: bool = False) -> Algorithm:
     """The fastest deterministic, sum-of-products algorithm for a direction by cuDNN's heuristics,
     or `preferred` (in FMA math) where given, supported and its workspace fits.
 
@@ -532,13 +553,15 @@ def find_algorithm(direction: str, handle: int, descriptors: Sequence[_Descripto
     Heuristics work from the descriptors alone (cudnnGetConvolution*Algorithm_v7), so no user
     buffer is touched (never the *Find*Ex functions). `descriptors` are the two tensor/filter
     descriptors and the result's, in the order of that direction's v7 call: forward (x, w, y),
-    backward_data (w, dy, dx), backward_filter (x, dy, dw). float32 keeps FMA math only (no TF32).
+    backward_data (w, dy, dx), backward_filter (x, dy, dw). float32 keeps FMA math only (no TF32)
+    unless tensor_ops: then (half data, or float32 with TF32 allowed) the heuristics are asked in
+    TENSOR_OP_MATH and `preferred` is not used (its FMA math would leave the tensor cores idle).
     """
     max_count_function, heuristics, size_function, allowed, fallback = _DIRECTIONS[direction]
     lib = library()
     a, b, c = (d.ptr for d in descriptors)
     ordered = (a, b, conv.ptr, c)
-    if preferred is not None:
+    if preferred is not None and not tensor_ops:
         if preferred not in allowed:
             raise ValueError(f"cuDNN: {direction} algorithm {preferred} is not among the exact ones {allowed}")
         conv.set_math_type(FMA_MATH)
@@ -549,9 +572,12 @@ def find_algorithm(direction: str, handle: int, descriptors: Sequence[_Descripto
     check(getattr(lib, max_count_function)(handle, ctypes.byref(count)), max_count_function)
     results = (AlgoPerf * max(count.value, 1))()
     returned = ctypes.c_int()
-    conv.set_math_type(FMA_MATH)
+    conv.set_math_type(TENSOR_OP_MATH if tensor_ops else FMA_MATH)
     check(getattr(lib, heuristics)(handle, *ordered, len(results), ctypes.byref(returned), results), heuristics)
-    allowed_math = (FMA_MATH,) if np.dtype(dtype) == np.float32 else (FMA_MATH, DEFAULT_MATH)
+    if tensor_ops:
+        allowed_math = TENSOR_MATH
+    else:
+        allowed_math = (FMA_MATH,) if np.dtype(dtype) == np.float32 else (FMA_MATH, DEFAULT_MATH)
     for perf in results[: returned.value]:
         if perf.status != STATUS_SUCCESS or perf.determinism != DETERMINISTIC:
             continue

@@ -210,16 +210,28 @@ class GpuHandle:
     each host thread its own. cuDNN is bound to the stream of each call when it changed;
     cuBLAS is bound by kernels.cublas when the stream changed. Close it (or use it as a context manager)
     to release everything.
+
+    allow_tf32 (PyTorch's name; off by default) lets float32 conv_2d and batch_matmul states
+    initialised with this handle run on TF32 tensor cores: inputs rounded to a 10-bit mantissa,
+    sums in float32. It is fixed when the handle is made; without it nothing uses TF32.
     """
 
-    def __init__(self, device: int = 0):
+    def __init__(self, device: int = 0, allow_tf32: bool = False):
+        if not isinstance(allow_tf32, bool):
+            raise TypeError(f"gpu_handle: allow_tf32: expected a bool, found {allow_tf32!r}")
         _require_cupy()
+        self._allow_tf32 = allow_tf32
         self.device = int(device)
         self._cudnn: Any = None
         self._cublas: Any = None
         self._cudnn_stream: int | None = None  # the stream pointer cuDNN is bound to now
         self._workspace: Any = None
         self.closed = False
+
+    @property
+    def allow_tf32(self) -> bool:
+        """Whether float32 conv_2d and batch_matmul states initialised with this handle may use TF32."""
+        return self._allow_tf32
 
     def cudnn(self, stream: GpuStream) -> Any:
         """The cuDNN handle, bound to `stream`."""
@@ -284,7 +296,8 @@ class GpuHandle:
         self.close()
 
     def __repr__(self) -> str:
-        return f"GpuHandle(device={self.device})"
+        tf32 = ", allow_tf32=True" if self._allow_tf32 else ""
+        return f"GpuHandle(device={self.device}{tf32})"
 
 
 def gpu_stream(device: int = 0) -> GpuStream:
@@ -292,9 +305,10 @@ def gpu_stream(device: int = 0) -> GpuStream:
     return GpuStream(device)
 
 
-def gpu_handle(device: int = 0) -> GpuHandle:
-    """A new GPU handle (cuDNN, cuBLAS, workspace) for `device`."""
-    return GpuHandle(device)
+def gpu_handle(device: int = 0, allow_tf32: bool = False) -> GpuHandle:
+    """A new GPU handle (cuDNN, cuBLAS, workspace) for `device`; allow_tf32=True lets float32
+    conv_2d and batch_matmul use TF32 tensor cores (off by default, as PyTorch's allow_tf32)."""
+    return GpuHandle(device, allow_tf32)
 
 
 # --------------------------------------------------------------------------- NVRTC modules

@@ -5,6 +5,7 @@ import pytest
 
 import kernels
 from kernels import BatchMatmulAttrs, DeviceError, DTypeError, ShapeError, StateError, TensorShape, batch_matmul
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -98,8 +99,22 @@ def test_init_refuses_dtypes():
         _init(LHS, RHS, OUT, rhs_dtype=np.float64)
     with pytest.raises(DTypeError, match=r"batch_matmul: output_shape: expected dtype float64"):
         _init(LHS, RHS, OUT, lhs_dtype=np.float64, rhs_dtype=np.float64)
-    with pytest.raises(DTypeError, match=r"batch_matmul: lhs_shape: expected one of float32, float64"):
+    with pytest.raises(DTypeError, match=r"batch_matmul: lhs_shape: expected one of float16, bfloat16, float32, "
+                                         r"float64, found int32"):
         _init(LHS, RHS, OUT, lhs_dtype=np.int32, rhs_dtype=np.int32, out_dtype=np.int32)
+    with pytest.raises(DTypeError, match=r"batch_matmul: rhs_shape: expected dtype float16 \(as lhs_shape\), "
+                                         r"found bfloat16"):
+        _init(LHS, RHS, OUT, lhs_dtype=np.float16, rhs_dtype=BFLOAT16, out_dtype=np.float16)
+    with pytest.raises(DTypeError, match=r"batch_matmul: output_shape: expected dtype bfloat16 \(as lhs_shape\), "
+                                         r"found float32"):
+        _init(LHS, RHS, OUT, lhs_dtype=BFLOAT16, rhs_dtype=BFLOAT16)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16])
+def test_init_takes_half_dtypes(dtype):
+    state = _init(LHS, RHS, OUT, lhs_dtype=dtype, rhs_dtype=dtype, out_dtype=dtype)
+    assert state.shapes["output_shape"].dtype == np.dtype(dtype)
+    assert state.saved["tf32"] is False  # a CPU handle never asks for TF32
 
 
 def test_attrs_take_no_fields():

@@ -15,6 +15,7 @@ from kernels import (
     conv_2d,
     cpu_handle,
 )
+from kernels.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require
@@ -157,7 +158,15 @@ def test_init_refuses_shapes():
         conv_2d.init_kernel(handle, dilated, TensorShape((1, 1, 4, 3), f32), TensorShape((1, 1, 0, 3), f32))
     with pytest.raises(DTypeError, match=r"conv_2d: output_shape: expected dtype float32"):
         conv_2d.init_kernel(handle, ATTRS, TensorShape(IN, f32), TensorShape(OUT, np.float64))
-    with pytest.raises(DTypeError, match=r"conv_2d: input_shape: expected one of float32, float64"):
+    with pytest.raises(DTypeError, match=r"conv_2d: input_shape: expected one of float16, bfloat16, float32, float64, "
+                                         r"found int32"):
         conv_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.int32), TensorShape(OUT, np.int32))
+    with pytest.raises(DTypeError, match=r"conv_2d: output_shape: expected dtype float16 \(as input_shape\), "
+                                         r"found bfloat16"):
+        conv_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.float16), TensorShape(OUT, BFLOAT16))
+    for half in (np.float16, BFLOAT16):  # the half dtypes are taken, the bias and filter in the same dtype
+        state = conv_2d.init_kernel(handle, ATTRS, TensorShape(IN, half), TensorShape(OUT, half))
+        assert state.shapes["filter_shape"].dtype == state.shapes["bias_shape"].dtype == np.dtype(half)
+        assert state.tf32 is False
     with pytest.raises(ShapeError, match=r"conv_2d: input_shape: expected rank 4 \(N, C, H, W\), found rank 3"):
         conv_2d.output_dims(ATTRS, (4, 7, 5))

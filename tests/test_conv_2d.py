@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kernels import Activation, Conv2DAttrs, CudaError, StateError, TensorShape, conv_2d, cudnn
+from kernels.core import BFLOAT16
 
 from .conftest import Dev, require
 
@@ -107,6 +108,57 @@ def test_skipped_gradients_leave_the_others_unchanged(dev):
         index = ("input_grad", "filter_grad", "bias_grad").index(only) + 1
         np.testing.assert_array_equal(partial[index], full[index])
         assert all(partial[i] is None for i in (1, 2, 3) if i != index)
+
+
+# ------------------------------------------------------------------ half precision
+
+
+def _plain(attrs):
+    """The attrs without bias and activation: the convolution's own sums."""
+    return Conv2DAttrs(attrs.out_channels, attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w,
+                       attrs.padding_h, attrs.padding_w, attrs.dilation_h, attrs.dilation_w, attrs.groups)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("index", range(12))
+def test_half_rounds_at_the_stated_points(index, dtype, dev):
+    """float16 and bfloat16 on random shapes (no activation, or RELU) with small-integer inputs and
+    quarter filters, whose float32 sums are exact: the results are, bit for bit on both devices,
+    the exact (float64) sums rounded at docs/ops.md's points: the convolution, then plus the bias,
+    then the activation; backward: each gradient once, the bias gradient's float64 sum via float32.
+    Skipped gradients leave the others' bits unchanged."""
+    dims, attrs = _random_configs(count=12, seed=7)[index]
+    if attrs.activation not in (None, Activation.RELU):
+        attrs = Conv2DAttrs(*(getattr(attrs, f) for f in ("out_channels", "kernel_h", "kernel_w", "stride_h",
+                            "stride_w", "padding_h", "padding_w", "dilation_h", "dilation_w", "groups", "use_bias")),
+                            Activation.RELU)
+    rng = np.random.default_rng(index)
+    input = rng.integers(-3, 4, dims).astype(np.float64)
+    filter = rng.integers(-8, 9, conv_2d.filter_dims(attrs, dims[1])) / 4.0
+    bias = rng.integers(-8, 9, attrs.out_channels) / 8.0 if attrs.use_bias else None
+    output_grad = rng.integers(-3, 4, conv_2d.output_dims(attrs, dims)).astype(np.float64)
+    got = _run(dev, attrs, *(None if a is None else a.astype(dtype) for a in (input, filter, bias, output_grad)))
+    # The exact sums: the CPU kernels in float64 without bias and activation.
+    cpu = Dev("cpu")
+    conv = _run(cpu, _plain(attrs), input, filter, None, output_grad)[0]
+    pre = conv.astype(dtype)
+    if bias is not None:
+        pre = (pre.astype(np.float32) + bias.astype(np.float32).reshape(1, -1, 1, 1)).astype(dtype)
+    relu = attrs.activation is Activation.RELU
+    output = np.maximum(pre, 0).astype(dtype) if relu else pre
+    grad = (output_grad * (pre.astype(np.float64) > 0) if relu else output_grad).astype(dtype).astype(np.float64)
+    _, input_grad, filter_grad, _ = _run(cpu, _plain(attrs), input, filter, None, grad)
+    expected = [output, input_grad.astype(dtype), filter_grad.astype(dtype)]
+    expected.append(None if bias is None else grad.sum(axis=(0, 2, 3)).astype(np.float32).astype(dtype))
+    for name, g, e in zip(("output", "input_grad", "filter_grad", "bias_grad"), got, expected):
+        if e is not None:
+            assert g.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(g.view(np.uint16), e.view(np.uint16), err_msg=f"{name} of {dims} {attrs}")
+    half = [None if a is None else a.astype(dtype) for a in (input, filter, bias, output_grad)]
+    for only in ("input_grad", "filter_grad"):
+        partial = _run(dev, attrs, *half, wanted=(only,))
+        index_of = ("input_grad", "filter_grad").index(only) + 1
+        np.testing.assert_array_equal(partial[index_of].view(np.uint16), got[index_of].view(np.uint16))
 
 
 @pytest.mark.parametrize("dims, attrs", [
@@ -207,13 +259,15 @@ def test_gpu_algorithms_are_deterministic_sums():
     try:
         for dims, attrs in _random_configs(count=12, seed=1):
             output_dims = conv_2d.output_dims(attrs, dims)
-            for dtype in (np.float32, np.float64):
+            for dtype in (np.float32, np.float64, np.float16, BFLOAT16):
                 state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
                 assert state.algorithms["forward"].algo in cudnn.EXACT_FWD_ALGOS
                 assert state.algorithms["backward_data"].algo in cudnn.EXACT_BWD_DATA_ALGOS
                 assert state.algorithms["backward_filter"].algo in cudnn.EXACT_BWD_FILTER_ALGOS
                 if dtype == np.float32:
                     assert all(a.math_type == cudnn.FMA_MATH for a in state.algorithms.values())
+                else:  # tensor cores allowed for the half dtypes, never the math that converts data to float16
+                    assert all(a.math_type in cudnn.TENSOR_MATH for a in state.algorithms.values())
                 conv_2d.cleanup_kernel(dev.handle, state)
     finally:
         dev.handle.close()

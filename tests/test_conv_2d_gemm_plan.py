@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kernels import Conv2DAttrs, TensorShape, conv_2d
+from kernels.core import BFLOAT16
 
 from .conftest import Dev, require
 
@@ -353,3 +354,18 @@ def test_no_gemm_path_needs_no_workspace():
     state = _state((2, 4, 6, 6), Conv2DAttrs(6, 3, 3, groups=2))
     assert set(state.paths.values()) == {"cudnn"}
     assert conv_2d.workspace_elements(state) == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16])
+def test_half_precision_takes_cudnn_except_depthwise(dtype):
+    """Half dtypes: every direction of a groups-1 convolution (pointwise or not) in cuDNN, whose filter
+    gradient sums the batch in float32; depthwise convolutions keep their own kernels; no workspace
+    for the GEMM paths."""
+    for dims, attrs in ((2, 5, 6, 7), Conv2DAttrs(3, 1, 1)), ((2, 3, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1)):
+        state = _state(dims, attrs, dtype)
+        assert state.paths == dict.fromkeys(conv_2d.DIRECTIONS, "cudnn")
+        assert conv_2d.workspace_elements(state) == 0
+        state32 = _state(dims, attrs, np.float32)
+        assert "cudnn" not in (state32.paths["backward_data"], state32.paths["backward_filter"])
+    depthwise = _state((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4), dtype)
+    assert depthwise.paths == dict.fromkeys(conv_2d.DIRECTIONS, "depthwise")

@@ -9,6 +9,18 @@ every fused activation, and the fused inference convs (states without backward).
 Inputs and filters are quarters in [-2, 2] (pattern()), so every product is a
 multiple of 1/16 and every partial sum of the forward and of both gradients is
 exact in float32 (|sum| < 2^10): EXACT on every device, whatever order cuDNN sums in.
+
+Half precision (float16, bfloat16; names f16_ and bf16_): the same inputs, exact in both
+half dtypes. Products and sums are float32 (exact, as above) and each result is rounded to
+the dtype, the golden being the float64 result rounded once. Without a bias or activation
+the two round the same exact value once: EXACT. With a bias the kernels round twice (the
+convolution, then the convolution plus the bias, as cuDNN's convolution and AddTensor do),
+and where the first rounding was inexact the second can land one ulp from the golden's
+single rounding; likewise the activation's input is the rounded pre-activation, and its
+gradient is rounded before the backward's sums. See _HALF_TOLERANCE for the measured bounds.
+The edges: float16 partial sums past 65504 (forward and filter gradient) that a float32
+accumulator carries, float16 subnormal results, and bfloat16's 8-bit mantissa on a
+reduction over 4608 terms.
 """
 
 import dataclasses
@@ -16,6 +28,7 @@ import dataclasses
 import numpy as np
 
 from kernels import Activation, Conv2DAttrs, conv_2d
+from kernels.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, pattern, ulp
 
@@ -23,7 +36,7 @@ TABLE = CaseTable("conv_2d")
 
 
 def _add(name, input_dims, attrs, dtype=np.float32, tolerance=EXACT, description="", filter=None, input=None,
-         filter_scale=0.25, positive_output_grad=False):
+         filter_scale=0.25, positive_output_grad=False, bias=None, output_grad=None):
     n, channels = input_dims[:2]
     filter_dims = conv_2d.filter_dims(attrs, channels)
     output_dims = conv_2d.output_dims(attrs, input_dims)
@@ -33,11 +46,12 @@ def _add(name, input_dims, attrs, dtype=np.float32, tolerance=EXACT, description
         if filter is None else filter,
     }
     if attrs.use_bias:
-        inputs["bias"] = pattern((attrs.out_channels,), modulus=13, offset=5)
+        inputs["bias"] = pattern((attrs.out_channels,), modulus=13, offset=5) if bias is None else bias
     # Positive output gradients for the activation cases: the bias gradient then adds terms of one sign
     # (mostly), so the few-ulp errors of the activation's derivative do not meet cancellation.
     if attrs.backward:  # a state made with backward=False runs the forward only
-        inputs["output_grad"] = pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0)
+        inputs["output_grad"] = pattern(output_dims, modulus=11, offset=4) + (1.5 if positive_output_grad else 0.0) \
+            if output_grad is None else output_grad
     TABLE.add(name, attrs, inputs, dtype=dtype, tolerance=tolerance, description=description)
 
 
@@ -153,6 +167,86 @@ _add("inference_depthwise_k3_s2_p1_bias", (2, 4, 9, 8), _inference(4, (3, 3), (2
      description="fused inference: SCDown cv2 folded, depthwise 3x3 stride 2 with bias, no activation")
 _add("f64_inference_k1_bias_silu", (2, 3, 4, 5), _inference(5, (1, 1)), dtype=np.float64, tolerance=ulp(1),
      filter_scale=0.125, description="fused inference in float64")
+
+# --------------------------------------------------------------------------- half precision
+
+# Measured on the CPU with tools/measure_ulps.py (ulps of the half dtype, with the floor of one ulp
+# of the tensor's largest value); every half case not listed measured exact. The GPU rounds at the
+# same points (kernels/conv_2d/__init__.py) and its float32 sums of these values are exact, so it
+# needs the same where the operations match: H200 not yet measured.
+#
+#   case                              output  input_grad  filter_grad  bias_grad
+#   bf16_groups_2_c4_o6_bias             1        0           0           0      (the bias: two roundings)
+#   bf16_pointwise_batch_3_c64           1        0           0           0      (the bias: two roundings)
+#   f16_k3_s1_p1_bias_silu               0        1           1           0      (the rounded activation
+#   bf16_k3_s1_p1_bias_silu              0        1           1           0       gradient, then sums with
+#   f16_k3_s1_p1_bias_sigmoid            0        1           1           0       cancellation)
+#   bf16_k3_s1_p1_bias_sigmoid           0        1           1           1
+#   f16_depthwise_k3_s2_p1_silu          0        1           1           -
+#   bf16_depthwise_k3_s2_p1_silu         0        1           1           -
+#
+# The activation cases state 1 ulp for the output too: CUDA's expf is within 2 float32 ulps, not
+# NumPy's bits, and can move a value across a rounding boundary of the half dtype.
+_BIAS_TWICE = {"*": EXACT, "output": ulp(1)}
+_HALF_TOLERANCE = {
+    "bf16_groups_2_c4_o6_bias": _BIAS_TWICE,
+    "bf16_pointwise_batch_3_c64": _BIAS_TWICE,
+    **{f"{prefix}_{name}": ulp(1) for prefix in ("f16", "bf16")
+       for name in ("k3_s1_p1_bias_silu", "k3_s1_p1_bias_sigmoid", "depthwise_k3_s2_p1_silu")},
+}
+
+
+def _half(name, input_dims, attrs, tolerance=EXACT, **options):
+    for prefix, dtype in (("f16", np.float16), ("bf16", BFLOAT16)):
+        bound = _HALF_TOLERANCE.get(f"{prefix}_{name}", tolerance)
+        _add(f"{prefix}_{name}", input_dims, attrs, dtype=dtype, tolerance=bound, **options)
+
+
+_half("yolo_stem_k3_s2_p1", (1, 3, 9, 10), _conv(4, (3, 3), (2, 2), (1, 1)), description="the first conv")
+_half("yolo_k1_s1", (2, 5, 6, 7), _conv(3, (1, 1)), description="1x1 conv")
+_half("yolo_k3_s1_p1", (1, 4, 7, 6), _conv(5, (3, 3), (1, 1), (1, 1)), description="C2f bottleneck 3x3")
+_half("yolo_k3_s2_p1_downsample", (2, 4, 8, 7), _conv(6, (3, 3), (2, 2), (1, 1)), description="backbone downsample")
+_half("yolo_scdown_depthwise_k3_s2_p1", (2, 4, 9, 8), _conv(4, (3, 3), (2, 2), (1, 1), groups=4),
+      description="SCDown cv2: depthwise 3x3 stride 2")
+_half("yolo_depthwise_k7_p3", (1, 3, 9, 10), _conv(3, (7, 7), (1, 1), (3, 3), groups=3),
+      description="C2fCIB: depthwise 7x7")
+_half("yolo_depthwise_multiplier_2_bias", (1, 3, 6, 5), _conv(6, (3, 3), (1, 1), (1, 1), groups=3, use_bias=True),
+      description="depthwise, 2 filters per channel, with bias (the depthwise kernel's own bias add)")
+_half("yolo_head_1x1_bias", (2, 6, 5, 4), _conv(7, (1, 1), use_bias=True), description="head 1x1 with bias")
+_half("yolo_head_k3_p1_bias", (1, 4, 5, 6), _conv(3, (3, 3), (1, 1), (1, 1), use_bias=True),
+      description="head 3x3 with bias")
+_half("yolo_dfl_1x1_16_to_1", (1, 16, 4, 8), _conv(1, (1, 1)), filter=np.arange(16, dtype=np.float64).reshape(1, 16, 1, 1),
+      description="DFL decode: bins 0..15")
+_half("groups_2_c4_o6_bias", (2, 4, 6, 5), _conv(6, (3, 3), (1, 1), (1, 1), groups=2, use_bias=True),
+      description="2 groups, with bias")
+_half("pointwise_batch_3_c64", (3, 64, 3, 5), _conv(9, (1, 1), use_bias=True),
+      description="pointwise, 64 input channels, batch 3")
+_half("zero_batch", (0, 3, 5, 4), _conv(2, (3, 3), (1, 1), (1, 1), use_bias=True), description="N = 0")
+for _activation in (Activation.SILU, Activation.SIGMOID):
+    _half(f"k3_s1_p1_bias_{_activation.name.lower()}", (2, 3, 4, 5),
+          _conv(4, (3, 3), (1, 1), (1, 1), use_bias=True, activation=_activation), filter_scale=0.125,
+          positive_output_grad=True, description=f"3x3 conv with bias, then {_activation.name}")
+_half("depthwise_k3_s2_p1_silu", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4, activation=Activation.SILU),
+      filter_scale=0.125, positive_output_grad=True, description="depthwise stride 2, then SILU")
+
+# float16's largest finite value is 65504. A 1x1 conv of 3 channels of 200 with filter (240, 240, -240):
+# partial sums 48000, 96000 (inf in a float16 accumulator), 48000; the bias -32 gives 47968 (exact).
+# The filter gradient sums over 3 pixels of gradients (200, 200, -200) times 200: 40000, 80000, 40000.
+_add("f16_partial_sums_past_65504", (1, 3, 1, 3), _conv(1, (1, 1), use_bias=True), dtype=np.float16,
+     input=np.full((1, 3, 1, 3), 200.0), filter=np.array([240.0, 240.0, -240.0]).reshape(1, 3, 1, 1),
+     bias=np.array([-32.0]), output_grad=np.array([200.0, 200.0, -200.0]).reshape(1, 1, 1, 3),
+     description="float16: partial sums past 65504 in the forward and the filter gradient, carried in float32")
+# float16's subnormals are below 2^-14: inputs, filters and output gradients of 2^-8 scale give
+# products of 2^-20 and sums around 2^-14, rounded to float16's subnormal spacing 2^-24.
+_add("f16_subnormal_results", (1, 3, 5, 4), _conv(2, (3, 3), (1, 1), (1, 1)), dtype=np.float16,
+     input=pattern((1, 3, 5, 4)) * 2.0 ** -8, filter=pattern((2, 3, 3, 3), modulus=9, offset=2) * 2.0 ** -8,
+     output_grad=pattern((1, 2, 5, 4), modulus=11, offset=4) * 2.0 ** -8,
+     description="float16: results below 2^-14 (subnormal) and just above")
+# bfloat16 on a long reduction: 512 channels of a 3x3 kernel, 4608 terms of 1 * (1, 1.25, 1.5 or 1.75) per
+# output (fewer at the border); the float32 sum (about 6000) needs 13 bits and is rounded once to 8.
+_add("bf16_long_reduction_c512_k3", (1, 512, 3, 3), _conv(2, (3, 3), padding=(1, 1)), dtype=BFLOAT16,
+     input=np.ones((1, 512, 3, 3)), filter=(1 + (np.arange(2 * 512 * 9) % 4) * 0.25).reshape(2, 512, 3, 3),
+     description="bfloat16: 4608-term sums rounded once to the 8-bit mantissa")
 
 
 def _torch_activation(activation, value):

@@ -37,6 +37,21 @@ The cuDNN forward is IMPLICIT_GEMM where supported (the cheapest per call on the
 H200), otherwise the heuristics' deterministic choice; cuDNN's backward algorithms
 are the heuristics' deterministic ones.
 
+Half precision (float16, bfloat16): storage in the dtype, products and sums in float32.
+On the GPU every convolution but the depthwise ones runs in cuDNN (half tensors, float
+compute type, tensor-core algorithms allowed): its filter gradient sums the whole batch
+in float32, where the GEMM paths would round each image's part to the dtype. The
+depthwise kernels widen, sum in float (double for the filter gradient) and round once.
+The rounding points, the same on the CPU: the convolution's result is rounded to the
+dtype; the bias is added to it in float32 and the sum rounded; a fused activation reads
+that (the kept pre-activation, in the dtype) in float32 and its result is rounded. The
+backward rounds the activation's gradient to the dtype, then each gradient once
+(bias_grad: a float64 sum rounded to float32, then to the dtype, as on the GPU).
+
+TF32: a float32 state initialised with a GpuHandle made with allow_tf32=True lets cuDNN
+pick tensor-op (TF32) algorithms and runs the cuBLAS GEMMs with
+CUBLAS_COMPUTE_32F_FAST_TF32; the depthwise kernels are unchanged. Never otherwise.
+
 cudnnAddTensor adds the bias; conv_2d.cu sums the bias gradient. The GEMM and
 fold steps of each path are planned as data (plan_*), so their index math is
 checked on the CPU against NumPy (tests/test_conv_2d_gemm_plan.py).
@@ -56,7 +71,7 @@ import numpy as np
 
 from .. import activation, core
 from .. import cpu as cpu_runtime
-from ..core import FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from . import cpu, gpu
 
 # The plans and the names tests and tools read (tests/test_conv_2d_gemm_plan.py, tools/profile_overhead.py).
@@ -186,6 +201,7 @@ class Conv2DState(core.KernelState):
     algorithms: dict[Direction, Any] = field(default_factory=dict)  # cudnn.Algorithm of each direction
     paths: dict[Direction, Path] = field(default_factory=dict)  # plan.choose_paths
     workspace_size: int = 0  # bytes of the handle's workspace the calls use
+    tf32: bool = False  # float32 with the handle's allow_tf32: cuDNN and cuBLAS may use TF32 tensor cores
     chunk: int = 1  # images whose columns and per-image filter gradients the workspace holds at once
     partials_at: int = 0  # where in the workspace (elements) the per-image filter gradients start
     # GPU, made on first use and kept until cleanup: the shapes and attrs never change after init.
@@ -212,7 +228,7 @@ def init_kernel(handle: Any, attrs: Conv2DAttrs, input_shape: TensorShape, outpu
     descriptors, pick the algorithms from the shapes and size the workspace."""
     state = core.make_state(OP, handle, attrs, Conv2DAttrs, Conv2DState,
                             input_shape=input_shape, output_shape=output_shape)
-    core.check_dtype(OP, "input_shape", input_shape, FLOAT_DTYPES)
+    core.check_dtype(OP, "input_shape", input_shape, ALL_FLOAT_DTYPES)
     core.check_rank(OP, "input_shape", input_shape, rank=4)
     channels = input_shape.dims[1]
     if channels % attrs.groups:
@@ -223,6 +239,8 @@ def init_kernel(handle: Any, attrs: Conv2DAttrs, input_shape: TensorShape, outpu
     core.check_same_dtype(OP, "output_shape", output_shape, input_shape, "input_shape")
     state.shapes["filter_shape"] = TensorShape(filter_dims(attrs, channels), input_shape.dtype)
     state.shapes["bias_shape"] = TensorShape((attrs.out_channels,), input_shape.dtype)
+    # TF32 is the handle's setting at init (a CPU handle has none), for float32 only.
+    state.tf32 = bool(getattr(handle, "allow_tf32", False)) and input_shape.dtype == np.float32
     if state.device != "cpu":  # pragma: no cover - GPU: cuDNN descriptors of a GPU handle
         gpu.init(handle, state)
     return state

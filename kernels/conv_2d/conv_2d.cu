@@ -3,6 +3,11 @@
 // rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu, or, for a
 // state without backward (no pre-activation kept), in the depthwise forward and in
 // conv_bias_activation, with activation.cuh's same device functions.
+//
+// The bias gradient, the depthwise kernels and the epilogues also take the half storage types
+// (half.cuh: half_t, bfloat16_t): each value widened when read, products and sums in compute_t
+// (float) or double as for float, each result rounded once when written (narrow). For float and
+// double, widen and narrow are the identity: the same code as before half precision.
 #include "activation.cuh"
 
 // Constants shared with kernels/conv_2d/gpu.py, defined there once and passed as -D options
@@ -22,7 +27,8 @@
 // One block per channel (grid-stride over channels): each thread sums a fixed
 // strided subset in double, then a fixed tree in shared memory adds the
 // threads' sums. No atomics: the same bits on every run. Double accumulation
-// for float too, so the result is the float64 sum rounded once.
+// for float too, so the result is the float64 sum rounded once (for the half types
+// rounded to float, then to T: as the CPU reference does).
 template <typename T>
 __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict__ bias_grad,
                                long long batch, long long channels, long long spatial) {
@@ -31,7 +37,7 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
         double sum = 0.0;
         for (long long n = 0; n < batch; ++n) {
             const T* plane = output_grad + (n * channels + channel) * spatial;
-            for (long long i = threadIdx.x; i < spatial; i += blockDim.x) sum += (double)plane[i];
+            for (long long i = threadIdx.x; i < spatial; i += blockDim.x) sum += (double)widen(plane[i]);
         }
         partial[threadIdx.x] = sum;
         __syncthreads();
@@ -39,8 +45,20 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
             if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
             __syncthreads();
         }
-        if (threadIdx.x == 0) bias_grad[channel] = (T)partial[0];
+        if (threadIdx.x == 0) bias_grad[channel] = narrow<T>((compute_t<T>)partial[0]);
         __syncthreads();  // partial is reused by the block's next channel
+    }
+}
+
+// The bias of the half types on the cuDNN paths: output[n, c, ...] = round(widen(output) + widen(bias[c]))
+// over `total` elements of `spatial` positions per channel, in place; one thread per element,
+// grid-stride. (float and double take cudnnAddTensor, which rounds the same way.)
+template <typename T>
+__global__ void conv_add_bias(T* __restrict__ output, const T* __restrict__ bias, long long channels,
+                              long long spatial, long long total) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        output[i] = narrow<T>(widen(output[i]) + widen(bias[(i / spatial) % channels]));
     }
 }
 
@@ -144,7 +162,7 @@ __global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* _
         rest /= height;
         const I c = rest % channels;
         const I n = rest / channels;
-        T sum = (T)0;
+        compute_t<T> sum = 0;
         for (I q = 0; q < multiplier; ++q) {
             const I o = c * multiplier + q;
             const T* plane = grad + (n * out_channels + o) * positions;
@@ -159,11 +177,11 @@ __global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* _
                     if (x < 0 || x % stride_w) continue;
                     const I ow = x / stride_w;
                     if (ow >= out_w) continue;
-                    sum += plane[oh * out_w + ow] * taps[i * kernel_w + j];
+                    sum += widen(plane[oh * out_w + ow]) * widen(taps[i * kernel_w + j]);
                 }
             }
         }
-        input_grad[index] = sum;
+        input_grad[index] = narrow<T>(sum);
     }
 }
 
@@ -194,7 +212,7 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
                 const I h = (p / out_w) * stride_h - pad_h + i * dilation_h;
                 const I w = (p % out_w) * stride_w - pad_w + j * dilation_w;
                 if (h >= 0 && h < height && w >= 0 && w < width)
-                    sum += (double)plane[p] * (double)image[h * width + w];
+                    sum += (double)widen(plane[p]) * (double)widen(image[h * width + w]);
             }
         }
         partial[threadIdx.x] = sum;
@@ -203,7 +221,7 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
             if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
             __syncthreads();
         }
-        if (threadIdx.x == 0) filter_grad[item] = (T)partial[0];
+        if (threadIdx.x == 0) filter_grad[item] = narrow<T>((compute_t<T>)partial[0]);
         __syncthreads();  // partial is reused by the block's next filter element
     }
 }
@@ -226,8 +244,10 @@ __global__ void conv_sum_images(const T* __restrict__ partials, T* __restrict__ 
 // Depthwise forward: output[n, o, oh, ow] = sum over taps (i, j) in row-major order of
 // input[n, o / multiplier, oh * sh - ph + i * dh, ow * sw - pw + j * dw] * filter[o, 0, i, j]
 // (taps in the padding skipped), then + bias[o] where has_bias (rounded after the sum, as a
-// separate bias add would), then f of that where activation is not KERNELS_ACTIVATION_NONE (the
-// value activation.cu's pass would write from it). One thread per output element, a fixed order.
+// separate bias add would: for the half types the sum is rounded to T, widened, the bias added
+// in float and rounded again, as cuDNN's convolution and conv_add_bias do on the other paths), then
+// f of that where activation is not KERNELS_ACTIVATION_NONE (the value activation.cu's pass would
+// write from it: widened, f in compute_t, rounded once). One thread per output element, a fixed order.
 template <typename T, typename I>
 __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __restrict__ filter,
                                        const T* __restrict__ bias, T* __restrict__ output, int has_bias,
@@ -244,30 +264,31 @@ __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __r
         const I n = rest / out_channels;
         const T* image = input + (n * channels + o / multiplier) * height * width;
         const T* taps = filter + o * kernel_h * kernel_w;
-        T sum = (T)0;
+        compute_t<T> sum = 0;
         for (I i = 0; i < kernel_h; ++i) {
             const I h = oh * stride_h - pad_h + i * dilation_h;
             if (h < 0 || h >= height) continue;
             for (I j = 0; j < kernel_w; ++j) {
                 const I w = ow * stride_w - pad_w + j * dilation_w;
                 if (w < 0 || w >= width) continue;
-                sum += image[h * width + w] * taps[i * kernel_w + j];
+                sum += widen(image[h * width + w]) * widen(taps[i * kernel_w + j]);
             }
         }
-        if (has_bias) sum += bias[o];
-        output[index] = kernels_activation::activation_forward<T>(activation, sum);
+        if (has_bias) sum = widen(narrow<T>(sum)) + widen(bias[o]);
+        output[index] = kernels_activation::activate<T>(activation, narrow<T>(sum));
     }
 }
 
 // The epilogue of a forward whose state keeps no pre-activation, in place over the (N, C, plane)
 // output: data = f(data + bias[c]) (bias where has_bias; f the identity for KERNELS_ACTIVATION_NONE).
-// The sum and f are the operations of a separate bias add and activation.cu's pass: the same bits.
+// The sum and f are the operations of a separate bias add (conv_add_bias, cudnnAddTensor) and
+// activation.cu's pass, each widened, computed in compute_t and rounded once: the same bits.
 template <typename T, typename I>
 __global__ void conv_bias_activation(T* __restrict__ data, const T* __restrict__ bias, int has_bias, int activation,
                                      I total, I plane, I channels) {
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
         T value = data[index];
-        if (has_bias) value = value + bias[(index / plane) % channels];
-        data[index] = kernels_activation::activation_forward<T>(activation, value);
+        if (has_bias) value = narrow<T>(widen(value) + widen(bias[(index / plane) % channels]));
+        data[index] = kernels_activation::activate<T>(activation, value);
     }
 }

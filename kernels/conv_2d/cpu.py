@@ -3,15 +3,19 @@ stride phases of the padded input, one contiguous span a tap), one batched matmu
 the input gradient scatters back tap by tap (a loop over the kh * kw taps, each a strided slice add).
 
 forward and backward run after the package's checks (cpu_forward_kernel, cpu_backward_kernel).
+
+Half precision (float16, bfloat16): the float32 code on widened copies, each result rounded to
+the dtype at the GPU's rounding points (half_forward, half_backward).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .. import activation
+from .. import activation, core
 from .. import cpu as cpu_runtime
 
 if TYPE_CHECKING:
@@ -174,6 +178,9 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
             output: np.ndarray) -> None:
     """output = activation(conv(input, filter) + bias); with an activation, the pre-activation is kept
     in state.pre for the backward."""
+    if output.dtype in core.HALF_DTYPES:
+        half_forward(state, attrs, input, filter, bias, output)
+        return
     n, o, out_h, out_w = output.shape
     groups = attrs.groups
     # The pre-activation: kept for a backward, or (no backward) the output itself, activated in place.
@@ -202,6 +209,9 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
              bias_grad: np.ndarray | None) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None) from output_grad (and, with an
     activation, the pre-activation the forward kept)."""
+    if output_grad.dtype in core.HALF_DTYPES:
+        half_backward(state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
+        return
     grad = output_grad
     if attrs.activation is not None:
         grad = np.empty_like(output_grad)
@@ -253,3 +263,60 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
 
     _by_channels(fold, channels, sent.nbytes)
 
+
+
+# --------------------------------------------------------------------------- half precision
+#
+# float16 and bfloat16: the float32 code above on widened copies, with the GPU's rounding points
+# (kernels/conv_2d/__init__.py): the convolution rounded to the dtype, then the bias added in float32
+# and rounded, then the activation of that (the kept pre-activation) in float32, rounded; backward:
+# the activation's gradient rounded, then each gradient rounded once.
+
+
+def _wide(array: np.ndarray | None) -> np.ndarray | None:
+    """A half tensor widened to float32 (exact)."""
+    return None if array is None else array.astype(core.compute_dtype(array.dtype))
+
+
+def _store(target: np.ndarray, values: np.ndarray) -> None:
+    """target = values rounded once (to nearest even) to target's half dtype."""
+    np.copyto(target, values.astype(target.dtype))
+
+
+def half_forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: np.ndarray,
+                 bias: np.ndarray | None, output: np.ndarray) -> None:
+    """forward for float16 and bfloat16 tensors: float32 products and sums, rounded at the GPU's points."""
+    plain = dataclasses.replace(attrs, activation=None)
+    wide = np.empty(output.shape, dtype=np.float32)
+    forward(state, plain, _wide(input), _wide(filter), None, wide)
+    pre = wide.astype(output.dtype)  # the convolution, rounded as cuDNN writes it
+    if bias is not None:
+        pre = (pre.astype(np.float32) + _wide(bias).reshape(1, -1, 1, 1)).astype(output.dtype)
+    if attrs.activation is None:
+        np.copyto(output, pre)
+        return
+    activated = np.empty(output.shape, dtype=np.float32)
+    activation.cpu_forward(attrs.activation, pre.astype(np.float32), activated)
+    _store(output, activated)
+    state.pre = pre
+
+
+def half_backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, input: np.ndarray | None,
+                  input_grad: np.ndarray | None, filter: np.ndarray | None, filter_grad: np.ndarray | None,
+                  bias_grad: np.ndarray | None) -> None:
+    """backward for float16 and bfloat16 tensors: float32 products and sums, each gradient rounded once."""
+    grad = _wide(output_grad)
+    if attrs.activation is not None:
+        pre_grad = np.empty(grad.shape, dtype=np.float32)
+        activation.cpu_backward(attrs.activation, state.pre.astype(np.float32), grad, pre_grad)
+        grad = pre_grad.astype(output_grad.dtype).astype(np.float32)  # rounded, as the GPU keeps it
+    if bias_grad is not None:
+        # A float64 sum rounded to float32, then to the dtype: conv_bias_grad's two roundings.
+        _store(bias_grad, grad.sum(axis=(0, 2, 3), dtype=np.float64).astype(np.float32))
+    wide_input_grad = None if input_grad is None else np.empty(input_grad.shape, dtype=np.float32)
+    wide_filter_grad = None if filter_grad is None else np.empty(filter_grad.shape, dtype=np.float32)
+    backward(state, dataclasses.replace(attrs, activation=None), grad, _wide(input), wide_input_grad, _wide(filter),
+             wide_filter_grad, None)
+    for target, wide in ((input_grad, wide_input_grad), (filter_grad, wide_filter_grad)):
+        if target is not None:
+            _store(target, wide)

@@ -1,5 +1,6 @@
 """conv_2d on the GPU: the paths plan.choose_paths picks at init, each one deterministic, a plain
-sum of products in FMA math (no TF32, no FFT, no Winograd, no atomics):
+sum of products in FMA math (no FFT, no Winograd, no atomics; no TF32 unless the state's handle
+allows it; half data on tensor cores with float32 compute):
 
 - "gemm" (pointwise): cuBLAS GEMMs (pedantic math) for the forward and both gradients;
 - "columns" (other groups == 1): the forward in cuDNN, both gradients by conv_2d.cu's im2col /
@@ -34,13 +35,16 @@ CONV_BIAS_GRAD_BLOCK = 512
 CONV_DEPTHWISE_FILTER_BLOCK = 256
 CONV_GEOMETRY_FIELDS = 13
 
-_CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in gpu.FLOAT_TYPES] + [
+# The bias gradient and the depthwise kernels in every float type (the half ones too); the column
+# kernels only in float and double (half convolutions other than depthwise run in cuDNN).
+_ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
+_CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
-    f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in gpu.FLOAT_TYPES
+    f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
-    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_bias_activation") for t in gpu.FLOAT_TYPES
-    for i in gpu.INDEX_TYPES],
+    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_bias_activation") for t in _ALL_TYPES
+    for i in gpu.INDEX_TYPES] + [f"conv_add_bias<{t}>" for t in gpu.HALF_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +52,9 @@ gpu_paths.declare("conv_2d", {
     "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
     "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
     "cudnn.backward_filter": "filter_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
-    "cudnn.add_bias": "the bias added by cuDNN's AddTensor (every path but depthwise, which adds it in its kernel)",
+    "cudnn.add_bias": "the bias added by cuDNN's AddTensor (float and double; every path but depthwise, which adds "
+                      "it in its kernel)",
+    "half.add_bias": "float16 and bfloat16: the bias added by conv_add_bias (widened, added in float, rounded)",
     "gemm.forward": "pointwise (1x1, stride 1, no padding, groups 1): the forward as one cuBLAS batched GEMM",
     "gemm.backward_data": "pointwise: input_grad as one cuBLAS batched GEMM",
     "columns.backward_data": "groups 1: input_grad by a cuBLAS GEMM into columns, then conv_col2im, a chunk at a time",
@@ -109,11 +115,13 @@ def init(handle: Any, state: Conv2DState) -> None:
                     raise core.CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH",
                                          f"{state.op}: cuDNN computes output dims {found}, the formula {output.dims}")
                 cudnn_handle = handle.cudnn(_QueryStream)
+                # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
+                tensor_ops = dtype in core.HALF_DTYPES or state.tf32
                 for direction, descriptors, preferred in (
                         ("forward", (x, w, y), cudnn.FWD_ALGO_IMPLICIT_GEMM), ("backward_data", (w, y, x), None),
                         ("backward_filter", (x, y, w), None)):
                     state.algorithms[direction] = cudnn.find_algorithm(direction, cudnn_handle, descriptors, conv,
-                                                                       dtype, WORKSPACE_LIMIT, preferred)
+                                                                       dtype, WORKSPACE_LIMIT, preferred, tensor_ops)
                 choose_paths(state)
                 sizes = [state.algorithms[direction].workspace for direction, path in state.paths.items()
                          if path == "cudnn"]
@@ -147,7 +155,7 @@ def _run_gemm(stream: Any, handle: Any, state: Conv2DState, dtype: np.dtype, ste
     a, b, c = (pointers[buffer] + offset * itemsize for buffer, offset in (step.a, step.b, step.c))
     cublas.gemm_strided_batched(stream, handle, dtype, step.trans_a, step.trans_b, step.m, step.n, step.k, a, step.lda,
                                 step.stride_a, b, step.ldb, step.stride_b, step.beta, c, step.ldc, step.stride_c,
-                                step.batch, state.op)
+                                step.batch, state.op, state.tf32)
 
 
 # Made once per state, on first use: the shapes and attrs never change after init.
@@ -306,6 +314,11 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
                        gpu.grid_for(output.size), gpu.BLOCK,
                        (output, output if bias is None else bias, np.int32(bias is not None),
                         activation.code(attrs.activation), scalar(output.size), scalar(out_h * out_w), scalar(o)))
+        elif bias is not None and not depthwise and dtype in core.HALF_DTYPES:
+            gpu_paths.reach("conv_2d.half.add_bias")
+            n, o, out_h, out_w = target.shape
+            gpu.launch(stream, _CUDA.function(f"conv_add_bias<{gpu.cuda_type(dtype)}>"), gpu.grid_for(target.size),
+                       gpu.BLOCK, (target, bias, np.int64(o), np.int64(out_h * out_w), np.int64(target.size)))
         elif bias is not None and not depthwise:
             gpu_paths.reach("conv_2d.cudnn.add_bias")
             cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,

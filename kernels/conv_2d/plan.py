@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ..core import HALF_DTYPES
+
 if TYPE_CHECKING:
     from . import Conv2DAttrs, Conv2DState
 
@@ -139,7 +141,9 @@ def choose_paths(state: Conv2DState) -> None:
     if depthwise(attrs, state.shapes["input_shape"].dims[1]):
         state.paths = dict.fromkeys(DIRECTIONS, "depthwise")
         return
-    if attrs.groups != 1:
+    if attrs.groups != 1 or state.shapes["input_shape"].dtype in HALF_DTYPES:
+        # Half precision: cuDNN sums the filter gradient over the whole batch in float32, where the
+        # GEMM paths would round each image's (or chunk's) part to the half dtype.
         return
     n, _, o, p, k = _sizes(state)
     itemsize = state.shapes["input_shape"].dtype.itemsize

@@ -1,12 +1,18 @@
 """batch_matmul on YOLOv10x's PSA shapes at a 640x640 input (5 heads, 400 tokens):
 the scores q^T k, (1,5,400,32) x (1,5,32,400), and the values v attn^T,
 (1,5,64,400) x (1,5,400,400); forward and backward, beside torch.matmul (TF32 off).
-Rates use flops = 2 * batch * M * N * K per product (backward: two products)."""
+Rates use flops = 2 * batch * M * N * K per product (backward: two products).
+
+Half precision (float16, bfloat16) rows, on the GPU only: the same random values rounded to the
+dtype, beside torch.matmul in that dtype (cuBLAS with tensor cores and float32 sums on both
+sides); their groups end in the dtype's name."""
 
 import numpy as np
 import pytest
 
 from kernels import BatchMatmulAttrs, TensorShape, batch_matmul
+
+from .test_bench_conv_2d import DTYPES, _array, _half_rows_on_gpu_only
 
 SHAPES = [
     pytest.param((1, 5), 400, 32, 400, id="psa_scores_1x5_400x32_32x400"),
@@ -14,19 +20,22 @@ SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("batch, m, k, n", SHAPES)
-def test_batch_matmul(benchmark, bench, batch, m, k, n, direction):
+def test_batch_matmul(benchmark, bench, batch, m, k, n, direction, dtype):
+    _half_rows_on_gpu_only(bench, dtype)
     lhs_dims, rhs_dims, out_dims = batch + (m, k), batch + (k, n), batch + (m, n)
-    group = f"batch_matmul {direction} {lhs_dims} x {rhs_dims}"
+    group = f"batch_matmul {direction} {lhs_dims} x {rhs_dims}{'' if dtype == np.float32 else ' ' + dtype.name}"
     batch_count = int(np.prod(batch))
     products = 1 if direction == "forward" else 2
     flops = products * 2 * batch_count * m * n * k
     sizes = [int(np.prod(d)) for d in (lhs_dims, rhs_dims, out_dims)]
     # forward: read lhs, rhs, write output; backward: read g, lhs, rhs, write lhs_grad, rhs_grad
-    bytes_moved = 4 * (sum(sizes) if direction == "forward" else sizes[2] + 2 * (sizes[0] + sizes[1]))
-    lhs, rhs, output_grad = bench.array(lhs_dims, seed=0), bench.array(rhs_dims, seed=1), bench.array(out_dims, seed=2)
-    output, lhs_grad, rhs_grad = bench.empty(out_dims), bench.empty(lhs_dims), bench.empty(rhs_dims)
+    bytes_moved = dtype.itemsize * (sum(sizes) if direction == "forward" else sizes[2] + 2 * (sizes[0] + sizes[1]))
+    lhs, rhs = _array(bench, lhs_dims, dtype, seed=0), _array(bench, rhs_dims, dtype, seed=1)
+    output_grad = _array(bench, out_dims, dtype, seed=2)
+    output, lhs_grad, rhs_grad = bench.empty(out_dims, dtype), bench.empty(lhs_dims, dtype), bench.empty(rhs_dims, dtype)
     if bench.impl == "torch":
         torch = bench.torch
         if direction == "forward":
@@ -38,8 +47,8 @@ def test_batch_matmul(benchmark, bench, batch, m, k, n, direction):
         bench.run(benchmark, function, bytes_moved, group, flops=flops)
         return
     attrs = BatchMatmulAttrs()
-    state = batch_matmul.init_kernel(bench.handle, attrs, TensorShape(lhs_dims, np.float32),
-                                     TensorShape(rhs_dims, np.float32), TensorShape(out_dims, np.float32))
+    state = batch_matmul.init_kernel(bench.handle, attrs, TensorShape(lhs_dims, dtype),
+                                     TensorShape(rhs_dims, dtype), TensorShape(out_dims, dtype))
     if direction == "forward":
         function = lambda: batch_matmul.forward_kernel(  # noqa: E731
             bench.stream, bench.handle, state, attrs, lhs, rhs, output)

@@ -5,6 +5,11 @@ backward (input, filter and, with a bias, bias gradients), beside F.conv2d and
 aten.convolution_backward. TF32 is off on both sides (cuDNN FMA math; torch's
 allow_tf32 false), so the TFLOP/s compare like for like.
 
+Half precision (float16, bfloat16) rows, on the GPU only (half precision is a GPU matter, and
+the CPU twins would take minutes at these sizes): the same shapes and random values rounded to
+the dtype, beside PyTorch's F.conv2d and convolution_backward in the same dtype (cuDNN with
+tensor cores on both sides, float32 sums); their groups end in the dtype's name.
+
 Bytes are what any implementation must move: forward reads input and filter and
 writes the output; backward reads output_grad, input and filter and writes their
 gradients. Flops count a multiply-add as 2; backward does twice the forward's.
@@ -14,6 +19,7 @@ import numpy as np
 import pytest
 
 from kernels import Conv2DAttrs, TensorShape, conv_2d
+from kernels.core import BFLOAT16
 
 SHAPES = [
     pytest.param((1, 3, 640, 640), Conv2DAttrs(16, 3, 3, 2, 2, 1, 1), id="stem_3x3s2_1x3x640x640_16"),
@@ -23,59 +29,88 @@ SHAPES = [
 ]
 
 
-def _describe(dims, attrs):
+FLOAT32 = np.dtype(np.float32)
+DTYPES = [
+    pytest.param(np.dtype(np.float32), id="f32"),
+    pytest.param(np.dtype(np.float16), id="f16"),
+    pytest.param(BFLOAT16, id="bf16"),
+]
+
+
+def _describe(dims, attrs, dtype=FLOAT32):
     return (f"{attrs.kernel_h}x{attrs.kernel_w} s{attrs.stride_h} p{attrs.padding_h} g{attrs.groups}"
-            f"{' bias' if attrs.use_bias else ''} {dims}->{attrs.out_channels}")
+            f"{' bias' if attrs.use_bias else ''} {dims}->{attrs.out_channels}"
+            f"{'' if dtype == np.float32 else ' ' + dtype.name}")
 
 
-def _tensors(bench, dims, attrs):
-    input = bench.array(dims)
-    filter = bench.array(conv_2d.filter_dims(attrs, dims[1]), seed=1)
-    bias = bench.array((attrs.out_channels,), seed=2) if attrs.use_bias else None
+def _half_rows_on_gpu_only(bench, dtype):
+    if dtype != np.float32 and bench.device == "cpu":
+        pytest.skip("half-precision rows run on the GPU only")
+
+
+def _array(bench, dims, dtype, seed=0):
+    """bench.array's random values rounded to `dtype`, as our array or a torch tensor of that dtype."""
+    if dtype == np.float32:
+        return bench.array(dims, seed=seed)
+    host = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
+    if bench.impl == "torch":
+        tensor = bench.torch.from_numpy(host).to(getattr(bench.torch, dtype.name))
+        return tensor.cuda() if bench.device == "gpu" else tensor
+    return bench.xp.asarray(host.astype(dtype))
+
+
+def _tensors(bench, dims, attrs, dtype=FLOAT32):
+    input = _array(bench, dims, dtype)
+    filter = _array(bench, conv_2d.filter_dims(attrs, dims[1]), dtype, seed=1)
+    bias = _array(bench, (attrs.out_channels,), dtype, seed=2) if attrs.use_bias else None
     return input, filter, bias
 
 
-def _sizes(dims, attrs):
+def _sizes(dims, attrs, dtype=FLOAT32):
     out_dims = conv_2d.output_dims(attrs, dims)
     filter_count = int(np.prod(conv_2d.filter_dims(attrs, dims[1])))
     data = int(np.prod(dims)) + int(np.prod(out_dims)) + filter_count + (attrs.out_channels if attrs.use_bias else 0)
-    return out_dims, data * 4
+    return out_dims, data * dtype.itemsize
 
 
 def _torch_args(attrs):
     return (attrs.stride_h, attrs.stride_w), (attrs.padding_h, attrs.padding_w), (attrs.dilation_h, attrs.dilation_w)
 
 
-def _state(bench, dims, out_dims, attrs):
-    return conv_2d.init_kernel(bench.handle, attrs, TensorShape(dims, np.float32), TensorShape(out_dims, np.float32))
+def _state(bench, dims, out_dims, attrs, dtype=FLOAT32):
+    return conv_2d.init_kernel(bench.handle, attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims, attrs", SHAPES)
-def test_conv_2d_forward(benchmark, bench, dims, attrs):
-    out_dims, bytes_moved = _sizes(dims, attrs)
-    group = f"conv_2d forward {_describe(dims, attrs)}"
+def test_conv_2d_forward(benchmark, bench, dims, attrs, dtype):
+    _half_rows_on_gpu_only(bench, dtype)
+    out_dims, bytes_moved = _sizes(dims, attrs, dtype)
+    group = f"conv_2d forward {_describe(dims, attrs, dtype)}"
     flops = conv_2d.flops(attrs, dims)
-    input, filter, bias = _tensors(bench, dims, attrs)
+    input, filter, bias = _tensors(bench, dims, attrs, dtype)
     if bench.impl == "torch":
         conv2d = bench.torch.nn.functional.conv2d
         stride, padding, dilation = _torch_args(attrs)
         bench.run(benchmark, lambda: conv2d(input, filter, bias, stride, padding, dilation, attrs.groups),
                   bytes_moved, group, flops=flops)
         return
-    output = bench.empty(out_dims)
-    state = _state(bench, dims, out_dims, attrs)
+    output = bench.empty(out_dims, dtype)
+    state = _state(bench, dims, out_dims, attrs, dtype)
     bench.run(benchmark, lambda: conv_2d.forward_kernel(bench.stream, bench.handle, state, attrs, input, filter, bias,
                                                         output), bytes_moved, group, flops=flops)
     conv_2d.cleanup_kernel(bench.handle, state)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims, attrs", SHAPES)
-def test_conv_2d_backward(benchmark, bench, dims, attrs):
-    out_dims, bytes_moved = _sizes(dims, attrs)
-    group = f"conv_2d backward {_describe(dims, attrs)}"
+def test_conv_2d_backward(benchmark, bench, dims, attrs, dtype):
+    _half_rows_on_gpu_only(bench, dtype)
+    out_dims, bytes_moved = _sizes(dims, attrs, dtype)
+    group = f"conv_2d backward {_describe(dims, attrs, dtype)}"
     flops = 2 * conv_2d.flops(attrs, dims)
-    input, filter, bias = _tensors(bench, dims, attrs)
-    output_grad = bench.array(out_dims, seed=3)
+    input, filter, bias = _tensors(bench, dims, attrs, dtype)
+    output_grad = _array(bench, out_dims, dtype, seed=3)
     if bench.impl == "torch":
         backward = bench.torch.ops.aten.convolution_backward
         stride, padding, dilation = _torch_args(attrs)
@@ -85,9 +120,9 @@ def test_conv_2d_backward(benchmark, bench, dims, attrs):
                                               list(dilation), False, [0, 0], attrs.groups, mask),
                   bytes_moved, group, flops=flops)
         return
-    input_grad, filter_grad = bench.empty(dims), bench.empty(tuple(filter.shape))
-    bias_grad = bench.empty((attrs.out_channels,)) if attrs.use_bias else None
-    state = _state(bench, dims, out_dims, attrs)
+    input_grad, filter_grad = bench.empty(dims, dtype), bench.empty(tuple(filter.shape), dtype)
+    bias_grad = bench.empty((attrs.out_channels,), dtype) if attrs.use_bias else None
+    state = _state(bench, dims, out_dims, attrs, dtype)
     bench.run(benchmark, lambda: conv_2d.backward_kernel(bench.stream, bench.handle, state, attrs, None, output_grad,
                                                          input, input_grad, filter, filter_grad, bias_grad),
               bytes_moved, group, flops=flops)
