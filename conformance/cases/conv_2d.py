@@ -167,6 +167,24 @@ _add("inference_depthwise_k3_s2_p1_bias", (2, 4, 9, 8), _inference(4, (3, 3), (2
      description="fused inference: SCDown cv2 folded, depthwise 3x3 stride 2 with bias, no activation")
 _add("f64_inference_k1_bias_silu", (2, 3, 4, 5), _inference(5, (1, 1)), dtype=np.float64, tolerance=ulp(1),
      filter_scale=0.125, description="fused inference in float64")
+# The same fused inference states in float16 and bfloat16 (YOLOv10's fused half eval): the conv sum rounded
+# to the dtype, the bias added in float32 and rounded, SILU of that widened and rounded, in the depthwise
+# kernel or one conv_bias_activation launch on the GPU (the separate passes' rounding points); the golden
+# rounds the float64 result once. CPU measured (tools/measure_ulps.py): exact, but for bf16 depthwise 7x7
+# SILU 1 ulp (the bias rounding, then SILU's). The GPU rounds at the same points and its float32 sums of
+# these values are exact; CUDA's expf (within 2 float32 ulps) can cross a half rounding boundary, as in the
+# half activation cases above: 1 ulp for each, H200 not yet measured.
+for _prefix, _dtype in (("f16", np.float16), ("bf16", BFLOAT16)):
+    _add(f"{_prefix}_inference_k3_s1_p1_bias_silu", (2, 3, 4, 5), _inference(4, (3, 3), padding=(1, 1)), dtype=_dtype,
+         tolerance=ulp(1), filter_scale=0.125, description="half fused inference: 3x3 conv, bias and SILU")
+    _add(f"{_prefix}_inference_k1_bias_silu", (2, 5, 6, 7), _inference(3, (1, 1)), dtype=_dtype, tolerance=ulp(1),
+         filter_scale=0.125, description="half fused inference: 1x1 conv, bias and SILU")
+    _add(f"{_prefix}_inference_depthwise_k7_p3_bias_silu", (1, 4, 9, 10), _inference(4, (7, 7), padding=(3, 3), groups=4),
+         dtype=_dtype, tolerance=ulp(1), filter_scale=0.125,
+         description="half fused inference: RepVGGDW folded, depthwise 7x7, bias, SILU")
+    _add(f"{_prefix}_inference_depthwise_k3_s2_p1_bias", (2, 4, 9, 8),
+         _inference(4, (3, 3), (2, 2), (1, 1), groups=4, activation=None), dtype=_dtype, tolerance=ulp(1),
+         description="half fused inference: SCDown cv2 folded, depthwise 3x3 stride 2 with bias")
 
 # --------------------------------------------------------------------------- half precision
 
