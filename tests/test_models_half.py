@@ -234,7 +234,7 @@ def test_gpu_half_eval_fused_and_replay_at_640(dtype, variant):
             check(a, b, f"gpu {variant} {dtype} fused output {i}", dtype, 4)
         with g16.stream:
             for a in written:
-                a.fill(0)
+                a.view(cupy.uint16).fill(0)
         graph = g16.plan(dims).capture()
         graph.launch(g16.stream.cupy_stream)
         replay = [cupy.asnumpy(a) for a in written]
@@ -286,7 +286,7 @@ def test_gpu_half_training_step_equals_cpu_and_replays(dtype):
                 if k in start:
                     v[...] = start[k]
             for a in written:
-                a.fill(0)
+                a.view(np.uint8).fill(0)
         graph = plan.capture(backward=True)
         graph.launch(gpu.stream.cupy_stream)
         replay = [cupy.asnumpy(a) for a in written]

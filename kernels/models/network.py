@@ -174,8 +174,8 @@ class Network:
         return self.xp.zeros(tuple(dims), self.dtype)
 
     def place(self, host: np.ndarray) -> Any:
-        """A device copy of a host constant, in the network's dtype."""
-        return self.xp.array(host, dtype=self.dtype)
+        """A device copy of a host constant, rounded once to the network's dtype on the host (NumPy, ml_dtypes)."""
+        return self.xp.asarray(np.asarray(host).astype(self.dtype))
 
     def grad(self, name: str) -> Any:
         """The gradient array of a parameter (in the parameter's dtype), made once and shared by every plan."""
