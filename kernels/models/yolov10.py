@@ -370,8 +370,8 @@ class YOLOv10(Network):
     (N, min(300, A), 6) [x1, y1, x2, y2, score, class]. Every array returned is a buffer of the plan
     of that input shape and mode, overwritten by its next call (detections excepted: a new array).
 
-    dtype: "float32", "float64", or "float16" / "bfloat16" (mixed precision, as PyTorch's autocast-free
-    half models with float32 BatchNorms): the input, activations, outputs, gradients, the conv weights
+    dtype: "float32", "float64", or "float16" / "bfloat16" (mixed precision, as a PyTorch half model
+    whose BatchNorms are kept float32): the input, activations, outputs, gradients, the conv weights
     and biases (the DFL's and the fused ones too) in the half dtype; the BatchNorms' gamma, beta and
     running statistics (and gamma's and beta's gradients) float32. Every op computes in float32 inside
     and rounds once to the half dtype (docs/ops.md).
