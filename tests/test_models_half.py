@@ -198,6 +198,12 @@ def _gpu():
     return cupy
 
 
+def _host(model, arrays):
+    """Host copies of a GPU model's arrays, after its stream's work is done."""
+    model.stream.synchronize()
+    return [model.xp.asnumpy(a) for a in arrays]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("variant", ["n", "x"])
@@ -218,18 +224,15 @@ def test_gpu_half_eval_fused_and_replay_at_640(dtype, variant):
         with g32.stream:
             x32 = cupy.asarray(x.astype(np.float32))
         got = g16.eval()(x16)
-        got = [cupy.asnumpy(a) for a in got["one2one"]] + [cupy.asnumpy(got["decoded"]), cupy.asnumpy(got["detections"])]
+        got = _host(g16, [*got["one2one"], got["decoded"], got["detections"]])
         want = g32.eval()(x32, detections=False)
-        want = [cupy.asnumpy(a) for a in want["one2one"]] + [cupy.asnumpy(want["decoded"])]
-        g16.stream.synchronize()
-        g32.stream.synchronize()
+        want = _host(g32, [*want["one2one"], want["decoded"]])
         for i, (a, b) in enumerate(zip(got[:-1], want, strict=True)):
             check(a, b, f"gpu {variant} {dtype} eval output {i}", dtype, 4)
         np.testing.assert_array_equal(got[-1].astype(np.float32), y10.postprocess(np, got[-2].astype(np.float32), 7))
         out = g16.fuse()(x16, detections=False)
         written = list(out["one2one"]) + [out["decoded"]]
-        eager = [cupy.asnumpy(a) for a in written]
-        g16.stream.synchronize()
+        eager = _host(g16, written)
         for i, (a, b) in enumerate(zip(eager, got[:-1], strict=True)):
             check(a, b, f"gpu {variant} {dtype} fused output {i}", dtype, 4)
         with g16.stream:
@@ -237,8 +240,7 @@ def test_gpu_half_eval_fused_and_replay_at_640(dtype, variant):
                 a.view(cupy.uint16).fill(0)
         graph = g16.plan(dims).capture()
         graph.launch(g16.stream.cupy_stream)
-        replay = [cupy.asnumpy(a) for a in written]
-        g16.stream.synchronize()
+        replay = _host(g16, written)
         for i, (a, b) in enumerate(zip(replay, eager, strict=True)):
             assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"fused output {i} differs after replay"
     print("\nhalf against float32 (relative L2 in u):", {k: f"{v:.2g}" for k, v in sorted(MEASURED.items())})
@@ -267,20 +269,23 @@ def test_gpu_half_training_step_equals_cpu_and_replays(dtype):
             grads_gpu = {key: [cupy.asarray(g) for g in value] for key, value in grads.items()}
         for key in want:
             for level, a in enumerate(want[key]):
-                check(cupy.asnumpy(got[key][level]), a, f"gpu {dtype} train {key}.{level}", dtype, 512)
+                check(_host(gpu, [got[key][level]])[0], a, f"gpu {dtype} train {key}.{level}", dtype, 512)
+        cpu_stats = {k: np.array(v) for k, v in cpu.state_dict().items() if k in start}
+        for k, value in zip(sorted(start), _host(gpu, [gpu.state_dict()[k] for k in sorted(start)])):
+            assert value.dtype == np.float32
+            check(value, cpu_stats[k], f"gpu {dtype} running statistics", dtype, 4)
         dx, dxg = cpu.backward(grads)["input"], gpu.backward(grads_gpu)["input"]
-        gpu.stream.synchronize()
-        check(cupy.asnumpy(dxg), dx, f"gpu {dtype} input gradient", dtype, 1024)
+        check(_host(gpu, [dxg])[0], dx, f"gpu {dtype} input gradient", dtype, 1024)
         names = [n for n in cpu.grads if n.endswith("conv.weight")]
-        check(np.concatenate([cupy.asnumpy(gpu.grads[n]).astype(np.float64).ravel() for n in names]),
+        check(np.concatenate([a.astype(np.float64).ravel() for a in _host(gpu, [gpu.grads[n] for n in names])]),
               np.concatenate([np.asarray(cpu.grads[n], np.float64).ravel() for n in names]),
               f"gpu {dtype} conv weight gradients", dtype, 1024)
         assert all(gpu.grads[n].dtype == (np.float32 if ".bn." in n else np.dtype(dtype)) for n in gpu.grads)
         plan = gpu.plan(dims)
         written = [a for key in ("one2many", "one2one") for a in got[key]] + [plan.grads[n] for n in sorted(plan.grads)]
         written.append(plan.input_grad)
-        eager = [cupy.asnumpy(a) for a in written]
-        stats = {k: cupy.asnumpy(v) for k, v in gpu.state_dict().items() if k in start}
+        eager = _host(gpu, written)
+        stats = dict(zip(sorted(start), _host(gpu, [gpu.state_dict()[k] for k in sorted(start)])))
         with gpu.stream:
             for k, v in gpu.state_dict().items():
                 if k in start:
@@ -289,11 +294,10 @@ def test_gpu_half_training_step_equals_cpu_and_replays(dtype):
                 a.view(np.uint8).fill(0)
         graph = plan.capture(backward=True)
         graph.launch(gpu.stream.cupy_stream)
-        replay = [cupy.asnumpy(a) for a in written]
-        gpu.stream.synchronize()
+        replay = _host(gpu, written)
         for i, (a, b) in enumerate(zip(replay, eager, strict=True)):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"training output or gradient {i} differs"
-        for k, v in gpu.state_dict().items():
-            if k in start:
-                assert np.array_equal(cupy.asnumpy(v), stats[k]), k
+        replayed = _host(gpu, [gpu.state_dict()[k] for k in sorted(start)])
+        for k, value in zip(sorted(start), replayed):
+            assert np.array_equal(value, stats[k]), k
     print("\nGPU half against CPU half (relative L2 in u):", {k: f"{v:.2g}" for k, v in sorted(MEASURED.items())})
