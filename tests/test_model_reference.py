@@ -164,3 +164,28 @@ def test_forward_modes_and_the_detached_one_to_one_branch():
     assert set(heads) == {"one2many", "one2one"}
     scores = detections[..., 4]
     assert torch.all(scores[:, :-1] >= scores[:, 1:])  # descending
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_reference_keeps_batch_norms_float32_and_transfers_through_numpy(dtype):
+    from kernels.models import YOLOv10
+
+    model = reference.build("n", dtype=dtype)
+    for name, tensor in model.state_dict().items():
+        if name.endswith("num_batches_tracked"):
+            assert tensor.dtype == torch.int64
+        else:
+            assert tensor.dtype == (torch.float32 if ".bn." in name else dtype), name
+    ours = YOLOv10("n", dtype=str(dtype).removeprefix("torch.")).init_random(4)
+    state = ours.state_dict()
+    reference.load_numpy(model, state)  # bfloat16 through float32: exact
+    back = reference.to_numpy(model)
+    for name, array in state.items():
+        assert back[name].dtype == array.dtype, name
+        assert back[name].tobytes() == np.asarray(array).tobytes(), name
+    # A half input through float32 BatchNorms: the outputs in the half dtype (PyTorch's CPU takes it).
+    x = reference.tensor(np.random.default_rng(0).random((1, 3, 64, 64)).astype(ours.dtype))
+    assert x.dtype == dtype
+    out = model.train()(x)
+    assert all(t.dtype == dtype for t in out["one2many"] + out["one2one"])
+    ours.close()

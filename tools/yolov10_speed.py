@@ -7,6 +7,13 @@ torch.cuda.max_memory_allocated plus the weights), with our plan's own bytes (Pl
 GPU machine from the repository root:
 
     python3 tools/yolov10_speed.py [--variants n,x] [--batches 1,16] [--runs 20] [--json FILE]
+    python3 tools/yolov10_speed.py --dtype float16 [--train ""]     # and --dtype bfloat16
+
+--dtype float16 / bfloat16: ours YOLOv10(v, device="gpu", dtype=...) (half activations and conv weights,
+float32 BatchNorms); PyTorch's eval twin is ultralytics' half deployment, the reference with
+`model.half()` (`.to(torch.bfloat16)`: every tensor in the half dtype, BatchNorms too), cudnn.benchmark
+off; its training twin the mixed-precision reference (float32 BatchNorm modules), as ours. Issue 11's
+PyTorch fp16 CUDA-graph eval on the H200: 1.68 ms (n, batch 1), 4.3 ms (x, 1), 26.0 ms (x, 16).
 
 Ours: YOLOv10(v, device="gpu"), eval calls with detections=False (the top-k is left out; PyTorch's
 eval includes ultralytics' top-k selection), graph = Plan.capture() replayed with Graph.launch.
@@ -33,6 +40,7 @@ from kernels.models import YOLOv10  # noqa: E402
 
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.benchmark = False
 
 
 def median_ms(call, sync, runs):
@@ -47,14 +55,14 @@ def median_ms(call, sync, runs):
     return statistics.median(times)
 
 
-def ours(variant, batch, runs, train, fused=True):
+def ours(variant, batch, runs, train, fused=True, dtype="float32"):
     row = {}
     cupy.get_default_memory_pool().free_all_blocks()
     before = gpu.live_allocations().get("bytes", 0)
-    with YOLOv10(variant, device="gpu") as model:
+    with YOLOv10(variant, device="gpu", dtype=dtype) as model:
         dims = (batch, 3, 640, 640)
         with model.stream:
-            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32))
+            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(dtype))
         model.eval()
         sync = model.stream.synchronize
         row["eager"] = median_ms(lambda: model(x, detections=False), sync, runs)
@@ -88,12 +96,14 @@ def ours(variant, batch, runs, train, fused=True):
     return row
 
 
-def theirs(variant, batch, runs, train):
+def theirs(variant, batch, runs, train, dtype="float32"):
     row = {}
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    model = reference.build(variant).cuda().eval()
+    torch_dtype = getattr(torch, dtype)
+    model = reference.build(variant).cuda().eval().to(torch_dtype)  # half: model.half(), as deployed
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((batch, 3, 640, 640)).astype(np.float32)).cuda()
+    x = x.to(torch_dtype)
     sync = torch.cuda.synchronize
     base = torch.cuda.memory_allocated()
     with torch.no_grad():
@@ -105,6 +115,8 @@ def theirs(variant, batch, runs, train):
         row["fused_eager"], row["fused_graph"] = row["eager"], row["graph"]  # our fused rows' twin: unfused
         graph = None
     if train:
+        if torch_dtype in reference.HALF_DTYPES:  # mixed-precision training: float32 BatchNorm modules
+            model = reference.build(variant, dtype=torch_dtype, device="cuda")
         model.train()
         out = model(x)
         feats = out["one2many"] + out["one2one"] if isinstance(out, dict) else None
@@ -126,17 +138,19 @@ def main():
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--train", default="n:1,x:16", help="variant:batch pairs that also time a training step")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     parser.add_argument("--json")
     args = parser.parse_args()
     train = {tuple(p.split(":")) for p in args.train.split(",") if p}
     rows = []
+    print(f"dtype {args.dtype}")
     print(f"{'model':8} {'batch':>5} {'what':12} {'ours ms':>9} {'torch ms':>9} {'ratio':>6}")
     for variant in args.variants.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             t = (variant, str(batch)) in train
             try:
-                a = ours(variant, batch, args.runs, t)
-                b = theirs(variant, batch, args.runs, t)
+                a = ours(variant, batch, args.runs, t, dtype=args.dtype)
+                b = theirs(variant, batch, args.runs, t, dtype=args.dtype)
             except Exception as error:  # report and go on with the next configuration
                 print(f"yolov10{variant} batch {batch}: {type(error).__name__}: {error}")
                 continue
@@ -147,7 +161,8 @@ def main():
                 if what in a and what in b:
                     ratio = a[what] / b[what]
                     print(f"yolov10{variant:2} {batch:5} {what:12} {a[what]:9.2f} {b[what]:9.2f} {ratio:6.2f}")
-                    rows.append(dict(variant=variant, batch=batch, what=what, ours=a[what], torch=b[what], ratio=ratio))
+                    rows.append(dict(variant=variant, batch=batch, dtype=args.dtype, what=what, ours=a[what], torch=b[what],
+                                     ratio=ratio))
             sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

@@ -39,7 +39,8 @@ EPILOG = f"""\
 models: {", ".join(MODELS)} (or --variant {"|".join(VARIANTS)}|all)
 
 bounds (relative L2, per kind of tensor; docs/conformance.md says why):
-{chr(10).join(f"  {kind:<13} float32 {BOUNDS['float32'][kind]:<7.0e} float64 {BOUNDS['float64'][kind]:.0e}" for kind in KINDS)}
+{chr(10).join(f"  {kind:<13} float32 {BOUNDS['float32'][kind]:<7.0e} float64 {BOUNDS['float64'][kind]:<7.0e} "
+              f"float16 {BOUNDS['float16'][kind]:<7.1e} bfloat16 {BOUNDS['bfloat16'][kind]:.1e}" for kind in KINDS)}
   raised, per tensor, to {CONDITION_FACTOR:g} x PyTorch's own float32 error on it (scaled to the
   dtype's epsilon): a badly conditioned tensor (BatchNorm over a 2x2 level, a gradient
   that is zero in exact arithmetic) differs between any two float32 programs.
@@ -49,6 +50,7 @@ bounds (relative L2, per kind of tensor; docs/conformance.md says why):
 
 examples:
   python -m conformance.models yolov10n --device cpu --size 64 --dtype float64
+  python -m conformance.models yolov10n --device cpu --batch 2 --size 96x128 --dtype float16
   python -m conformance.models yolov10n --device gpu --batch 8
   python -m conformance.models --variant all --device gpu --size 640 --json report.json
   python -m conformance.models yolov10x --device gpu:1 --batch 16 --quiet
@@ -94,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", type=_device, default="cpu", help="our model's device: cpu, gpu or gpu:N (default cpu)")
     parser.add_argument("--batch", type=_count(1), default=1, help="images per batch (default 1)")
     parser.add_argument("--size", type=_size, default=(640, 640), metavar="N|HxW", help="input size (default 640)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="default float32")
+    parser.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32",
+                        help="default float32; float16 and bfloat16 are mixed precision (float32 BatchNorms)")
     parser.add_argument("--steps", type=_count(1), default=2,
                         help="training steps before the running statistics are compared (default 2)")
     parser.add_argument("--seed", type=_count(0), default=0,

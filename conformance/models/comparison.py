@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from kernels.core import is_floating
+
 from ..compare import ulp_distance, ulp_of
 
 # Kinds of compared tensors, in report order.
@@ -68,6 +70,43 @@ BOUNDS: dict[str, dict[str, float]] = {
         "eval_head": 1e-11,
         "box": 1e-11,
         "score": 1e-11,
+        "identity": 0.0,
+    },
+    # float16 and bfloat16 (mixed precision: half activations and conv weights, float32 BatchNorms,
+    # float32 accumulation inside every op on both sides): floors in units u of the dtype's rounding
+    # (2^-11 for float16, 2^-8 for bfloat16). Measured on the CPU against the mixed-precision
+    # reference (yolov10n, 2x3x96x128, seeds 0 and 1; tools: python -m conformance.models --dtype ...):
+    # eval heads 1.0 u (float16 5.1e-4, bfloat16 3.7e-3), boxes and scores <= 1 u, running statistics
+    # 0.7 u; training outputs and gradients as far from PyTorch as PyTorch's half run is from its
+    # float64 run (ours / its spread <= 1.9 on every tensor), which at this size is 0.07 (float16) to
+    # 0.6 (bfloat16): BatchNorm over 24 values per channel at P5 amplifies each rounding, and the
+    # tensor's spread bound (CONDITION_FACTOR) covers them. Floors: 8 u for eval, boxes, scores and
+    # statistics, 64 u for training outputs and the input gradient, 128 u for parameter gradients.
+    # At 1x3x64x64 float16 parameter gradients pass 65504 (inf) where the training BatchNorms
+    # normalize 4 values per channel: without loss scaling half training cannot hold them there.
+    # yolov10x at 2x3x96x128: bfloat16 passes (ours <= 1.7 x spread); float16 fails two step-2
+    # conv weight gradients with one inf each (float64 maxima 58226 and 48450, PyTorch's float16
+    # spread on them 116%: ours rounds past 65504 where PyTorch's stays below).
+    "float16": {
+        "train_output": 64 * 2.0 ** -11,
+        "input_grad": 64 * 2.0 ** -11,
+        "param_grad": 128 * 2.0 ** -11,
+        "running_stat": 8 * 2.0 ** -11,
+        "counter": 0.0,
+        "eval_head": 8 * 2.0 ** -11,
+        "box": 8 * 2.0 ** -11,
+        "score": 8 * 2.0 ** -11,
+        "identity": 0.0,
+    },
+    "bfloat16": {
+        "train_output": 64 * 2.0 ** -8,
+        "input_grad": 64 * 2.0 ** -8,
+        "param_grad": 128 * 2.0 ** -8,
+        "running_stat": 8 * 2.0 ** -8,
+        "counter": 0.0,
+        "eval_head": 8 * 2.0 ** -8,
+        "box": 8 * 2.0 ** -8,
+        "score": 8 * 2.0 ** -8,
         "identity": 0.0,
     },
 }
@@ -169,7 +208,7 @@ def compare_tensor(name: str, kind: str, got, expected: np.ndarray, dtype: np.dt
     if got.shape != expected.shape:
         return Row(name, kind, float("inf"), float("inf"), bound, False, f"shape {got.shape}, expected {expected.shape}",
                    measured)
-    if expected.dtype.kind != "f" or bound == 0:
+    if not is_floating(expected.dtype) or bound == 0:
         equal = bool(np.array_equal(got, expected))
         note = "" if equal else f"got {got.ravel()[:4].tolist()}, expected {expected.ravel()[:4].tolist()}"
         return Row(name, kind, 0.0 if equal else float("inf"), 0.0 if equal else float("inf"), bound, equal, note, measured)

@@ -7,7 +7,11 @@ order follow ultralytics', so `state_dict()` has its names, order and shapes (a 
 state dict loads as it is) and `repr()` of every top-level layer matches its printed module tree;
 tests/test_model_reference.py checks both against tests/data/yolov10/.
 
-It runs in float32 and float64 (`build(...).to(torch.float64)`), on any torch device.
+It runs in float32 and float64 (`build(...).to(torch.float64)`), on any torch device, and in float16
+and bfloat16 as a mixed-precision model (`build(..., dtype=torch.float16)`): every parameter and
+activation in the half dtype except the BatchNorm modules, kept float32 (`bn.float()`: weight, bias
+and running statistics), as PyTorch's mixed precision keeps them; `F.batch_norm` takes half input with
+float32 parameters (CUDA, and the CPU in torch 2.13, both checked) and returns the half dtype.
 
     model = build("n")                             # DetectionModel, 80 classes, torch's default init
     load_numpy(model, state)                       # ultralytics names -> NumPy arrays, strict
@@ -446,14 +450,41 @@ def _layers(variant: str, nc: int) -> list[nn.Module]:
     return layers
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
 def build(variant: str, nc: int = 80, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> DetectionModel:
-    """YOLOv10`variant` with `nc` classes, torch's default initialisation, in `dtype` on `device`."""
-    return DetectionModel(variant, nc).to(device=device, dtype=dtype)
+    """YOLOv10`variant` with `nc` classes, torch's default initialisation, in `dtype` on `device`
+    (float16, bfloat16: the BatchNorm modules float32, the rest in the half dtype)."""
+    model = DetectionModel(variant, nc).to(device=device, dtype=dtype)
+    if dtype in HALF_DTYPES:
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.float()
+    return model
+
+
+def host(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy copy of a tensor; a bfloat16 one as ml_dtypes' bfloat16 (through float32: exact)."""
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy().copy()
+
+
+def tensor(array, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A torch tensor of a NumPy array (ml_dtypes' bfloat16 through float32: exact), in `dtype`."""
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.astype(np.float32)).to(device=device, dtype=dtype or torch.bfloat16)
+    return torch.as_tensor(array, device=device, dtype=dtype)
 
 
 def to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
     """The state dict as NumPy arrays (copies), in state_dict order."""
-    return {name: tensor.detach().cpu().numpy().copy() for name, tensor in model.state_dict().items()}
+    return {name: host(value) for name, value in model.state_dict().items()}
 
 
 def load_numpy(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
@@ -474,8 +505,8 @@ def load_numpy(model: nn.Module, state: Mapping[str, np.ndarray]) -> None:
     if problems:
         raise ValueError("state dict does not fit the model: " + "; ".join(problems))
     with torch.no_grad():
-        for name, tensor in own.items():
-            tensor.copy_(torch.as_tensor(np.asarray(state[name])).to(dtype=tensor.dtype))
+        for name, target in own.items():
+            target.copy_(tensor(state[name]).to(dtype=target.dtype))
 
 
 def cuda_graph(model: nn.Module, x: torch.Tensor) -> torch.cuda.CUDAGraph:

@@ -25,6 +25,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from kernels.core import is_floating
+
 from . import reference
 from .comparison import BOUNDS, Row, compare_detections, compare_tensor, relative_l2
 
@@ -149,9 +151,9 @@ def run(settings: Settings, model_class: Callable[..., Any] | None = None) -> Re
         ref = reference.build(settings.variant, settings.num_classes, dtype=getattr(torch, dtype.name), device=device)
         reference.load_numpy(ref, state)
         # A second reference run measures how far two programs may differ on each tensor
-        # (comparison.CONDITION_FACTOR): for float32 the reference in float64 (float32's own error),
-        # for float64 the reference in float64 in channels-last layout (convolutions that sum in
-        # another order).
+        # (comparison.CONDITION_FACTOR): for float32, float16 and bfloat16 the reference in float64 (the
+        # dtype's own error; for the half dtypes, the mixed-precision reference's), for float64 the
+        # reference in float64 in channels-last layout (convolutions that sum in another order).
         other = reference.build(settings.variant, settings.num_classes, dtype=torch.float64, device=device)
         if dtype == np.float64:
             other = other.to(memory_format=torch.channels_last)
@@ -191,7 +193,7 @@ class _Pair:
 
     def run(self, produce: Callable[[torch.nn.Module], dict[str, np.ndarray]]):
         expected, other = produce(self.ref), produce(self.other)
-        spread = {name: relative_l2(value, other[name]) for name, value in expected.items() if value.dtype.kind == "f"}
+        spread = {name: relative_l2(value, other[name]) for name, value in expected.items() if is_floating(value.dtype)}
         return expected, spread
 
 
@@ -255,11 +257,11 @@ def _torch_inputs(device: torch.device, dtype: torch.dtype, image: np.ndarray, o
                   channels_last: bool = False):
     """The image as a leaf that requires grad (in channels-last layout if asked), and the head
     gradients in backward's order, on `device`."""
-    x = torch.tensor(image, device=device, dtype=dtype)
+    x = reference.tensor(image, dtype, device).clone()
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     x.requires_grad_(True)
-    return x, [torch.as_tensor(g, device=device, dtype=dtype) for branch in BRANCHES for g in output_grads[branch]]
+    return x, [reference.tensor(g, dtype, device) for branch in BRANCHES for g in output_grads[branch]]
 
 
 def _dtype_of(model: torch.nn.Module) -> torch.dtype:
@@ -290,7 +292,7 @@ def _reference_eval(model: torch.nn.Module, device: torch.device, image: np.ndar
     its top-k detections, their anchor indices and every anchor's decoded box and scores."""
     model.eval()
     with torch.no_grad():
-        x = torch.as_tensor(image, device=device, dtype=_dtype_of(model))
+        x = reference.tensor(image, _dtype_of(model), device)
         detections, heads = model(x.contiguous(memory_format=torch.channels_last) if _channels_last(model) else x)
         head = model.model[-1]
         preds = reference.decode(head, heads["one2one"])
@@ -364,4 +366,4 @@ def _timing(ours, ref, io: DeviceIO, device: torch.device, image: np.ndarray,
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy()
+    return reference.host(tensor)

@@ -379,7 +379,8 @@ class Plan:
             free = pool.get(math.prod(value.dims)) if reuse and value.kind == "activation" else None
             if free:
                 return free.pop().reshape(value.dims)
-            buffer = runtime.empty(value.dims)
+            # A parameter's term in its dtype (a half network's BatchNorm parameters are float32).
+            buffer = runtime.empty(value.dims, runtime.array(value.name).dtype if value.kind == "param" else None)
             self.gradient_bytes += buffer.nbytes
             return buffer
 
@@ -395,7 +396,7 @@ class Plan:
             (a call of `layer`'s)."""
             terms = ([grad[index]] if index in given else []) + parts.pop(index)
             grad[index] = take(index)
-            shape = TensorShape(values[index].dims, dtype)
+            shape = TensorShape(values[index].dims, grad[index].dtype)
             attrs = gradient_reduction.GradientReductionAttrs()
             state = gradient_reduction.init_kernel(runtime.handle, attrs, [shape] * len(terms), shape)
             self.states.append((gradient_reduction, state))

@@ -16,7 +16,19 @@ import numpy as np
 
 from .. import cpu as cpu_runtime
 from .. import gpu as gpu_runtime
-from ..core import FLOAT_DTYPES, DeviceError, DTypeError, KernelError, ShapeError, StateError, TensorShape, check_tensor, fail
+from ..core import (
+    ALL_FLOAT_DTYPES,
+    HALF_DTYPES,
+    DeviceError,
+    DTypeError,
+    KernelError,
+    ShapeError,
+    StateError,
+    TensorShape,
+    check_tensor,
+    compute_dtype,
+    fail,
+)
 from .graph import Graph, Plan
 
 
@@ -35,6 +47,12 @@ class Entry:
     kind: str
     init: str = ""
     fan_in: int = 1
+
+    @property
+    def master(self) -> bool:
+        """A BatchNorm's parameter or running statistic: float32 in a half-precision network (the batch_norm
+        op's mixed-precision contract, as PyTorch's), the network's dtype otherwise."""
+        return self.init in ("gamma", "beta") or self.kind in ("running_mean", "running_var")
 
 
 @dataclass(frozen=True)
@@ -104,9 +122,9 @@ class Network:
             parsed = np.dtype(dtype)
         except TypeError:
             parsed = None
-        if parsed is None or dtype is None or parsed not in FLOAT_DTYPES:  # (np.dtype(None) is float64)
-            raise fail(DTypeError, self.OP, "dtype", "float32 or float64", repr(dtype))
-        self.dtype = parsed
+        if parsed is None or dtype is None or parsed not in ALL_FLOAT_DTYPES:  # (np.dtype(None) is float64)
+            raise fail(DTypeError, self.OP, "dtype", "float16, bfloat16, float32 or float64", repr(dtype))
+        self.dtype = parsed  # of the activations, gradients and every parameter but the BatchNorms' (dtype_of)
         if self.device == "cpu":
             self.stream, self.handle, self.xp = cpu_runtime.cpu_stream(), cpu_runtime.cpu_handle(), np
             self.prefix, self._context = "cpu_", contextlib.nullcontext()
@@ -126,11 +144,22 @@ class Network:
         with self.active():
             for entry in registry.entries:
                 if entry.kind in ("param", "frozen"):
-                    self.params[entry.name] = self.xp.zeros(entry.dims, self.dtype)
+                    self.params[entry.name] = self.xp.zeros(entry.dims, self.dtype_of(entry))
                 elif entry.kind == "running_mean":
                     prefix = entry.name[: -len(".running_mean")]
-                    self.running[prefix] = (self.xp.zeros(entry.dims, self.dtype), self.xp.ones(entry.dims, self.dtype))
+                    stat = self.dtype_of(entry)
+                    self.running[prefix] = (self.xp.zeros(entry.dims, stat), self.xp.ones(entry.dims, stat))
                     self.counts[prefix] = 0
+
+    @property
+    def half(self) -> bool:
+        """Whether the network runs in float16 or bfloat16 (mixed precision: see dtype_of)."""
+        return self.dtype in HALF_DTYPES
+
+    def dtype_of(self, entry: Entry) -> np.dtype:
+        """The dtype of a state_dict entry's array: the network's dtype, except a BatchNorm's gamma, beta and
+        running statistics in a float16 or bfloat16 network, which are float32 (core.compute_dtype)."""
+        return compute_dtype(self.dtype) if entry.master else self.dtype
 
     # ----------------------------------------------------------------- the runtime plans use
 
@@ -138,20 +167,20 @@ class Network:
         """A context in which arrays are allocated and copies enqueued on the network's stream (GPU)."""
         return self._context
 
-    def empty(self, dims: Sequence[int]) -> Any:
-        return self.xp.empty(tuple(dims), self.dtype)
+    def empty(self, dims: Sequence[int], dtype: Any = None) -> Any:
+        return self.xp.empty(tuple(dims), self.dtype if dtype is None else dtype)
 
     def zeros(self, dims: Sequence[int]) -> Any:
         return self.xp.zeros(tuple(dims), self.dtype)
 
     def place(self, host: np.ndarray) -> Any:
-        """A device copy of a host constant, in the network's dtype."""
-        return self.xp.array(host, dtype=self.dtype)
+        """A device copy of a host constant, rounded once to the network's dtype on the host (NumPy, ml_dtypes)."""
+        return self.xp.asarray(np.asarray(host).astype(self.dtype))
 
     def grad(self, name: str) -> Any:
-        """The gradient array of a parameter, made once and shared by every plan."""
+        """The gradient array of a parameter (in the parameter's dtype), made once and shared by every plan."""
         if name not in self._grads:
-            self._grads[name] = self.empty(self.params[name].shape)
+            self._grads[name] = self.empty(self.params[name].shape, self.params[name].dtype)
         return self._grads[name]
 
     # ----------------------------------------------------------------- modes, weights
@@ -164,7 +193,8 @@ class Network:
     def fuse(self, mode: bool = True) -> "Network":
         """Fused inference (ultralytics' fuse()): fold each BatchNorm (its running statistics, gamma, beta,
         eps) into the conv before it, and the sums of such pairs (RepVGGDW) into one conv, in float64 from
-        the current values, rounded once to the dtype; eval calls then run the fused graph (the activation
+        the current values as stored (in a half network: the half conv weights and the float32 BatchNorm
+        ones, each widened exactly), rounded once to the dtype; eval calls then run the fused graph (the activation
         fused into each conv; the subclass says what else: YOLOv10 drops the one-to-many head). Switches
         to eval mode. The folded arrays are made again by fuse() and by load_state_dict / init_random;
         change parameters or running statistics any other way (a training step) and call fuse() again.
@@ -213,7 +243,7 @@ class Network:
 
     def init_random(self, seed: int = 0) -> "Network":
         """Fill every parameter and running statistic from a seeded generator (the same values on every
-        device, rounded to the dtype): weights and biases uniform in +-1/sqrt(fan_in), BN gamma in
+        device, rounded once to each entry's dtype, dtype_of): weights and biases uniform in +-1/sqrt(fan_in), BN gamma in
         [0.5, 1.5], beta in [-0.5, 0.5], running mean in [-0.5, 0.5], running var in [0.5, 2]; DFL's conv
         arange(16); num_batches_tracked 0. Returns self."""
         self._require_open()
@@ -234,7 +264,7 @@ class Network:
                     host = rng.uniform(-0.5, 0.5, entry.dims)
                 else:  # running_var
                     host = rng.uniform(0.5, 2.0, entry.dims)
-                self._target(entry)[...] = self.xp.asarray(host.astype(self.dtype))
+                self._target(entry)[...] = self.xp.asarray(host.astype(self.dtype_of(entry)))
         if self.fused_params:
             self._fold()
         return self
@@ -248,7 +278,8 @@ class Network:
 
     def state_dict(self) -> dict[str, Any]:
         """Every parameter and buffer by ultralytics' name, in its order: the network's own arrays (as
-        torch's state_dict, they are not copies), num_batches_tracked as a new int64 array of shape ()."""
+        torch's state_dict, they are not copies), num_batches_tracked as a new int64 array of shape ().
+        Each array has its entry's dtype (dtype_of: float32 BatchNorm entries in a half network)."""
         result = {}
         with self.active():
             for entry in self.registry.entries:
@@ -269,7 +300,9 @@ class Network:
 
     def load_state_dict(self, mapping: Any) -> "Network":
         """Copy every entry of `mapping` (ultralytics' names -> arrays: NumPy, CuPy on the GPU, anything
-        numpy.asarray takes) into the network, cast to its dtype. Raises StateDictError, naming them, for
+        numpy.asarray takes) into the network, cast to each entry's dtype (dtype_of: in a half network the
+        BatchNorms' gamma, beta and running statistics float32, every other parameter the half dtype; a value
+        of another dtype is rounded once to it, on the host). Raises StateDictError, naming them, for
         missing, extra or misshapen entries, before anything is copied. Returns self."""
         self._require_open()
         expected = {entry.name: entry for entry in self.registry.entries}
@@ -289,7 +322,13 @@ class Network:
                 if entry.kind == "count":
                     self.counts[entry.name[: -len(".num_batches_tracked")]] = int(array)
                 else:
-                    self._target(entry)[...] = array
+                    target = self._target(entry)
+                    if array.dtype != target.dtype and (array.dtype in HALF_DTYPES or target.dtype in HALF_DTYPES):
+                        # A cast to or from a half dtype on the host (NumPy, ml_dtypes: one rounding), not
+                        # through a device cast kernel of the array library.
+                        host = array.get() if self.xp is not np else array
+                        array = self.xp.asarray(np.asarray(host).astype(target.dtype))
+                    target[...] = array
         if self.fused_params:
             self._fold()
         return self
@@ -368,7 +407,10 @@ class Network:
     @property
     def grads(self) -> dict[str, Any]:
         """Parameter name -> gradient of the last backward, for every trainable parameter (state_dict order);
-        empty before the first training plan. The arrays are the network's own, overwritten by each backward."""
+        empty before the first training plan. The arrays are the network's own, overwritten by each backward.
+        Each has its parameter's dtype, never upcast: in a half network the conv weights' and biases' gradients
+        are in the half dtype and the BatchNorms' gamma and beta gradients float32 (as the batch_norm op
+        writes them); ``.astype(numpy.float32)`` of a half gradient is exact."""
         return {entry.name: self._grads[entry.name] for entry in self.registry.entries if entry.name in self._grads}
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .. import batch_norm
-from ..core import AttrsError, KernelError, ShapeError, StateError, fail
+from ..core import FLOAT_DTYPES, AttrsError, DTypeError, KernelError, ShapeError, StateError, fail
 from .graph import BN
 
 OP = "data_parallel"
@@ -327,6 +327,9 @@ class DataParallel:
     def __init__(self, model: Any, communicator: Any, sync_batch_norm: bool = False, broadcast: bool = True):
         if model.closed:
             raise fail(StateError, OP, "model", "an open model", "one already closed")
+        if model.dtype not in FLOAT_DTYPES:  # one gradient bucket of one dtype; half ones mix float32 BatchNorms
+            raise fail(DTypeError, OP, "model", "a float32 or float64 model (data-parallel half precision is not built)",
+                       str(model.dtype))
         self.model, self.communicator, self.sync_batch_norm = model, communicator, bool(sync_batch_norm)
         self.synced: dict[tuple, list[SyncBatchNorm]] = {}
         self.gradients = self._bucket()

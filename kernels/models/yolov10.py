@@ -17,7 +17,7 @@ import numpy as np
 from ..activation import Activation
 from ..batch_norm import BatchNormAttrs
 from ..conv_2d import Conv2DAttrs
-from ..core import AttrsError, ShapeError, fail
+from ..core import HALF_DTYPES, AttrsError, ShapeError, fail
 from ..element_binary import BinaryOpType
 from ..element_unary import UnaryOpType
 from ..pool_2d import Pool2DAttrs, PoolOp
@@ -306,7 +306,11 @@ class V10Detect:
 def postprocess(xp: Any, decoded: Any, nc: int, max_det: int = MAX_DET) -> Any:
     """ultralytics' v10 postprocess of decoded (B, 4 + nc, A): per image the k = min(max_det, A) anchors of
     highest best-class score, then the top k of their k x nc scores; rows [x1, y1, x2, y2, score, class]
-    in descending score. Ties keep the lower index first (a stable sort)."""
+    in descending score. Ties keep the lower index first (a stable sort). A float16 or bfloat16 `decoded`
+    is sorted widened to float32 (exact, the same order and ties) and the rows rounded back to its dtype,
+    which holds them exactly (the class indices too: integers below 256)."""
+    if decoded.dtype in HALF_DTYPES:
+        return postprocess(xp, decoded.astype(np.float32), nc, max_det).astype(decoded.dtype)
     batch, _, anchors = decoded.shape
     k = min(max_det, anchors)
     boxes, scores = decoded[:, :4, :], decoded[:, 4:, :]
@@ -365,6 +369,12 @@ class YOLOv10(Network):
     Eval: also "decoded" (N, 4 + nc, A), the one-to-one head's boxes and scores, and "detections"
     (N, min(300, A), 6) [x1, y1, x2, y2, score, class]. Every array returned is a buffer of the plan
     of that input shape and mode, overwritten by its next call (detections excepted: a new array).
+
+    dtype: "float32", "float64", or "float16" / "bfloat16" (mixed precision, as a PyTorch half model
+    whose BatchNorms are kept float32): the input, activations, outputs, gradients, the conv weights
+    and biases (the DFL's and the fused ones too) in the half dtype; the BatchNorms' gamma, beta and
+    running statistics (and gamma's and beta's gradients) float32. Every op computes in float32 inside
+    and rounds once to the half dtype (docs/ops.md).
     """
 
     OP = OP

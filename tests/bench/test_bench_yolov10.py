@@ -5,10 +5,20 @@ BatchNorms folded into the convs, the one-to-many head dropped, as ultralytics' 
 unfused eval (target: fused graph replay <= 0.7x PyTorch's unfused one, n at batch 1). PyTorch runs the reference
 program of conformance/models/reference.py; its eval includes ultralytics' top-k selection, ours leaves
 it out (detections=False). tools/yolov10_speed.py measures the same and more (memory, x's training step)
-in one script. GPU only: the CPU model is timed by `python -m conformance.models --device cpu`."""
+in one script. GPU only: the CPU model is timed by `python -m conformance.models --device cpu`.
+
+Half-precision rows (group "... float16" / "... bfloat16"): ours in the dtype (half activations and conv
+weights, float32 BatchNorms), graph replays of the unfused and fused eval, beside PyTorch's half deployment:
+the reference with `model.half()` (`.to(torch.bfloat16)`: BatchNorms in the half dtype too) as a CUDA
+graph, cudnn.benchmark off. Issue 11's PyTorch fp16 graph eval on the H200: 1.68 ms (n, batch 1), 4.3 ms
+(x, 1), 26.0 ms (x, 16); target ours <= 1.0x."""
 
 import numpy as np
 import pytest
+
+from kernels.core import BFLOAT16
+
+from .conftest import dtype_suffix
 
 CONFIGS = [
     pytest.param("n", 1, "eval", id="n_b1_eval"),
@@ -27,14 +37,18 @@ CONFIGS = [
     pytest.param("x", 1, "fused_graph", id="x_b1_fused_graph"),
     pytest.param("x", 16, "fused_graph", id="x_b16_fused_graph"),
 ]
+HALF_CONFIGS = [pytest.param(variant, batch, mode, dtype, id=f"{variant}_b{batch}_{mode}_{name}")
+                for name, dtype in (("f16", np.dtype(np.float16)), ("bf16", BFLOAT16))
+                for variant, batch in (("n", 1), ("x", 1), ("x", 16)) for mode in ("graph", "fused_graph")]
 
 
-def _torch_call(bench, variant, dims, mode):
+def _torch_call(bench, variant, dims, mode, dtype=np.float32):
     torch = bench.torch
     from conformance.models import reference
 
-    model = reference.build(variant).cuda()
-    x = bench.array(dims)
+    torch.backends.cudnn.benchmark = False
+    model = reference.build(variant).cuda().to(getattr(torch, np.dtype(dtype).name))  # half: model.half()
+    x = bench.array(dims, dtype)
     if mode == "train":
         model.train()
         out = model(x)
@@ -56,20 +70,29 @@ def _torch_call(bench, variant, dims, mode):
 
 @pytest.mark.parametrize("variant, batch, mode", CONFIGS)
 def test_yolov10(benchmark, bench, variant, batch, mode):
+    _run(benchmark, bench, variant, batch, mode, np.dtype(np.float32))
+
+
+@pytest.mark.parametrize("variant, batch, mode, dtype", HALF_CONFIGS)
+def test_yolov10_half(benchmark, bench, variant, batch, mode, dtype):
+    _run(benchmark, bench, variant, batch, mode, dtype)
+
+
+def _run(benchmark, bench, variant, batch, mode, dtype):
     if bench.device != "gpu":
         pytest.skip("the whole-network benchmark is GPU-only (the CPU model: python -m conformance.models)")
-    group = f"yolov10{variant} {mode} batch {batch} 640x640"
+    group = f"yolov10{variant} {mode} batch {batch} 640x640{dtype_suffix(dtype)}"
     dims = (batch, 3, 640, 640)
     if bench.impl == "torch":
-        bench.run(benchmark, _torch_call(bench, variant, dims, mode), 0, group)
+        bench.run(benchmark, _torch_call(bench, variant, dims, mode, dtype), 0, group)
         return
     import cupy
 
     from kernels.models import YOLOv10
 
-    with YOLOv10(variant, device="gpu") as model:
+    with YOLOv10(variant, device="gpu", dtype=dtype) as model:
         with model.stream:
-            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32))
+            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(dtype))
         sync = model.stream.synchronize
         if mode == "train":
             out = model.train()(x)
