@@ -12,7 +12,7 @@ import pytest
 
 from kernels import BatchMatmulAttrs, TensorShape, batch_matmul
 
-from .test_bench_conv_2d import DTYPES, _array, _half_rows_on_gpu_only
+from .conftest import DTYPES, half_rows_on_gpu_only
 
 SHAPES = [
     pytest.param((1, 5), 400, 32, 400, id="psa_scores_1x5_400x32_32x400"),
@@ -24,7 +24,7 @@ SHAPES = [
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("batch, m, k, n", SHAPES)
 def test_batch_matmul(benchmark, bench, batch, m, k, n, direction, dtype):
-    _half_rows_on_gpu_only(bench, dtype)
+    half_rows_on_gpu_only(bench, dtype)
     lhs_dims, rhs_dims, out_dims = batch + (m, k), batch + (k, n), batch + (m, n)
     group = f"batch_matmul {direction} {lhs_dims} x {rhs_dims}{'' if dtype == np.float32 else ' ' + dtype.name}"
     batch_count = int(np.prod(batch))
@@ -33,8 +33,8 @@ def test_batch_matmul(benchmark, bench, batch, m, k, n, direction, dtype):
     sizes = [int(np.prod(d)) for d in (lhs_dims, rhs_dims, out_dims)]
     # forward: read lhs, rhs, write output; backward: read g, lhs, rhs, write lhs_grad, rhs_grad
     bytes_moved = dtype.itemsize * (sum(sizes) if direction == "forward" else sizes[2] + 2 * (sizes[0] + sizes[1]))
-    lhs, rhs = _array(bench, lhs_dims, dtype, seed=0), _array(bench, rhs_dims, dtype, seed=1)
-    output_grad = _array(bench, out_dims, dtype, seed=2)
+    lhs, rhs = bench.array(lhs_dims, dtype, seed=0), bench.array(rhs_dims, dtype, seed=1)
+    output_grad = bench.array(out_dims, dtype, seed=2)
     output, lhs_grad, rhs_grad = bench.empty(out_dims, dtype), bench.empty(lhs_dims, dtype), bench.empty(rhs_dims, dtype)
     if bench.impl == "torch":
         torch = bench.torch

@@ -17,34 +17,8 @@ import numpy as np
 import pytest
 
 from kernels import BatchNormAttrs, TensorShape, batch_norm
-from kernels.core import BFLOAT16
 
-DTYPES = [
-    pytest.param(np.dtype(np.float32), id="f32"),
-    pytest.param(np.dtype(np.float16), id="f16"),
-    pytest.param(BFLOAT16, id="bf16"),
-]
-
-
-def half_rows_on_gpu_only(bench, dtype):
-    if dtype != np.float32 and bench.device == "cpu":
-        pytest.skip("half-precision rows run on the GPU only")
-
-
-def array(bench, dims, dtype, seed=0):
-    """bench.array's random values rounded to `dtype`, as our array or a torch tensor of that dtype."""
-    if dtype == np.float32:
-        return bench.array(dims, seed=seed)
-    host = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
-    if bench.impl == "torch":
-        tensor = bench.torch.from_numpy(host).to(getattr(bench.torch, dtype.name))
-        return tensor.cuda() if bench.device == "gpu" else tensor
-    return bench.xp.asarray(host.astype(dtype))
-
-
-def suffix(dtype):
-    """What a group's name ends in: nothing for float32, else the dtype's name."""
-    return "" if dtype == np.float32 else " " + dtype.name
+from .conftest import DTYPES, dtype_suffix, half_rows_on_gpu_only
 
 ATTRS = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU")
 SHAPES = [
@@ -62,7 +36,7 @@ def _torch_forward(bench, input, gamma, beta, running_mean, running_var, trainin
 def _setup(bench, dims, dtype):
     channels = (dims[1],)
     # gamma and beta float32 (for half data too: mixed precision)
-    input, gamma, beta = array(bench, dims, dtype), bench.array(channels, seed=1), bench.array(channels, seed=2)
+    input, gamma, beta = bench.array(dims, dtype), bench.array(channels, seed=1), bench.array(channels, seed=2)
     if bench.impl == "torch":
         torch = bench.torch
         device = "cuda" if bench.device == "gpu" else "cpu"
@@ -77,7 +51,7 @@ def _setup(bench, dims, dtype):
 @pytest.mark.parametrize("dims", SHAPES)
 def test_batch_norm_silu_forward(benchmark, bench, dims, training, dtype):
     half_rows_on_gpu_only(bench, dtype)
-    group = f"batch_norm+silu forward {'training' if training else 'inference'} {dims}{suffix(dtype)}"
+    group = f"batch_norm+silu forward {'training' if training else 'inference'} {dims}{dtype_suffix(dtype)}"
     bytes_moved = 2 * int(np.prod(dims)) * dtype.itemsize
     input, gamma, beta, extra = _setup(bench, dims, dtype)
     if bench.impl == "torch":
@@ -93,10 +67,10 @@ def test_batch_norm_silu_forward(benchmark, bench, dims, training, dtype):
 @pytest.mark.parametrize("dims", SHAPES)
 def test_batch_norm_silu_backward(benchmark, bench, dims, dtype):
     half_rows_on_gpu_only(bench, dtype)
-    group = f"batch_norm+silu backward training {dims}{suffix(dtype)}"
+    group = f"batch_norm+silu backward training {dims}{dtype_suffix(dtype)}"
     bytes_moved = 4 * int(np.prod(dims)) * dtype.itemsize
     input, gamma, beta, extra = _setup(bench, dims, dtype)
-    output_grad = array(bench, dims, dtype, seed=3)
+    output_grad = bench.array(dims, dtype, seed=3)
     if bench.impl == "torch":
         torch = bench.torch
         for tensor in (input, gamma, beta):

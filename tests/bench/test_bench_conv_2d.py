@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from kernels import Conv2DAttrs, TensorShape, conv_2d
-from kernels.core import BFLOAT16
+
+from .conftest import DTYPES, half_rows_on_gpu_only
 
 SHAPES = [
     pytest.param((1, 3, 640, 640), Conv2DAttrs(16, 3, 3, 2, 2, 1, 1), id="stem_3x3s2_1x3x640x640_16"),
@@ -30,39 +31,16 @@ SHAPES = [
 
 
 FLOAT32 = np.dtype(np.float32)
-DTYPES = [
-    pytest.param(np.dtype(np.float32), id="f32"),
-    pytest.param(np.dtype(np.float16), id="f16"),
-    pytest.param(BFLOAT16, id="bf16"),
-]
-
-
 def _describe(dims, attrs, dtype=FLOAT32):
     return (f"{attrs.kernel_h}x{attrs.kernel_w} s{attrs.stride_h} p{attrs.padding_h} g{attrs.groups}"
             f"{' bias' if attrs.use_bias else ''} {dims}->{attrs.out_channels}"
             f"{'' if dtype == np.float32 else ' ' + dtype.name}")
 
 
-def _half_rows_on_gpu_only(bench, dtype):
-    if dtype != np.float32 and bench.device == "cpu":
-        pytest.skip("half-precision rows run on the GPU only")
-
-
-def _array(bench, dims, dtype, seed=0):
-    """bench.array's random values rounded to `dtype`, as our array or a torch tensor of that dtype."""
-    if dtype == np.float32:
-        return bench.array(dims, seed=seed)
-    host = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
-    if bench.impl == "torch":
-        tensor = bench.torch.from_numpy(host).to(getattr(bench.torch, dtype.name))
-        return tensor.cuda() if bench.device == "gpu" else tensor
-    return bench.xp.asarray(host.astype(dtype))
-
-
 def _tensors(bench, dims, attrs, dtype=FLOAT32):
-    input = _array(bench, dims, dtype)
-    filter = _array(bench, conv_2d.filter_dims(attrs, dims[1]), dtype, seed=1)
-    bias = _array(bench, (attrs.out_channels,), dtype, seed=2) if attrs.use_bias else None
+    input = bench.array(dims, dtype)
+    filter = bench.array(conv_2d.filter_dims(attrs, dims[1]), dtype, seed=1)
+    bias = bench.array((attrs.out_channels,), dtype, seed=2) if attrs.use_bias else None
     return input, filter, bias
 
 
@@ -84,7 +62,7 @@ def _state(bench, dims, out_dims, attrs, dtype=FLOAT32):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims, attrs", SHAPES)
 def test_conv_2d_forward(benchmark, bench, dims, attrs, dtype):
-    _half_rows_on_gpu_only(bench, dtype)
+    half_rows_on_gpu_only(bench, dtype)
     out_dims, bytes_moved = _sizes(dims, attrs, dtype)
     group = f"conv_2d forward {_describe(dims, attrs, dtype)}"
     flops = conv_2d.flops(attrs, dims)
@@ -105,12 +83,12 @@ def test_conv_2d_forward(benchmark, bench, dims, attrs, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims, attrs", SHAPES)
 def test_conv_2d_backward(benchmark, bench, dims, attrs, dtype):
-    _half_rows_on_gpu_only(bench, dtype)
+    half_rows_on_gpu_only(bench, dtype)
     out_dims, bytes_moved = _sizes(dims, attrs, dtype)
     group = f"conv_2d backward {_describe(dims, attrs, dtype)}"
     flops = 2 * conv_2d.flops(attrs, dims)
     input, filter, bias = _tensors(bench, dims, attrs, dtype)
-    output_grad = _array(bench, out_dims, dtype, seed=3)
+    output_grad = bench.array(out_dims, dtype, seed=3)
     if bench.impl == "torch":
         backward = bench.torch.ops.aten.convolution_backward
         stride, padding, dilation = _torch_args(attrs)

@@ -15,7 +15,7 @@ import pytest
 
 from kernels import Pool2DAttrs, PoolOp, TensorShape, pool_2d
 
-from .test_bench_batch_norm import DTYPES, array, half_rows_on_gpu_only, suffix
+from .conftest import DTYPES, dtype_suffix, half_rows_on_gpu_only
 
 SPPF = Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX)
 SHAPES = [
@@ -35,9 +35,9 @@ def _torch_pool(bench, input):
 def test_pool_2d_forward(benchmark, bench, dims, dtype):
     half_rows_on_gpu_only(bench, dtype)
     out_dims = pool_2d.output_dims(SPPF, dims)
-    group = f"pool_2d forward MAX 5x5 s1 p2 {dims}{suffix(dtype)}"
+    group = f"pool_2d forward MAX 5x5 s1 p2 {dims}{dtype_suffix(dtype)}"
     bytes_moved = (int(np.prod(dims)) + int(np.prod(out_dims))) * dtype.itemsize
-    input = array(bench, dims, dtype)
+    input = bench.array(dims, dtype)
     if bench.impl == "torch":
         bench.run(benchmark, lambda: _torch_pool(bench, input), bytes_moved, group)
         return
@@ -53,10 +53,10 @@ def test_pool_2d_forward(benchmark, bench, dims, dtype):
 def test_pool_2d_backward(benchmark, bench, dims, dtype):
     half_rows_on_gpu_only(bench, dtype)
     out_dims = pool_2d.output_dims(SPPF, dims)
-    group = f"pool_2d backward MAX 5x5 s1 p2 {dims}{suffix(dtype)}"
+    group = f"pool_2d backward MAX 5x5 s1 p2 {dims}{dtype_suffix(dtype)}"
     bytes_moved = (int(np.prod(dims)) + int(np.prod(out_dims))) * dtype.itemsize
-    input = array(bench, dims, dtype)
-    output_grad = array(bench, out_dims, dtype, seed=1)
+    input = bench.array(dims, dtype)
+    output_grad = bench.array(out_dims, dtype, seed=1)
     if bench.impl == "torch":
         input.requires_grad_()
         output = _torch_pool(bench, input)
