@@ -97,3 +97,29 @@ def test_half_conversions_match_numpy_and_ml_dtypes_on_every_bit_pattern():
         nan = np.isnan(expected_rounded.astype(np.float32))
         assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
         assert np.array_equal(got.view(np.uint16)[~nan], expected_rounded.view(np.uint16)[~nan]), name
+
+
+def test_module_cache_key_follows_source_headers_options_and_arch(tmp_path, monkeypatch):
+    """The on-disk cache of compiled modules (gpu.cache_folder) is keyed by all a cubin depends on:
+    a changed option, architecture, instantiation or shared header gives another key."""
+    reason = _nvrtc_reason()
+    if reason:
+        pytest.skip(reason)
+    module = gpu.MODULES[0]
+    key = gpu._cache_key(module.path, module.options, module.name_expressions, "sm_90")
+    assert key == gpu._cache_key(module.path, module.options, module.name_expressions, "sm_90")
+    assert key != gpu._cache_key(module.path, module.options + ("-DX=1",), module.name_expressions, "sm_90")
+    assert key != gpu._cache_key(module.path, module.options, module.name_expressions, "sm_100")
+    assert key != gpu._cache_key(module.path, module.options, module.name_expressions[:-1], "sm_90")
+    header = tmp_path / "extra.cuh"
+    header.write_text("// a header")
+    monkeypatch.setattr(gpu, "_HERE", str(tmp_path))  # the headers now read: extra.cuh alone
+    assert key != gpu._cache_key(module.path, module.options, module.name_expressions, "sm_90")
+    assert "-ftz=false" in module.options  # CuPy's RawModule would force -ftz=true
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNELS_CACHE_DIR", str(tmp_path))
+    assert gpu.cache_folder() == str(tmp_path)
+    monkeypatch.delenv("KERNELS_CACHE_DIR")
+    assert gpu.cache_folder().endswith(".cache/yolov10-kernels")
