@@ -151,8 +151,7 @@ _add("zero_size_mul", MUL, (2, 0, 3), (2, 1, 3), description="output (2, 0, 3): 
 # once, each broadcast gradient summed in float32 (the GPU's partial sums too) and rounded once, so
 # every case whose float32 results are exact is exact here as well (the values are short dyadic
 # fractions, exact in both half dtypes, and so are their sums). DIV by non-powers of two rounds:
-# HALF_MEASURED states the ulps measured on the CPU (tools/measure_ulps.py --device cpu), the H200
-# not yet measured (the same float32 formulas in the same order, so the same bound is stated).
+# HALF_MEASURED states the ulps its cases need, the larger of the two devices' measurements.
 F16, BF16 = np.dtype(np.float16), BFLOAT16
 HALF_MEASURED = {}  # name -> {tensor: ulps}; absent: EXACT
 
@@ -162,13 +161,11 @@ def _half_tolerance(name):
     return EXACT if ulps is None else {k: (EXACT if v == 0 else ulp(v)) for k, v in ulps.items()}
 
 
-# CPU measured 0 ulps on every half DIV case. Unreduced results are the same float32 operations
-# in the same order on the GPU (no FMA contraction: mul_rn, div_rn), so the same bits: EXACT.
-# Reduced gradients of inexact terms are summed in another order on the GPU: a float32 sum one
-# float32 ulp away can round to the other half ulp: 1 ulp, H200 not yet measured.
-HALF_MEASURED.update({
-    f"div_nonpow2_bcast_both_{suffix}": {"output": 0, "lhs_grad": 1, "rhs_grad": 1} for suffix in ("f16", "bf16")
-})
+# Measured on the CPU and the H200 (tools/measure_ulps.py, 2026-12-01): 0 ulps on every half DIV case,
+# output, lhs_grad and rhs_grad, so HALF_MEASURED stays empty: EXACT. Unreduced results are the same
+# float32 operations in the same order on both devices (no FMA contraction on the GPU: mul_rn, div_rn).
+# The broadcast gradients of div_nonpow2_bcast_both are float32 sums of inexact terms in another order
+# on the GPU, but no sum of these values lies within a float32 ulp of a half-way point of the half dtype.
 for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
     for _op in BinaryOpType:
         for _layout in ("same", "bcast_both", "mid_ones"):
