@@ -11,6 +11,8 @@ the dtype at the GPU's rounding points (half_forward, half_backward).
 from __future__ import annotations
 
 import dataclasses
+import math
+import threading
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -27,6 +29,25 @@ if TYPE_CHECKING:
 WIDE_ROWS_BELOW = 64
 
 
+_BUFFERS = threading.local()  # each thread's scratch buffers by name: {name: bytes}
+
+
+def _buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array in this thread's scratch buffer `name`, which grows to the largest call's
+    and is kept: a new array of megabytes each call paid its page faults as it was first written (the
+    conv backward over 1x3x640x640 and SCDown's depthwise took about twice their time). An array
+    lives for its call only; a call's names are distinct, so none overlaps another in use. The
+    buffers of a thread hold about the largest layer's im2col matrix, like a GPU workspace."""
+    buffers = getattr(_BUFFERS, "buffers", None)
+    if buffers is None:
+        buffers = _BUFFERS.buffers = {}
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    buffer = buffers.get(name)
+    if buffer is None or buffer.size < nbytes:
+        buffer = buffers[name] = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
+
 def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) -> None:
     """function(channel slice) over parts of the channels shared out to the threads (one call where the
     arrays are small): each channel's elements get the same operations, in the same order, whatever the parts."""
@@ -36,18 +57,20 @@ def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) 
     cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels, 2 * nbytes)
 
 
+def _product_shape(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray) -> tuple[int, ...]:
+    """The shape of function(left, right) (np.matmul or np.multiply), broadcast over the leading axes."""
+    if function is np.multiply:
+        return np.broadcast_shapes(left.shape, right.shape)
+    return np.broadcast_shapes(left.shape[:-2], right.shape[:-2]) + (left.shape[-2], right.shape[-1])
+
+
 def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray, groups: int,
-               out: np.ndarray | None = None, image_left: bool = False) -> np.ndarray:
+               out: np.ndarray, image_left: bool = False) -> np.ndarray:
     """function(left, right) (np.matmul or np.multiply) on (groups, ...) and (N, groups, ...) operands, in
     parts of the groups shared out to the threads where there are several groups and the columns are
     large: one BLAS call per (image, group) matrix either way, so each gets the same sums. BLAS itself
     only spreads a large GEMM over threads, never the many small ones of a grouped (depthwise) conv.
     With image_left, left is (N, groups, ...) too."""
-    if out is None:
-        shape = np.broadcast_shapes(left.shape[:-2], right.shape[:-2]) + (left.shape[-2], right.shape[-1])
-        if function is np.multiply:
-            shape = np.broadcast_shapes(left.shape, right.shape)
-        out = np.empty(shape, dtype=np.result_type(left, right))
     if groups < 2 or right.nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
         function(left, right, out=out)
         return out
@@ -64,7 +87,13 @@ def _padded(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     if not attrs.padding_h and not attrs.padding_w:
         return input
     n, c, h, w = input.shape
-    padded = np.zeros((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), dtype=input.dtype)
+    padded = _buffer("padded", (n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), input.dtype)
+    # Zero the borders (the buffer holds whatever the last call left there).
+    top, left = attrs.padding_h, attrs.padding_w
+    padded[:, :, :top] = 0
+    padded[:, :, top + h:] = 0
+    padded[:, :, top:top + h, :left] = 0
+    padded[:, :, top:top + h, left + w:] = 0
     cpu_runtime.cpu_copy(padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w], input)
     return padded
 
@@ -90,7 +119,7 @@ def _columns(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> 
     shape = (n, groups, group_channels * attrs.kernel_h * attrs.kernel_w, out_h * out_w)
     if _plain(attrs):
         return taps.reshape(shape)
-    columns = np.empty(taps.shape, dtype=taps.dtype)
+    columns = _buffer("columns", taps.shape, taps.dtype)
     cpu_runtime.cpu_copy(columns.reshape(n * groups, -1, *taps.shape[3:]), taps.reshape(n * groups, -1, *taps.shape[3:]))
     return columns.reshape(shape)
 
@@ -149,7 +178,8 @@ def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     padded rows a::stride_h and columns b::stride_w, so that every tap is a contiguous span of one phase."""
     n, c, height, width = input.shape
     rows, wide = _phase_layout(attrs, height, width)
-    phases = np.zeros((n, c, attrs.stride_h, attrs.stride_w, rows, wide), dtype=input.dtype)
+    phases = _buffer("phases", (n, c, attrs.stride_h, attrs.stride_w, rows, wide), input.dtype)
+    phases.fill(0)  # the padding and the spare row; the input's elements are written over it
     blocks = _phase_blocks(attrs, height, width)
 
     def fill(channels: slice) -> None:
@@ -163,7 +193,7 @@ def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
 def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int) -> np.ndarray:
     """im2col in rows Wq wide: (N, groups, C/groups * kh * kw, Ho * Wq), one contiguous copy a tap."""
     n, c = phases.shape[:2]
-    columns = np.empty((n, c, attrs.kernel_h, attrs.kernel_w, out_h * wide), dtype=phases.dtype)
+    columns = _buffer("wide_columns", (n, c, attrs.kernel_h, attrs.kernel_w, out_h * wide), phases.dtype)
     spans = _tap_spans(attrs, wide, out_h)
 
     def fill(channels: slice) -> None:
@@ -186,7 +216,7 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
     # The pre-activation: kept for a backward, or (no backward) the output itself, activated in place.
     target = np.empty_like(output) if attrs.activation is not None and attrs.backward else output
     if out_w >= WIDE_ROWS_BELOW or _plain(attrs):
-        columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: a view of the input itself
+        columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: the input
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
         _by_groups(np.matmul, weights, columns, groups, _grouped(target, groups))
@@ -195,7 +225,9 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # The same product in rows Wq wide: NCHW with spare columns.
-        cpu_runtime.cpu_copy(target, _by_groups(np.matmul, weights, columns, groups).reshape(n, o, out_h, wide)[..., :out_w])
+        product = _buffer("product", _product_shape(np.matmul, weights, columns), target.dtype)
+        _by_groups(np.matmul, weights, columns, groups, product)
+        cpu_runtime.cpu_copy(target, product.reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:
         cpu_runtime.cpu_parts(lambda part, bias_part: np.add(part, bias_part, out=part), target, bias.reshape(1, o, 1, 1))
     if attrs.activation is not None:
@@ -214,7 +246,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
         return
     grad = output_grad
     if attrs.activation is not None:
-        grad = np.empty_like(output_grad)
+        grad = _buffer("pre_grad", output_grad.shape, output_grad.dtype)
         activation.cpu_backward(attrs.activation, state.pre, output_grad, grad)
     if bias_grad is not None:
         # Summed in float64 and rounded once, as the GPU kernel does.
@@ -227,16 +259,21 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
     grad_wide = None
     if not plain and (input_grad is not None or (filter_grad is not None and out_w < WIDE_ROWS_BELOW)):
         # The gradient in rows Wq wide, zero in the spare columns: they then add exact zeros.
-        grad_wide = np.zeros((n, o, out_h, wide), dtype=grad.dtype)
+        grad_wide = _buffer("grad_wide", (n, o, out_h, wide), grad.dtype)
+        grad_wide[..., out_w:] = 0
         cpu_runtime.cpu_copy(grad_wide[..., :out_w], grad)
         grad_wide = grad_wide.reshape(n, groups, o // groups, out_h * wide)
     if filter_grad is not None:
         if out_w >= WIDE_ROWS_BELOW or plain:
-            grad_rows, columns = _grouped(grad, groups), _columns(_padded(input, attrs), attrs, out_h, out_w)
+            grad_rows, columns = _grouped(grad, groups), _columns(_padded(input, attrs), attrs,
+                                                                  out_h, out_w)
         else:
-            grad_rows, columns = grad_wide, _wide_columns(_phases(input, attrs), attrs, wide, out_h)
+            grad_rows, columns = grad_wide, _wide_columns(_phases(input, attrs), attrs, wide,
+                                                          out_h)
         # (N, groups, O/groups, P) @ (N, groups, P, K), summed over N.
-        per_image = _by_groups(np.matmul, grad_rows, columns.transpose(0, 1, 3, 2), groups, image_left=True)
+        columns = columns.transpose(0, 1, 3, 2)
+        per_image = _buffer("per_image", _product_shape(np.matmul, grad_rows, columns), grad.dtype)
+        _by_groups(np.matmul, grad_rows, columns, groups, per_image, image_left=True)
         np.copyto(filter_grad, per_image.sum(axis=0).reshape(filter_grad.shape))
     if input_grad is None:
         return
@@ -247,9 +284,13 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
     # (groups, K, O/groups) @ (N, groups, O/groups, Ho * Wq): what each tap of each window sends back
     # (one output channel a group: a product, without BLAS's per-group overhead); then col2im,
     # tap by tap in row-major order, each tap one contiguous span of its stride phase.
-    sent = _by_groups(np.multiply if o == groups else np.matmul, weights, grad_wide, groups).reshape(
-        n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
-    phases = np.zeros((n, channels, attrs.stride_h, attrs.stride_w, rows * wide), dtype=input_grad.dtype)
+    product = np.multiply if o == groups else np.matmul
+    sent = _buffer("sent", _product_shape(product, weights, grad_wide), grad.dtype)
+    _by_groups(product, weights, grad_wide, groups, sent)
+    sent = sent.reshape(n, channels, attrs.kernel_h, attrs.kernel_w, out_h * wide)
+    # The sums of the taps start from zero every call.
+    phases = _buffer("sums", (n, channels, attrs.stride_h, attrs.stride_w, rows * wide), input_grad.dtype)
+    phases.fill(0)
     spans = _tap_spans(attrs, wide, out_h)
     blocks = _phase_blocks(attrs, height, width)
     grid = phases.reshape(n, channels, attrs.stride_h, attrs.stride_w, rows, wide)
