@@ -216,6 +216,7 @@ def test_gpu_half_eval_fused_and_replay_at_640(dtype, variant):
     with YOLOv10(variant, num_classes=7, device="gpu", dtype=dtype) as g16, \
             YOLOv10(variant, num_classes=7, device="gpu") as g32:
         g16.init_random(3)
+        g16.stream.synchronize()  # init_random writes on g16's stream; asnumpy reads on the current one
         g32.load_state_dict({k: cupy.asnumpy(v).astype(np.float32) if v.dtype != np.int64 else cupy.asnumpy(v)
                              for k, v in g16.state_dict().items()})
         x = np.random.default_rng(1).random(dims).astype(dtype)
