@@ -139,24 +139,6 @@ def _variants(arguments: argparse.Namespace) -> tuple[list[str], str | None]:
     return list(dict.fromkeys(chosen)), None
 
 
-def device_unavailable(device: str) -> str | None:
-    """Why our model cannot run on `device` here, or None."""
-    if device == "cpu":
-        return None
-    import kernels
-
-    reason = kernels.gpu_unavailable_reason()
-    if reason is not None:
-        return reason
-    ordinal = int(device.partition(":")[2] or 0)
-    import cupy
-
-    count = cupy.cuda.runtime.getDeviceCount()
-    if ordinal >= count:
-        return f"no CUDA device {ordinal} (this machine has {count})"
-    return None
-
-
 def _model_class():
     """kernels.models.YOLOv10, or None and why it cannot be imported."""
     try:
@@ -173,6 +155,8 @@ def main(argv: list[str] | None = None, model_class: Callable[..., Any] | None =
     variants, problem = _variants(arguments)
     if problem:
         return _error(problem)
+    from ..harness import device_unavailable  # the conformance runner's reasons (no CuPy, no device N)
+
     reason = device_unavailable(arguments.device)
     if reason is not None:
         return _error(f"--device {arguments.device} cannot run here: {reason}")

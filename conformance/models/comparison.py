@@ -29,6 +29,15 @@ KINDS = (
     "identity",       # which (anchor, class) pairs were detected: exact up to ties at the cutoff
 )
 
+
+def _half_floors(u: float) -> dict[str, float]:
+    """The half dtypes' floors in units u of the dtype's rounding (see BOUNDS): 8 u for eval heads, boxes,
+    scores and running statistics, 64 u for training outputs and the input gradient, 128 u for parameter
+    gradients."""
+    return {"train_output": 64 * u, "input_grad": 64 * u, "param_grad": 128 * u, "running_stat": 8 * u,
+            "counter": 0.0, "eval_head": 8 * u, "box": 8 * u, "score": 8 * u, "identity": 0.0}
+
+
 # Relative-L2 bounds per dtype and kind: the floor of each tensor's bound. A tensor's bound is
 # the larger of this and CONDITION_FACTOR times the reference's own spread on it (below), so
 # the floors bind only where PyTorch happens to be far more accurate than the error structure
@@ -87,28 +96,8 @@ BOUNDS: dict[str, dict[str, float]] = {
     # yolov10x at 2x3x96x128: bfloat16 passes (ours <= 1.7 x spread); float16 fails two step-2
     # conv weight gradients with one inf each (float64 maxima 58226 and 48450, PyTorch's float16
     # spread on them 116%: ours rounds past 65504 where PyTorch's stays below).
-    "float16": {
-        "train_output": 64 * 2.0 ** -11,
-        "input_grad": 64 * 2.0 ** -11,
-        "param_grad": 128 * 2.0 ** -11,
-        "running_stat": 8 * 2.0 ** -11,
-        "counter": 0.0,
-        "eval_head": 8 * 2.0 ** -11,
-        "box": 8 * 2.0 ** -11,
-        "score": 8 * 2.0 ** -11,
-        "identity": 0.0,
-    },
-    "bfloat16": {
-        "train_output": 64 * 2.0 ** -8,
-        "input_grad": 64 * 2.0 ** -8,
-        "param_grad": 128 * 2.0 ** -8,
-        "running_stat": 8 * 2.0 ** -8,
-        "counter": 0.0,
-        "eval_head": 8 * 2.0 ** -8,
-        "box": 8 * 2.0 ** -8,
-        "score": 8 * 2.0 ** -8,
-        "identity": 0.0,
-    },
+    "float16": _half_floors(2.0 ** -11),
+    "bfloat16": _half_floors(2.0 ** -8),
 }
 
 
