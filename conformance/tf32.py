@@ -150,3 +150,23 @@ def measure(problem: Problem, allow_tf32: bool, seed: int = 0, device: str = "gp
             ratio = np.where(scale[name] > 0, error / scale[name], np.where(error > 0, np.inf, 0.0))
         results[name] = (float(ratio.max()) / UNIT if ratio.size else 0.0, bound_units(lengths[name]))
     return results
+
+
+def run_case(case: Any, golden: Any) -> dict[str, np.ndarray]:
+    """A conformance case's results (written and observed tensors, on the host) on GPU 0 with a handle
+    made with allow_tf32=True: what tests/test_tf32.py compares with the goldens and
+    tools/measure_tf32.py reports."""
+    from .cases import CASE_MODULES
+    from .harness import Env
+
+    env = Env(case, golden, "gpu", "random")
+    env.handle.close()
+    env.handle = kernels.gpu_handle(0, allow_tf32=True)
+    try:
+        CASE_MODULES[case.op].run(case, env)
+        env.stream.synchronize()
+        produced = {name: env.to_host(array) for name, array in env.writes.items()}
+        produced.update(env.observed)
+        return produced
+    finally:
+        env.close()

@@ -12,9 +12,7 @@ import pytest
 import kernels
 from conformance.large_cases import LARGE
 
-from .properties import Expect, check
-from .test_large_cases import _sample, _threads
-from .test_properties import OPS
+from .test_large_cases import assert_same_bits_on_one_and_three_threads
 
 pytest.importorskip("torch")
 
@@ -52,13 +50,4 @@ def test_the_cases_are_past_the_parallel_threshold():
 
 @pytest.mark.parametrize("case_id", IDS)
 def test_one_thread_and_three_give_the_same_bits(case_id, cpu):
-    case = CASES[case_id]
-    _, run, _ = OPS[case.op]
-    sample = _sample(case)
-    with np.errstate(all="ignore"):
-        with _threads(1):
-            alone = run(cpu, sample)
-        with _threads(3):
-            shared = run(cpu, sample)
-    differ = [name for name in alone if check(name, shared[name], Expect(alone[name]), alone[name].dtype)]
-    assert not differ, f"{case_id}: {differ} differ between 1 and 3 threads"
+    assert_same_bits_on_one_and_three_threads(CASES[case_id], cpu)

@@ -186,9 +186,8 @@ def test_cpu_matches_torch(case, cpu):
         assert max(parts, default=0) > 1, f"{case.id}: {parallel} should share work out, cpu_parallel got {parts}"
 
 
-@pytest.mark.parametrize("case", THRESHOLD_CASES)
-def test_cpu_same_bits_on_any_threads(case, cpu):
-    """One thread and three (uneven parts on any machine) give the same bits."""
+def assert_same_bits_on_one_and_three_threads(case: LargeCase, cpu) -> None:
+    """The case on one thread and on three (uneven parts on any machine) gives the same bits."""
     _, run, _ = OPS[case.op]
     sample = _sample(case)
     with np.errstate(all="ignore"):
@@ -198,6 +197,11 @@ def test_cpu_same_bits_on_any_threads(case, cpu):
             shared = run(cpu, sample)
     differ = [name for name in alone if check(name, shared[name], Expect(alone[name]), alone[name].dtype)]
     assert not differ, f"{case.id}: {differ} differ between 1 and 3 threads"
+
+
+@pytest.mark.parametrize("case", THRESHOLD_CASES)
+def test_cpu_same_bits_on_any_threads(case, cpu):
+    assert_same_bits_on_one_and_three_threads(case, cpu)
 
 
 @pytest.mark.gpu

@@ -9,9 +9,8 @@ import pytest
 
 import kernels
 from conformance import tf32
-from conformance.cases import CASE_MODULES, all_cases
+from conformance.cases import all_cases
 from conformance.compare import compare
-from conformance.harness import Env
 from kernels import BatchMatmulAttrs, Conv2DAttrs, TensorShape, batch_matmul, conv_2d
 from kernels.core import BFLOAT16
 
@@ -106,14 +105,6 @@ def test_float32_cases_match_their_goldens_with_tf32(case, store):
     with TF32 allowed the float32 cases still pass at their stated tolerances."""
     require("gpu")
     golden = store.get(case)
-    env = Env(case, golden, "gpu", "random")
-    env.handle.close()
-    env.handle = kernels.gpu_handle(0, allow_tf32=True)
-    try:
-        CASE_MODULES[case.op].run(case, env)
-        env.stream.synchronize()
-        produced = {name: env.to_host(array) for name, array in env.writes.items()}
-    finally:
-        env.close()
+    produced = tf32.run_case(case, golden)
     for name, expected in golden.expected.items():
         assert compare(produced[name], expected, case.tolerance_for(name)) is None, name

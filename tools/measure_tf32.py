@@ -17,27 +17,11 @@ import numpy as np
 sys.path.insert(0, ".")
 import kernels  # noqa: E402
 from conformance import tf32  # noqa: E402
-from conformance.cases import CASE_MODULES, all_cases  # noqa: E402
+from conformance.cases import all_cases  # noqa: E402
 from conformance.compare import needed_ulps  # noqa: E402
 from conformance.golden import GoldenStore  # noqa: E402
-from conformance.harness import Env  # noqa: E402
 
 OPS = ("conv_2d", "batch_matmul")
-
-
-def run_case(case, golden):
-    """The case's results on GPU 0 with a TF32 handle."""
-    env = Env(case, golden, "gpu", "random")
-    env.handle.close()
-    env.handle = kernels.gpu_handle(0, allow_tf32=True)
-    try:
-        CASE_MODULES[case.op].run(case, env)
-        env.stream.synchronize()
-        produced = {name: env.to_host(array) for name, array in env.writes.items()}
-        produced.update(env.observed)
-        return produced
-    finally:
-        env.close()
 
 
 def main():
@@ -54,7 +38,7 @@ def main():
         if case.op not in OPS or np.dtype(case.dtype) != np.float32:
             continue
         golden = store.get(case)
-        produced = run_case(case, golden)
+        produced = tf32.run_case(case, golden)
         for name, expected in golden.expected.items():
             got = produced[name]
             scale = float(np.max(np.abs(expected))) if expected.size else 0.0
