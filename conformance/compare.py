@@ -3,6 +3,8 @@ with a report that says exactly where and by how much it differs."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kernels.core import is_floating
@@ -32,8 +34,15 @@ def ulp_distance(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
 
 
 def ulp_of(magnitude: float, dtype: np.dtype) -> float:
-    """The spacing of `dtype` at `magnitude`."""
-    return float(np.spacing(dtype.type(magnitude)))
+    """The spacing of `dtype` at `magnitude` (to the next value up). At the dtype's largest finite value
+    the next value up is inf: there it is the spacing down (float16's 65504: 32), never inf, which
+    would let any error pass the floor."""
+    value = dtype.type(magnitude)
+    with np.errstate(over="ignore"):
+        spacing = float(np.spacing(value))
+    if math.isinf(spacing) and math.isfinite(float(value)):
+        spacing = float(value) - float(np.nextafter(value, dtype.type(0)))
+    return spacing
 
 
 def compare(got: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> str | None:

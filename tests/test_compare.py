@@ -44,3 +44,20 @@ def test_poison_of_half_dtypes_is_nan_or_large_finite_values():
         assert nan.dtype == dtype and np.isnan(nan.astype(np.float32)).all()
         noise = poison_array((3, 4), dtype, "random", seed=1).astype(np.float32)
         assert np.isfinite(noise).all() and np.abs(noise).max() > 100 and len(np.unique(noise)) > 6
+
+
+def test_the_ulp_floor_at_a_dtypes_largest_value_is_finite():
+    """At the largest finite value the spacing up is inf; the floor uses the spacing down, so an error
+    of many ulps at 65504 (float16) still fails an ulp(1) bound."""
+    from conformance.compare import ulp_of
+    from kernels.core import BFLOAT16
+
+    assert ulp_of(65504.0, np.dtype(np.float16)) == 32.0
+    assert ulp_of(float(np.finfo(np.float32).max), np.dtype(np.float32)) == 2.0 ** 104
+    top = float(np.array(3.3895313892515355e38, BFLOAT16))
+    assert ulp_of(top, BFLOAT16) == 2.0 ** 120
+    assert ulp_of(1.0, np.dtype(np.float16)) == 2.0 ** -10  # elsewhere: the spacing up, as before
+    expected = np.array([65504.0, 65504.0], np.float16)
+    got = np.array([65504.0, 65504.0 - 8 * 32], np.float16)  # 8 ulps below
+    assert compare(got, expected, ulp(1)) is not None
+    assert compare(got, expected, ulp(8)) is None
