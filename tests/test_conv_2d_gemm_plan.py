@@ -357,15 +357,23 @@ def test_no_gemm_path_needs_no_workspace():
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BFLOAT16])
-def test_half_precision_takes_cudnn_except_depthwise(dtype):
-    """Half dtypes: every direction of a groups-1 convolution (pointwise or not) in cuDNN, whose filter
-    gradient sums the batch in float32; depthwise convolutions keep their own kernels; no workspace
-    for the GEMM paths."""
-    for dims, attrs in ((2, 5, 6, 7), Conv2DAttrs(3, 1, 1)), ((2, 3, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1)):
-        state = _state(dims, attrs, dtype)
-        assert state.paths == dict.fromkeys(conv_2d.DIRECTIONS, "cudnn")
-        assert conv_2d.workspace_elements(state) == 0
-        state32 = _state(dims, attrs, np.float32)
-        assert "cudnn" not in (state32.paths["backward_data"], state32.paths["backward_filter"])
+def test_half_precision_paths(dtype):
+    """Half dtypes: a pointwise forward and input gradient are one cuBLAS GEMM each (a float32 sum rounded
+    once); its filter gradient too for one image, but for a batch cuDNN, which sums the whole batch in
+    float32 where the per-image GEMMs would round each image's part; other groups-1 convolutions in cuDNN
+    throughout; depthwise convolutions keep their own kernels; the plans then match the CPU's sums."""
+    for n in (1, 2):
+        state = _state((n, 5, 6, 7), Conv2DAttrs(3, 1, 1), dtype)
+        assert state.paths == {"forward": "gemm", "backward_data": "gemm",
+                               "backward_filter": "gemm" if n == 1 else "cudnn"}
+        assert state.chunk == 1 and conv_2d.workspace_elements(state) == 0
+        assert [(s.batch, s.beta) for s in conv_2d.plan_forward(state)] == [(n, 0.0)]
+        if n == 1:
+            assert [(s.batch, s.beta) for s in conv_2d.plan_backward_filter(state)] == [(1, 0.0)]
+    state = _state((2, 3, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1), dtype)
+    assert state.paths == dict.fromkeys(conv_2d.DIRECTIONS, "cudnn")
+    assert conv_2d.workspace_elements(state) == 0
+    state32 = _state((2, 3, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1), np.float32)
+    assert "cudnn" not in (state32.paths["backward_data"], state32.paths["backward_filter"])
     depthwise = _state((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4), dtype)
     assert depthwise.paths == dict.fromkeys(conv_2d.DIRECTIONS, "depthwise")

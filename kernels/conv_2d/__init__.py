@@ -38,10 +38,12 @@ H200), otherwise the heuristics' deterministic choice; cuDNN's backward algorith
 are the heuristics' deterministic ones.
 
 Half precision (float16, bfloat16): storage in the dtype, products and sums in float32.
-On the GPU every convolution but the depthwise ones runs in cuDNN (half tensors, float
-compute type, tensor-core algorithms allowed): its filter gradient sums the whole batch
-in float32, where the GEMM paths would round each image's part to the dtype. The
-depthwise kernels widen, sum in float (double for the filter gradient) and round once.
+On the GPU a pointwise forward and input gradient are one cuBLAS GEMM each (float32
+compute, rounded once), and its filter gradient too for one image; every other direction
+but the depthwise ones runs in cuDNN (half tensors, float compute type, tensor-core
+algorithms allowed): a batch's filter gradient sums the whole batch in float32, where
+the per-image GEMMs would round each image's part to the dtype. The depthwise kernels
+widen, sum in float (double for the filter gradient) and round once.
 The rounding points, the same on the CPU: the convolution's result is rounded to the
 dtype; the bias is added to it in float32 and the sum rounded; a fused activation reads
 that (the kept pre-activation, in the dtype) in float32 and its result is rounded. The

@@ -115,17 +115,20 @@ def init(handle: Any, state: Conv2DState) -> None:
                 if found != output.dims:
                     raise core.CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH",
                                          f"{state.op}: cuDNN computes output dims {found}, the formula {output.dims}")
+                choose_paths(state)
                 cudnn_handle = handle.cudnn(_QueryStream)
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
                 tensor_ops = dtype in core.HALF_DTYPES or state.tf32
+                # cuDNN is asked only for the directions it will run: a state without backward runs only the
+                # forward (for the half dtypes, the heuristics took most of the 155 s of a
+                # bfloat16 yolov10x's first forward on the H200 when every direction was asked).
                 for direction, descriptors, preferred in (
                         ("forward", (x, w, y), cudnn.FWD_ALGO_IMPLICIT_GEMM), ("backward_data", (w, y, x), None),
                         ("backward_filter", (x, y, w), None)):
-                    state.algorithms[direction] = cudnn.find_algorithm(direction, cudnn_handle, descriptors, conv,
-                                                                       dtype, WORKSPACE_LIMIT, preferred, tensor_ops)
-                choose_paths(state)
-                sizes = [state.algorithms[direction].workspace for direction, path in state.paths.items()
-                         if path == "cudnn"]
+                    if state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward):
+                        state.algorithms[direction] = cudnn.find_algorithm(
+                            direction, cudnn_handle, descriptors, conv, dtype, WORKSPACE_LIMIT, preferred, tensor_ops)
+                sizes = [algorithm.workspace for algorithm in state.algorithms.values()]
                 sizes.append(workspace_elements(state) * dtype.itemsize)
                 state.workspace_size = max(sizes)
                 handle.reserve(state.workspace_size)  # calls never allocate

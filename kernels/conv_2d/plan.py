@@ -141,12 +141,19 @@ def choose_paths(state: Conv2DState) -> None:
     if depthwise(attrs, state.shapes["input_shape"].dims[1]):
         state.paths = dict.fromkeys(DIRECTIONS, "depthwise")
         return
-    if attrs.groups != 1 or state.shapes["input_shape"].dtype in HALF_DTYPES:
-        # Half precision: cuDNN sums the filter gradient over the whole batch in float32, where the
-        # GEMM paths would round each image's (or chunk's) part to the half dtype.
+    if attrs.groups != 1:
         return
     n, _, o, p, k = _sizes(state)
     itemsize = state.shapes["input_shape"].dtype.itemsize
+    if state.shapes["input_shape"].dtype in HALF_DTYPES:
+        # Half precision: a pointwise forward and input gradient are one GEMM each, a float32 sum rounded
+        # once as in cuDNN. The filter gradient sums over the images too, which the GEMM paths would round
+        # to the dtype image by image: cuDNN sums the whole batch in float32, except for one image. Other
+        # convolutions run in cuDNN.
+        if pointwise(attrs):
+            state.paths = {"forward": "gemm", "backward_data": "gemm", "backward_filter": "gemm" if n == 1 else "cudnn"}
+            state.chunk, state.partials_at = 1, 0
+        return
     if pointwise(attrs):
         state.paths = dict.fromkeys(DIRECTIONS, "gemm")
         state.chunk = max(1, min(n, COLUMN_LIMIT // max(o * k * itemsize, 1)))
