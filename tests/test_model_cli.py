@@ -300,13 +300,24 @@ def test_without_the_kernel_model(capsys, monkeypatch):
     ["yolov10x", "--size", "64", "--dtype", "float64", "--timing-runs", "0"],
     ["yolov10n", "--batch", "2", "--size", "96x128", "--dtype", "float16", "--timing-runs", "0"],
     ["yolov10n", "--batch", "2", "--size", "96x128", "--dtype", "bfloat16", "--timing-runs", "0"],
-], ids=["n-64-f64", "n-64-f32", "n-2x96x128-f32", "n-2x96x128-f64", "x-64-f64", "n-2x96x128-f16", "n-2x96x128-bf16"])
+    # At 1x64x64 float16 gradients from the unscaled output gradients overflow 65504: the steps are loss-scaled.
+    ["yolov10n", "--size", "64", "--dtype", "float16", "--timing-runs", "0"],
+], ids=["n-64-f64", "n-64-f32", "n-2x96x128-f32", "n-2x96x128-f64", "x-64-f64", "n-2x96x128-f16", "n-2x96x128-bf16",
+        "n-64-f16"])
 def test_kernel_model_matches_pytorch_on_cpu(capsys, tmp_path, argv):
     path = tmp_path / "report.json"
     status, out, err = run(capsys, *argv, "--device", "cpu", "--json", str(path))
     assert status == 0, out[-4000:] + err
     report = json.loads(path.read_text())
     assert report["ok"] is True
+    scales = report["runs"][0]["loss_scales"]
+    if argv[argv.index("--dtype") + 1] == "float16":  # at both sizes, gradients of 4096 and more (1/16 of 65504) at 1
+        assert set(scales) == {"1", "2"} and all(s in (2.0 ** -4, 2.0 ** -8, 2.0 ** -12) for s in scales.values())
+        assert "-- output gradients scaled" in out
+        rows = report["runs"][0]["rows"]
+        assert all(r["rel_l2"] is not None and r["rel_l2"] != "inf" for r in rows)  # nothing overflowed
+    else:
+        assert scales == {}
     rows = report["runs"][0]["rows"]
     kinds = {r["kind"] for r in rows}
     assert kinds == set(comparison.KINDS)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .comparison import BOUNDS, CONDITION_FACTOR, HEADER, KINDS
 from .reference import VARIANTS
-from .session import Report, Settings, run
+from .session import HEADROOM, Report, Settings, run
 
 MODELS = tuple(f"yolov10{v}" for v in VARIANTS)
 
@@ -191,6 +191,10 @@ def _print_report(report: Report, quiet: bool) -> None:
           f"({report.seconds:.1f} s). Worst per kind (rel L2 / bound):")
     for kind, row in sorted(report.worst().items(), key=lambda item: KINDS.index(item[0])):
         print(f"   {kind:<13} {row.rel_l2:.3e} / {row.bound:.2e}  {'ok' if row.ok else 'FAIL'}  {row.name}")
+    if report.loss_scales:
+        scales = ", ".join(f"train.{step} 2^{int(math.log2(scale))}" for step, scale in sorted(report.loss_scales.items()))
+        print(f"-- output gradients scaled (loss scaling: at 1 a reference gradient overflows or comes within "
+              f"1/{HEADROOM:g} of the dtype's largest value): {scales}")
     if report.timing:
         runs = report.settings.timing_runs
         print(f"-- timing, median of {runs} run{'s' if runs != 1 else ''} after a warm-up (ms):")
@@ -211,11 +215,12 @@ def _plain(value: Any) -> Any:
 
 
 def write_json(path: str, reports: list[Report]) -> None:
-    """{"ok", "runs": [{"settings", "ok", "seconds", "rows": [Row...], "timing"}]}."""
+    """{"ok", "runs": [{"settings", "ok", "seconds", "rows": [Row...], "timing", "loss_scales"}]}."""
     document = {
         "ok": all(r.ok for r in reports),
         "runs": [{"settings": dataclasses.asdict(r.settings),
-                  "ok": r.ok, "seconds": r.seconds, "rows": [row.as_dict() for row in r.rows], "timing": r.timing}
+                  "ok": r.ok, "seconds": r.seconds, "rows": [row.as_dict() for row in r.rows], "timing": r.timing,
+                  "loss_scales": {str(step): scale for step, scale in r.loss_scales.items()}}
                  for r in reports],
     }
     with open(path, "w", encoding="utf-8") as file:

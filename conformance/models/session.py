@@ -62,6 +62,7 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
+    loss_scales: dict[int, float] = field(default_factory=dict)  # training step -> output gradients' scale, where not 1
 
     @property
     def ok(self) -> bool:
@@ -165,9 +166,11 @@ def run(settings: Settings, model_class: Callable[..., Any] | None = None) -> Re
         for step in range(1, settings.steps + 1):
             image = rng.random(shape).astype(dtype)
             output_grads = {branch: [rng.standard_normal(s).astype(dtype) for s in head_shapes(settings)] for branch in BRANCHES}
+            scale, expected, spread = _reference_step_in_range(pair, device, image, output_grads, dtype)
+            if scale != 1:
+                output_grads = {branch: [(g * scale).astype(dtype) for g in grads] for branch, grads in output_grads.items()}
+                report.loss_scales[step] = scale
             got = _our_training_step(ours, io, image, output_grads)
-            expected, spread = pair.run(functools.partial(_reference_training_step_results, device=device, image=image,
-                                                          output_grads=output_grads))
             report.rows += _compare(f"train.{step}/", got, expected, spread, "train_output", dtype, bounds)
         got = {name: io.get(array) for name, array in ours.state_dict().items() if _is_statistic(name)}
         expected, spread = pair.run(_reference_statistics)
@@ -195,6 +198,40 @@ class _Pair:
         expected, other = produce(self.ref), produce(self.other)
         spread = {name: relative_l2(value, other[name]) for name, value in expected.items() if is_floating(value.dtype)}
         return expected, spread
+
+
+# A step's gradients must stay this far below the dtype's largest value (16: room for ours to sum in
+# another order than the reference and still not overflow where it does not).
+HEADROOM = 16.0
+
+
+def _reference_step_in_range(pair: _Pair, device: torch.device, image: np.ndarray,
+                             output_grads: dict[str, list[np.ndarray]], dtype: np.dtype):
+    """The reference's training step from the output gradients times a loss scale: 1, or for a dtype
+    whose gradients would overflow (float16 has 65504 at most), the largest of 1/16, 1/256, ... that
+    keeps every gradient of the reference's finite and within 1/HEADROOM of the dtype's maximum, as
+    mixed-precision training's loss scaling does (PyTorch's GradScaler backs off on an overflow too).
+    Each try restores both reference models' buffers (the running statistics a training forward moves).
+    Returns (scale, expected, spread)."""
+    limit = float(np.finfo(dtype).max) / HEADROOM
+    buffers = [{name: t.clone() for name, t in model.named_buffers()} for model in (pair.ref, pair.other)]
+    scale = 1.0
+    while True:
+        grads = output_grads if scale == 1 else {
+            branch: [(g * scale).astype(dtype) for g in value] for branch, value in output_grads.items()}
+        expected, spread = pair.run(functools.partial(_reference_training_step_results, device=device, image=image,
+                                                      output_grads=grads))
+        largest = max(float(np.max(np.abs(value), initial=0.0)) for name, value in expected.items()
+                      if name.startswith("grad/"))
+        if np.isfinite(largest) and largest <= limit:
+            return scale, expected, spread
+        if scale < 2.0 ** -40:
+            raise ArithmeticError(f"the reference's gradients overflow {np.dtype(dtype).name} at every loss scale")
+        scale /= 16
+        for model, saved in zip((pair.ref, pair.other), buffers):
+            with torch.no_grad():
+                for name, t in model.named_buffers():
+                    t.copy_(saved[name])
 
 
 def _is_statistic(name: str) -> bool:
