@@ -36,8 +36,8 @@ def test_running_statistics_read_and_overwritten(dev):
     output = dev.array(np.zeros(dims, np.float32))
     args = (dev.array(x), dev.array(gamma), dev.array(beta), output)
     # in place
-    state.running_mean[...] = dev.array(np.array([0.5, -1, 2], np.float32))
-    state.running_var[...] = dev.array(np.array([0.75, 3.75, 15.75], np.float32))
+    dev.assign(state.running_mean, np.array([0.5, -1, 2], np.float32))
+    dev.assign(state.running_var, np.array([0.75, 3.75, 15.75], np.float32))
     batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, *args, training=False)
     dev.stream.synchronize()
     expected = _reference_forward(x, np.array([0.5, -1, 2]), np.array([0.75, 3.75, 15.75]), 0.25, gamma, beta)
@@ -126,7 +126,7 @@ def test_inference_backward_is_the_fixed_statistics_gradient(dev):
     x, g = pattern(dims, 13, 0.5).astype(np.float32), pattern(dims, 11, 0.25, 3).astype(np.float32)
     gamma, beta = np.array([2, -0.5], np.float32), np.array([1, 0.5], np.float32)
     state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims), _shape(dims))
-    state.running_var[...] = dev.array(np.array([3.5, 0.5], np.float32))  # var + eps = 4 and 1: invstd 0.5 and 1
+    dev.assign(state.running_var, np.array([3.5, 0.5], np.float32))  # var + eps = 4 and 1: invstd 0.5 and 1
     output = dev.array(np.zeros(dims, np.float32))
     batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, dev.array(x), dev.array(gamma), dev.array(beta),
                               output, training=False)
@@ -192,8 +192,8 @@ def test_state_without_backward_keeps_nothing_and_writes_the_same_bits(dev, dims
     for backward in (True, False):
         attrs = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU", backward=backward)
         state = batch_norm.init_kernel(dev.handle, attrs, _shape(dims, dtype), _shape(dims, dtype))
-        state.running_mean[...] = dev.array(np.array([0.5, -0.25, 0.125][:dims[1]] + [0.0] * (dims[1] - 3), dtype))
-        state.running_var[...] = dev.array(np.linspace(0.5, 2, dims[1]).astype(dtype))
+        dev.assign(state.running_mean, np.array([0.5, -0.25, 0.125][:dims[1]] + [0.0] * (dims[1] - 3), dtype))
+        dev.assign(state.running_var, np.linspace(0.5, 2, dims[1]).astype(dtype))
         output = dev.array(np.full(dims, np.nan, dtype))
         for _ in range(2):
             batch_norm.forward_kernel(dev.stream, dev.handle, state, attrs, x, gamma, beta, output, training=training)

@@ -41,7 +41,7 @@ def _run(dev, attrs, x, output_grad, offset=0):
     input_grad = None
     if output_grad is not None:
         grad = buffer(out_dims)
-        grad[...] = dev.array(output_grad)
+        dev.assign(grad, output_grad)
         input_grad = buffer(dims)
         upsample.backward_kernel(dev.stream, dev.handle, state, attrs, output, grad, None, input_grad)
     dev.stream.synchronize()
