@@ -186,7 +186,7 @@ def test_data_parallel_refuses_a_half_model():
 
 
 
-# --------------------------------------------------------------------------- GPU (H200 not yet measured)
+# --------------------------------------------------------------------------- GPU
 
 
 def _gpu():
@@ -210,7 +210,8 @@ def _host(model, arrays):
 def test_gpu_half_eval_fused_and_replay_at_640(dtype, variant):
     """At 1x3x640x640: the GPU's half eval against its float32 eval (same weights), fused against unfused,
     and a CUDA graph replay of the fused plan against its eager call (the same bits). Bounds: the CPU's
-    (4 u), H200 not yet measured (pytest -s prints the worst)."""
+    (4 u); measured on the H200 (2026-12-01, pytest -s prints them): at most 0.95 u for eval outputs and
+    1.3 u fused against unfused (yolov10n bfloat16, output 2)."""
     cupy = _gpu()
     dims = (1, 3, 640, 640)
     with YOLOv10(variant, num_classes=7, device="gpu", dtype=dtype) as g16, \
@@ -253,7 +254,8 @@ def test_gpu_half_training_step_equals_cpu_and_replays(dtype):
     """A training step of the GPU half model against the CPU half model (2x3x96x128): outputs, input gradient,
     conv weight gradients and running statistics, with the CPU test's bounds against float32 (both sides
     round at the same points; their sums run in other orders); then a CUDA graph replay of the step writes
-    the eager step's bits."""
+    the eager step's bits. Measured on the H200 (2026-12-01): training outputs at most 98 u (float16; bound
+    512), input gradient 140 u and conv weight gradients 150 u (bound 1024), running statistics 0.4 u (bound 4)."""
     cupy = _gpu()
     with YOLOv10("n", num_classes=7, dtype=dtype) as cpu, YOLOv10("n", num_classes=7, device="gpu", dtype=dtype) as gpu:
         cpu.init_random(3)
