@@ -1,7 +1,18 @@
 # ruff: noqa: B023  (each lambda is timed at once, inside the iteration that made it)
 """Host and device time of each exact cuDNN convolution algorithm on YOLOv10 shapes, next to
-PyTorch: which algorithms have low per-call host overhead. Run on the GPU machine."""
+PyTorch's convolution of the same shape: which algorithms have low per-call host cost (small
+shapes, batch 1) and which run fastest on the GPU (large shapes). Run on the GPU machine:
 
+    python3 tools/conv_algos.py [--set small|x16] [--dtype float32|float16|bfloat16] [--count N]
+
+--set small (default): a head 1x1, a C2f 3x3, the stem and a depthwise 3x3 at batch 1.
+--set x16: yolov10x's 3x3 convolutions at batch 16, the ones that carry its eval's gap to PyTorch
+(tools/yolov10_profile.py: model.1, model.2, model.3, model.4, model.17, model.23).
+float32 runs cuDNN in FMA math (no TF32, PyTorch likewise); the half dtypes in tensor-op math.
+Per algorithm: the host time of a call (the loop's wall time before synchronizing) and the device
+time (CUDA events around the loop, over the calls), in microseconds."""
+
+import argparse
 import sys
 import time
 
@@ -14,71 +25,104 @@ import torch  # noqa: E402
 import kernels  # noqa: E402
 from kernels import TensorShape as S  # noqa: E402
 from kernels import cudnn  # noqa: E402
+from kernels.core import BFLOAT16  # noqa: E402
 
-torch.backends.cudnn.allow_tf32 = False
-stream, handle = kernels.gpu_stream(), kernels.gpu_handle()
-f32 = np.float32
-SHAPES = [("head 1x1", (1, 64, 80, 80), 64, 1, 1, 0, 1), ("c2f 3x3", (1, 32, 160, 160), 32, 3, 1, 1, 1),
-          ("stem 3x3 s2", (1, 3, 640, 640), 16, 3, 2, 1, 1), ("dw 3x3 s2", (1, 64, 80, 80), 64, 3, 2, 1, 64)]
+# (name, input dims, output channels, kernel, stride, padding, groups)
+SETS = {
+    "small": [("head 1x1", (1, 64, 80, 80), 64, 1, 1, 0, 1), ("c2f 3x3", (1, 32, 160, 160), 32, 3, 1, 1, 1),
+              ("stem 3x3 s2", (1, 3, 640, 640), 16, 3, 2, 1, 1), ("dw 3x3 s2", (1, 64, 80, 80), 64, 3, 2, 1, 64)],
+    "x16": [("model.1 3x3 s2", (16, 80, 320, 320), 160, 3, 2, 1, 1),
+            ("model.2 3x3", (16, 80, 160, 160), 80, 3, 1, 1, 1),
+            ("model.3 3x3 s2", (16, 160, 160, 160), 320, 3, 2, 1, 1),
+            ("model.4 3x3", (16, 160, 80, 80), 160, 3, 1, 1, 1),
+            ("model.17 3x3 s2", (16, 320, 80, 80), 320, 3, 2, 1, 1),
+            ("model.23 3x3", (16, 320, 80, 80), 80, 3, 1, 1, 1)],
+}
+DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16),
+          "bfloat16": (BFLOAT16, torch.bfloat16)}
+WORKSPACE = 256 << 20
 
 
-def timed(function, count=200):
-    function()
-    stream.synchronize()
-    start = time.perf_counter()
-    for _ in range(count):
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=sorted(SETS), default="small")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--count", type=int, default=0, help="calls timed per algorithm (default: 200 small, 20 x16)")
+    arguments = parser.parse_args()
+    count = arguments.count or (200 if arguments.set == "small" else 20)
+    dtype, torch_dtype = DTYPES[arguments.dtype]
+    math = cudnn.FMA_MATH if arguments.dtype == "float32" else cudnn.TENSOR_OP_MATH
+    torch.backends.cudnn.allow_tf32 = False
+    stream, handle = kernels.gpu_stream(), kernels.gpu_handle()
+    cupy_stream = stream.cupy_stream
+
+    def timed(function) -> tuple[float, float]:
         function()
-    host = (time.perf_counter() - start) / count
-    stream.synchronize()
-    return host * 1e6, (time.perf_counter() - start) / count * 1e6
+        stream.synchronize()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        begun = time.perf_counter()
+        start.record(cupy_stream)
+        for _ in range(count):
+            function()
+        host = (time.perf_counter() - begun) / count * 1e6
+        end.record(cupy_stream)
+        end.synchronize()
+        return host, cupy.cuda.get_elapsed_time(start, end) * 1e3 / count
+
+    print(f"set {arguments.set}, {arguments.dtype}, {count} calls each; host us / device us per call")
+    for name, dims, out_c, k, s, p, g in SETS[arguments.set]:
+        rng = np.random.default_rng(0)
+        with stream:
+            x = cupy.asarray(rng.standard_normal(dims).astype(np.float32).astype(dtype))
+            w = cupy.asarray((rng.standard_normal((out_c, dims[1] // g, k, k)) * 0.1).astype(np.float32).astype(dtype))
+            ho, wo = (dims[2] + 2 * p - k) // s + 1, (dims[3] + 2 * p - k) // s + 1
+            y = cupy.empty((dims[0], out_c, ho, wo), dtype)
+            dx, dw = cupy.empty_like(x), cupy.empty_like(w)  # the backward's outputs (x and w stay as made)
+        attrs = kernels.Conv2DAttrs(out_channels=out_c, kernel_h=k, kernel_w=k, stride_h=s, stride_w=s, padding_h=p,
+                                    padding_w=p, groups=g)
+        state = kernels.conv_2d.init_kernel(handle, attrs, S.of(x), S.of(y))
+        ours = timed(lambda: kernels.conv_2d.forward_kernel(stream, handle, state, attrs, x, w, None, y))
+        print(f"{name} {dims}->{out_c}: paths {state.paths}, chosen "
+              f"{ {d: (a.algo, a.math_type) for d, a in state.algorithms.items()} }; our forward "
+              f"{ours[0]:8.1f} / {ours[1]:8.1f}")
+        d, h = state.descriptors, handle.cudnn(stream)
+        if d.conv is None:
+            continue
+        ws = handle.workspace(WORKSPACE)
+        one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
+        calls = {
+            "fwd": (cudnn.EXACT_FWD_ALGOS, lambda a: cudnn.convolution_forward(
+                h, one, d.x, x.data.ptr, d.w, w.data.ptr, d.conv, a, ws.data.ptr, WORKSPACE, zero, d.y, y.data.ptr)),
+            "bwd data": (cudnn.EXACT_BWD_DATA_ALGOS, lambda a: cudnn.convolution_backward_data(
+                h, one, d.w, w.data.ptr, d.y, y.data.ptr, d.conv, a, ws.data.ptr, WORKSPACE, zero, d.x, dx.data.ptr)),
+            "bwd filter": (cudnn.EXACT_BWD_FILTER_ALGOS, lambda a: cudnn.convolution_backward_filter(
+                h, one, d.x, x.data.ptr, d.y, y.data.ptr, d.conv, a, ws.data.ptr, WORKSPACE, zero, d.w, dw.data.ptr)),
+        }
+        for direction, (algos, call) in calls.items():
+            for algo in algos:
+                try:
+                    host, device = timed(lambda: call(cudnn.Algorithm(int(algo), math, WORKSPACE)))
+                    print(f"  {direction} algo {int(algo)}: {host:8.1f} / {device:8.1f}")
+                except Exception as error:  # an algorithm cuDNN does not support for this shape
+                    print(f"  {direction} algo {int(algo)}: {str(error)[:80]}")
+        stream.synchronize()
+        tx = torch.from_numpy(cupy.asnumpy(x).astype(np.float32)).cuda().to(torch_dtype)
+        tw = torch.from_numpy(cupy.asnumpy(w).astype(np.float32)).cuda().to(torch_dtype)
+        conv = torch.nn.functional.conv2d
+        for _ in range(2):
+            conv(tx, tw, None, s, p, 1, g)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begun = time.perf_counter()
+        start.record()
+        for _ in range(count):
+            conv(tx, tw, None, s, p, 1, g)
+        host = (time.perf_counter() - begun) / count * 1e6
+        end.record()
+        end.synchronize()
+        print(f"  torch fwd: {host:8.1f} / {start.elapsed_time(end) * 1e3 / count:8.1f}")
+        kernels.conv_2d.cleanup_kernel(handle, state)
 
 
-for name, dims, out_c, k, s, p, g in SHAPES:
-    x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(f32))
-    w = cupy.asarray(np.random.default_rng(1).standard_normal((out_c, dims[1] // g, k, k)).astype(f32))
-    attrs = kernels.Conv2DAttrs(out_channels=out_c, kernel_h=k, kernel_w=k, stride_h=s, stride_w=s, padding_h=p,
-                                padding_w=p, groups=g)
-    ho = (dims[2] + 2 * p - k) // s + 1
-    y = cupy.empty((dims[0], out_c, ho, ho), f32)
-    state = kernels.conv_2d.init_kernel(handle, attrs, S.of(x), S.of(y))
-    kernels.conv_2d.forward_kernel(stream, handle, state, attrs, x, w, None, y)
-    d, h = state.descriptors, handle.cudnn(stream)
-    ws = handle.workspace(256 << 20)
-    one, zero = cudnn.scalar(f32, 1), cudnn.scalar(f32, 0)
-    print(f"{name}: chosen {state.algorithms}")
-    for algo in (0, 1, 2):
-        a = cudnn.Algorithm(algo, 3, 256 << 20)
-        try:
-            host, total = timed(lambda: cudnn.convolution_forward(h, one, d.x, x.data.ptr, d.w, w.data.ptr,
-                                                                  d.conv, a, ws.data.ptr, 256 << 20, zero, d.y,
-                                                                  y.data.ptr))
-            print(f"  fwd algo {algo}: host {host:7.1f} us, with device {total:7.1f} us")
-        except Exception as error:
-            print(f"  fwd algo {algo}: {str(error)[:80]}")
-    for algo in (0, 1):
-        a = cudnn.Algorithm(algo, 3, 256 << 20)
-        try:
-            host, total = timed(lambda: cudnn.convolution_backward_data(h, one, d.w, w.data.ptr, d.y, y.data.ptr,
-                                                                        d.conv, a, ws.data.ptr, 256 << 20, zero,
-                                                                        d.x, x.data.ptr))
-            print(f"  bwd data algo {algo}: host {host:7.1f} us, with device {total:7.1f} us")
-        except Exception as error:
-            print(f"  bwd data algo {algo}: {str(error)[:80]}")
-    for algo in (0, 1, 3):
-        a = cudnn.Algorithm(algo, 3, 256 << 20)
-        try:
-            host, total = timed(lambda: cudnn.convolution_backward_filter(h, one, d.x, x.data.ptr, d.y,
-                                                                          y.data.ptr, d.conv, a, ws.data.ptr,
-                                                                          256 << 20, zero, d.w, w.data.ptr))
-            print(f"  bwd filter algo {algo}: host {host:7.1f} us, with device {total:7.1f} us")
-        except Exception as error:
-            print(f"  bwd filter algo {algo}: {str(error)[:80]}")
-    tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
-    conv = torch.nn.functional.conv2d
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(200):
-        conv(tx, tw, None, s, p, 1, g)
-    host = (time.perf_counter() - start) / 200 * 1e6
-    torch.cuda.synchronize()
-    print(f"  torch fwd: host {host:7.1f} us, with device {(time.perf_counter() - start) / 200 * 1e6:7.1f} us")
+if __name__ == "__main__":
+    main()
