@@ -147,9 +147,9 @@ def choose_paths(state: Conv2DState) -> None:
     itemsize = state.shapes["input_shape"].dtype.itemsize
     if state.shapes["input_shape"].dtype in HALF_DTYPES:
         # Half precision: a pointwise forward and input gradient are one GEMM each, a float32 sum rounded
-        # once as in cuDNN. The filter gradient sums over the images too, which the GEMM paths would round
-        # to the dtype image by image: cuDNN sums the whole batch in float32, except for one image. Other
-        # convolutions run in cuDNN.
+        # once as in cuDNN. The filter gradient also sums over the images, which the per-image GEMMs would
+        # round to the dtype one image at a time: a batch's stays in cuDNN (the whole batch summed in
+        # float32), a single image's is one GEMM. Other convolutions run in cuDNN.
         if pointwise(attrs):
             state.paths = {"forward": "gemm", "backward_data": "gemm", "backward_filter": "gemm" if n == 1 else "cudnn"}
             state.chunk, state.partials_at = 1, 0
