@@ -29,6 +29,9 @@ after --steps training steps; then an eval forward's raw heads and top-300
 detections. One line per tensor: its largest distance in ulps of the dtype, its
 relative L2 error ||ours - PyTorch|| / ||PyTorch||, PyTorch's own float32 error
 on it (its float32 run against its float64 run), the bound and whether it holds.
+In float16, where a gradient of the reference would overflow (or come within
+1/16 of 65504), a step's output gradients are loss-scaled by 1/16, 1/256, ...
+for both models, and the report says by how much.
 Then a timing of ours beside PyTorch (on a GPU with TF32 off).
 
 Exit status: 0 when every tensor is within its bound; 1 when one is not; 2 when
