@@ -32,6 +32,16 @@ def device(request):
     return request.param
 
 
+def run_main(capsys, main, argv, **kwargs):
+    """A command's main(argv, **kwargs) -> (exit status, stdout, stderr); argparse's exits give their status too."""
+    try:
+        status = main(list(argv), **kwargs)
+    except SystemExit as exit:
+        status = exit.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 class Dev:
     """A device's stream, handle and array module, for tests that call kernels directly."""
 

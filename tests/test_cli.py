@@ -21,6 +21,8 @@ from conformance.golden import DEFAULT_PATH
 from conformance.harness import device_unavailable
 from conformance.runner import Result
 
+from .conftest import run_main
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_REASON = device_unavailable("gpu")
 needs_no_gpu = pytest.mark.skipif(GPU_REASON is None, reason="a GPU can run here; this checks the machine without one")
@@ -30,13 +32,7 @@ ONE_CASE = ["--op", "transpose", "-k", "transpose/3d_cycle_201"]
 
 
 def run(capsys, *argv):
-    """main(argv) -> (exit status, stdout, stderr); argparse's exits give their status too."""
-    try:
-        status = cli.main(list(argv))
-    except SystemExit as exit:
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    return run_main(capsys, cli.main, argv)
 
 
 def report(capsys, tmp_path, *argv):

@@ -16,19 +16,14 @@ from conformance.harness import device_unavailable
 from conformance.models import comparison, reference
 from conformance.models.comparison import BOUNDS, Row, compare_detections, match_detections, max_ulp, relative_l2
 
+from .conftest import run_main
 from .model_twin import TorchTwin
 
 GPU_REASON = device_unavailable("gpu")
 
 
 def run(capsys, *argv, model_class=None):
-    """main(argv) -> (exit status, stdout, stderr); argparse's exits give their status too."""
-    try:
-        status = cli.main(list(argv), model_class=model_class)
-    except SystemExit as exit:
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    return run_main(capsys, cli.main, argv, model_class=model_class)
 
 
 def rows_of(out):

@@ -61,15 +61,10 @@ def _run(dev, attrs, x, output_grad):
     return result
 
 
-@pytest.mark.parametrize("index, case", list(enumerate(_geometries(60, seed=0))))
-def test_cpu_matches_torch(index, case):
+def _torch_pool(attrs, x, output_grad):
+    """PyTorch's pooling of x (float64) and its input gradient from output_grad: (output, input_grad)."""
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
-    attrs, dims = case
-    x = _input(dims, attrs, np.float64, index)
-    out_dims = pool_2d.output_dims(attrs, dims)
-    output_grad = np.random.default_rng(index).standard_normal(out_dims)
-    output, input_grad, _ = _run(Dev("cpu"), attrs, x, output_grad)
     tensor = torch.from_numpy(x).requires_grad_()
     kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
     padding = (attrs.padding_h, attrs.padding_w)
@@ -78,6 +73,17 @@ def test_cpu_matches_torch(index, case):
     else:
         expected = F.avg_pool2d(tensor, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
     (expected_grad,) = torch.autograd.grad(expected, [tensor], torch.from_numpy(output_grad))
+    return expected, expected_grad
+
+
+@pytest.mark.parametrize("index, case", list(enumerate(_geometries(60, seed=0))))
+def test_cpu_matches_torch(index, case):
+    attrs, dims = case
+    x = _input(dims, attrs, np.float64, index)
+    out_dims = pool_2d.output_dims(attrs, dims)
+    output_grad = np.random.default_rng(index).standard_normal(out_dims)
+    output, input_grad, _ = _run(Dev("cpu"), attrs, x, output_grad)
+    expected, expected_grad = _torch_pool(attrs, x, output_grad)
     if attrs.pool_type is PoolOp.MAX:  # same values moved, same sums in the same order
         assert np.array_equal(output, expected.detach().numpy(), equal_nan=True)
         assert np.array_equal(input_grad, expected_grad.numpy(), equal_nan=True)
@@ -92,21 +98,12 @@ def test_cpu_half_matches_torch_rounded_once(index, case, dtype):
     """Half inputs against PyTorch in float64 rounded once to the dtype: MAX moves values and sums at
     most 36 gradients in quarters (exact in float32, and the result fits the half mantissa: exact);
     AVG divides once in float32 and rounds once: within 1 ulp of the half dtype. NaN matches NaN."""
-    torch = pytest.importorskip("torch")
-    F = torch.nn.functional
     attrs, dims = case
     x = _input(dims, attrs, dtype, index)
     out_dims = pool_2d.output_dims(attrs, dims)
     output_grad = (np.random.default_rng(index).integers(-8, 9, out_dims) / 4).astype(dtype)
     output, input_grad, _ = _run(Dev("cpu"), attrs, x, output_grad)
-    tensor = torch.from_numpy(x.astype(np.float64)).requires_grad_()
-    kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
-    padding = (attrs.padding_h, attrs.padding_w)
-    if attrs.pool_type is PoolOp.MAX:
-        expected = F.max_pool2d(tensor, kernel, stride, padding)
-    else:
-        expected = F.avg_pool2d(tensor, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
-    (expected_grad,) = torch.autograd.grad(expected, [tensor], torch.from_numpy(output_grad.astype(np.float64)))
+    expected, expected_grad = _torch_pool(attrs, x.astype(np.float64), output_grad.astype(np.float64))
     expected_output = expected.detach().numpy().astype(dtype)
     expected_grad = expected_grad.numpy().astype(dtype)
     assert output.dtype == input_grad.dtype == dtype

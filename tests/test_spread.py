@@ -9,16 +9,13 @@ import conformance.__main__ as cli
 from conformance import spread
 from conformance.harness import device_unavailable
 
+from .conftest import run_main
+
 OPS = ["--op", "transpose", "--op", "softmax", "--op", "concat"]
 
 
 def run(capsys, *argv):
-    try:
-        status = cli.main(list(argv))
-    except SystemExit as exit:
-        status = exit.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    return run_main(capsys, cli.main, argv)
 
 
 def report(capsys, tmp_path, name, *argv):
