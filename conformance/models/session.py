@@ -166,9 +166,8 @@ def run(settings: Settings, model_class: Callable[..., Any] | None = None) -> Re
         for step in range(1, settings.steps + 1):
             image = rng.random(shape).astype(dtype)
             output_grads = {branch: [rng.standard_normal(s).astype(dtype) for s in head_shapes(settings)] for branch in BRANCHES}
-            scale, expected, spread = _reference_step_in_range(pair, device, image, output_grads, dtype)
+            output_grads, scale, expected, spread = _reference_step_in_range(pair, device, image, output_grads, dtype)
             if scale != 1:
-                output_grads = {branch: [(g * scale).astype(dtype) for g in grads] for branch, grads in output_grads.items()}
                 report.loss_scales[step] = scale
             got = _our_training_step(ours, io, image, output_grads)
             report.rows += _compare(f"train.{step}/", got, expected, spread, "train_output", dtype, bounds)
@@ -212,7 +211,7 @@ def _reference_step_in_range(pair: _Pair, device: torch.device, image: np.ndarra
     keeps every gradient of the reference's finite and within 1/HEADROOM of the dtype's maximum, as
     mixed-precision training's loss scaling does (PyTorch's GradScaler backs off on an overflow too).
     Each try restores both reference models' buffers (the running statistics a training forward moves).
-    Returns (scale, expected, spread)."""
+    Returns (the output gradients it used, scale, expected, spread)."""
     limit = float(np.finfo(dtype).max) / HEADROOM
     buffers = [{name: t.clone() for name, t in model.named_buffers()} for model in (pair.ref, pair.other)]
     scale = 1.0
@@ -224,7 +223,7 @@ def _reference_step_in_range(pair: _Pair, device: torch.device, image: np.ndarra
         largest = max(float(np.max(np.abs(value), initial=0.0)) for name, value in expected.items()
                       if name.startswith("grad/"))
         if np.isfinite(largest) and largest <= limit:
-            return scale, expected, spread
+            return grads, scale, expected, spread
         if scale < 2.0 ** -40:
             raise ArithmeticError(f"the reference's gradients overflow {np.dtype(dtype).name} at every loss scale")
         scale /= 16
