@@ -110,6 +110,26 @@ def _sum_lengths(problem: Problem) -> dict[str, int]:
     return {"output": c // a.groups * taps, "input_grad": o // a.groups * taps, "filter_grad": n * out_h * out_w}
 
 
+def _torch_reference(problem: Problem, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """The problem's forward and backward by PyTorch in float64 on the CPU (an independent program, not our
+    kernels): inputs (input, filter, grad) or (lhs, rhs, grad), float64; the results as _conv/_matmul name them."""
+    import torch
+
+    first, second, grad = (torch.from_numpy(x) for x in inputs)
+    first.requires_grad_(True)
+    second.requires_grad_(True)
+    if problem.op == "batch_matmul":
+        output = torch.matmul(first, second)
+        names = ("output", "lhs_grad", "rhs_grad")
+    else:
+        a = problem.attrs
+        output = torch.nn.functional.conv2d(first, second, None, (a.stride_h, a.stride_w), (a.padding_h, a.padding_w),
+                                            (a.dilation_h, a.dilation_w), a.groups)
+        names = ("output", "input_grad", "filter_grad")
+    output.backward(grad)
+    return dict(zip(names, (t.detach().numpy() for t in (output, first.grad, second.grad)), strict=True))
+
+
 def _device(device: str, allow_tf32: bool) -> tuple[Any, Any, Any]:
     if device == "cpu":
         return kernels.cpu_stream(), kernels.cpu_handle(), np
@@ -121,10 +141,9 @@ def _device(device: str, allow_tf32: bool) -> tuple[Any, Any, Any]:
 def measure(problem: Problem, allow_tf32: bool, seed: int = 0, device: str = "gpu") -> dict[str, tuple[float, float]]:
     """Each result tensor's (worst |error| / S in units of 2^-11, bound_units(K)) for random normal
     float32 inputs on `device` (GPU 0 with a handle of that allow_tf32; the CPU has no TF32); the
-    reference and S = sum |a||b| come from the CPU kernels in float64 (on the same float32 inputs,
-    and their absolute values)."""
+    reference and S = sum |a||b| come from PyTorch in float64 (on the same float32 inputs, and their
+    absolute values)."""
     rng = np.random.default_rng(seed)
-    cpu_stream, cpu_handle = kernels.cpu_stream(), kernels.cpu_handle()
     lengths = _sum_lengths(problem)
     stream, handle, xp = _device(device, allow_tf32)
     with handle:
@@ -132,17 +151,17 @@ def measure(problem: Problem, allow_tf32: bool, seed: int = 0, device: str = "gp
             lhs, rhs = (rng.standard_normal(d).astype(np.float32) for d in problem.dims)
             grad = rng.standard_normal(batch_matmul.output_dims(*problem.dims)).astype(np.float32)
             got = _matmul(handle, stream, xp, lhs, rhs, grad)
-            exact = _matmul(cpu_handle, cpu_stream, np, *(x.astype(np.float64) for x in (lhs, rhs, grad)))
-            scale = _matmul(cpu_handle, cpu_stream, np, *(np.abs(x).astype(np.float64) for x in (lhs, rhs, grad)))
+            inputs = [lhs, rhs, grad]
         else:
             attrs = problem.attrs
             input = rng.standard_normal(problem.dims[0]).astype(np.float32)
             filter = rng.standard_normal(conv_2d.filter_dims(attrs, input.shape[1])).astype(np.float32)
             grad = rng.standard_normal(conv_2d.output_dims(attrs, input.shape)).astype(np.float32)
             got = _conv(handle, stream, xp, problem, input, filter, grad)
-            wide = [x.astype(np.float64) for x in (input, filter, grad)]
-            exact = _conv(cpu_handle, cpu_stream, np, problem, *wide)
-            scale = _conv(cpu_handle, cpu_stream, np, problem, *(np.abs(x) for x in wide))
+            inputs = [input, filter, grad]
+    wide = [x.astype(np.float64) for x in inputs]
+    exact = _torch_reference(problem, wide)
+    scale = _torch_reference(problem, [np.abs(x) for x in wide])
     results = {}
     for name, value in got.items():
         error = np.abs(value.astype(np.float64) - exact[name])
