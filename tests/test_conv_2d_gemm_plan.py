@@ -323,24 +323,58 @@ def test_gpu_paths_match_cpu_and_repeat_bitwise(index, dtype):
         dev.handle.close()
 
 
+@pytest.mark.parametrize("dims, attrs, dtype, flops, limit_mib", [
+    # 2 N O Ho Wo (C / g) kh kw; twice input + filter + output bytes, at least 256 MiB
+    ((1, 32, 160, 160), Conv2DAttrs(32, 3, 3, 1, 1, 1, 1), np.float32, 2 * 32 * 160 * 160 * 32 * 9, 256),
+    ((16, 160, 80, 80), Conv2DAttrs(160, 3, 3, 1, 1, 1, 1), np.float32, 2 * 16 * 160 * 6400 * 160 * 9, 256),
+    ((16, 80, 320, 320), Conv2DAttrs(160, 3, 3, 2, 2, 1, 1), np.float16, 2 * 16 * 160 * 25600 * 80 * 9,
+     2 * (16 * 80 * 102400 + 160 * 80 * 9 + 16 * 160 * 25600) * 2 / 2**20),
+    ((2, 64, 40, 40), Conv2DAttrs(64, 3, 3, 2, 2, 1, 1, groups=64), np.float32, 2 * 2 * 64 * 400 * 9, 256),
+])
+def test_forward_flops_and_workspace_limit(dims, attrs, dtype, flops, limit_mib):
+    """What decides cuDNN's forward algorithm (IMPLICIT_GEMM below 1 GFLOP in float32) and the workspace an
+    algorithm may ask for (twice the convolution's tensors where that passes 256 MiB: the NHWC copies of a
+    half tensor-core algorithm)."""
+    state = _state(dims, attrs, dtype)
+    assert conv_2d.forward_flops(state) == flops
+    assert conv_2d.workspace_limit(state) == round(limit_mib * 2**20)
+    assert (flops < conv_2d.IMPLICIT_GEMM_BELOW_FLOPS) == (flops < 10**9)
+
+
 @pytest.mark.gpu
-def test_gpu_init_picks_the_paths_and_implicit_gemm():
+def test_gpu_init_picks_the_paths_and_implicit_gemm(monkeypatch):
     """On the GPU: groups-1 convolutions take the GEMM paths, depthwise ones their kernels (grouped: cuDNN);
-    the forward algorithm of the others is
-    IMPLICIT_GEMM (cheapest per call on the H200); the workspace holds a chunk's columns."""
+    the forward algorithm of the others is IMPLICIT_GEMM (cheapest per call on the H200) below
+    IMPLICIT_GEMM_BELOW_FLOPS, cuDNN's heuristics' choice from it; the workspace holds a chunk's columns."""
     require("gpu")
     from kernels import cudnn
 
+    asked = []  # (direction, workspace limit, preferred) of each find_algorithm call
+    find_algorithm = cudnn.find_algorithm
+
+    def recording(direction, handle, descriptors, conv, dtype, limit, preferred=None, tensor_ops=False):
+        asked.append((direction, limit, preferred))
+        return find_algorithm(direction, handle, descriptors, conv, dtype, limit, preferred, tensor_ops)
+
+    monkeypatch.setattr(cudnn, "find_algorithm", recording)
     dev = Dev("gpu")
+    large = ((4, 160, 40, 40), Conv2DAttrs(160, 3, 3, 1, 1, 1, 1))  # 1.47 GFLOP
     try:
-        for dims, attrs in _GPU_CONFIGS + [((1, 8, 20, 20), Conv2DAttrs(12, 3, 3, 2, 2, 1, 1, groups=4))]:
+        for dims, attrs in _GPU_CONFIGS + [((1, 8, 20, 20), Conv2DAttrs(12, 3, 3, 2, 2, 1, 1, groups=4)), large]:
             for dtype in (np.float32, np.float64):
+                asked.clear()
                 state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype),
                                             TensorShape(conv_2d.output_dims(attrs, dims), dtype))
                 expected = _state(dims, attrs, dtype)
                 assert state.paths == expected.paths and state.chunk == expected.chunk
                 if state.paths["forward"] == "cudnn":
-                    assert state.algorithms["forward"].algo == cudnn.FWD_ALGO_IMPLICIT_GEMM
+                    small = conv_2d.forward_flops(state) < conv_2d.IMPLICIT_GEMM_BELOW_FLOPS
+                    assert ("forward", conv_2d.workspace_limit(state),
+                            cudnn.FWD_ALGO_IMPLICIT_GEMM if small else None) in asked
+                    assert small == ((dims, attrs) != large)
+                    if small:
+                        assert state.algorithms["forward"].algo == cudnn.FWD_ALGO_IMPLICIT_GEMM
+                    assert state.algorithms["forward"].algo in cudnn.EXACT_FWD_ALGOS
                 if state.paths["backward_data"] == "columns":
                     _, _, _, p, k = conv_2d._sizes(state)
                     assert state.workspace_size >= state.chunk * k * p * np.dtype(dtype).itemsize

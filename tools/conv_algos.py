@@ -3,16 +3,21 @@
 PyTorch's convolution of the same shape: which algorithms have low per-call host cost (small
 shapes, batch 1) and which run fastest on the GPU (large shapes). Run on the GPU machine:
 
-    python3 tools/conv_algos.py [--set small|x16] [--dtype float32|float16|bfloat16] [--count N]
+    python3 tools/conv_algos.py [--set small|x16|sweep] [--dtype float32|float16|bfloat16] [--count N]
+                                [--workspace MiB]
 
 --set small (default): a head 1x1, a C2f 3x3, the stem and a depthwise 3x3 at batch 1.
 --set x16: yolov10x's 3x3 convolutions at batch 16, the ones that carry its eval's gap to PyTorch
 (tools/yolov10_profile.py: model.1, model.2, model.3, model.4, model.17, model.23).
+--set sweep: 3x3 convolutions at batch 1 to 8, and yolov10x's model.1 and model.2 at batch 1: where
+IMPLICIT_PRECOMP_GEMM starts to beat IMPLICIT_GEMM on the device.
 float32 runs cuDNN in FMA math (no TF32, PyTorch likewise); the half dtypes in tensor-op math.
-Per algorithm: the host time of a call (the loop's wall time before synchronizing) and the device
-time (CUDA events around the loop, over the calls), in microseconds."""
+First cuDNN's v7 heuristics' ranking (algo, math type, workspace MiB); then per algorithm its
+workspace (MiB, cuDNN's size query), the host time of a call (the loop's wall time before
+synchronizing) and the device time (CUDA events around the loop, over the calls), in microseconds."""
 
 import argparse
+import ctypes
 import sys
 import time
 
@@ -37,18 +42,22 @@ SETS = {
             ("model.4 3x3", (16, 160, 80, 80), 160, 3, 1, 1, 1),
             ("model.17 3x3 s2", (16, 320, 80, 80), 320, 3, 2, 1, 1),
             ("model.23 3x3", (16, 320, 80, 80), 80, 3, 1, 1, 1)],
+    "sweep": [(f"160ch 3x3 b{n}", (n, 160, 80, 80), 160, 3, 1, 1, 1) for n in (1, 2, 4, 8)]
+    + [(f"32ch 3x3 b{n}", (n, 32, 160, 160), 32, 3, 1, 1, 1) for n in (4, 16)]
+    + [("x model.1 3x3 s2 b1", (1, 80, 320, 320), 160, 3, 2, 1, 1), ("x model.2 3x3 b1", (1, 80, 160, 160), 80, 3, 1, 1, 1)],
 }
 DTYPES = {"float32": (np.float32, torch.float32), "float16": (np.float16, torch.float16),
           "bfloat16": (BFLOAT16, torch.bfloat16)}
-WORKSPACE = 256 << 20
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", choices=sorted(SETS), default="small")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--count", type=int, default=0, help="calls timed per algorithm (default: 200 small, 20 x16)")
+    parser.add_argument("--count", type=int, default=0, help="calls timed per algorithm (default: 200 small, 20 else)")
+    parser.add_argument("--workspace", type=int, default=2048, help="MiB of workspace an algorithm may use")
     arguments = parser.parse_args()
+    workspace = arguments.workspace << 20
     count = arguments.count or (200 if arguments.set == "small" else 20)
     dtype, torch_dtype = DTYPES[arguments.dtype]
     math = cudnn.FMA_MATH if arguments.dtype == "float32" else cudnn.TENSOR_OP_MATH
@@ -88,21 +97,29 @@ def main() -> None:
         d, h = state.descriptors, handle.cudnn(stream)
         if d.conv is None:
             continue
-        ws = handle.workspace(WORKSPACE)
+        ws = handle.workspace(workspace)
+        ordered = {"fwd": (d.x, d.w, d.conv, d.y), "bwd data": (d.w, d.y, d.conv, d.x),
+                   "bwd filter": (d.x, d.y, d.conv, d.w)}
         one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
         calls = {
             "fwd": (cudnn.EXACT_FWD_ALGOS, lambda a: cudnn.convolution_forward(
-                h, one, d.x, x.data.ptr, d.w, w.data.ptr, d.conv, a, ws.data.ptr, WORKSPACE, zero, d.y, y.data.ptr)),
+                h, one, d.x, x.data.ptr, d.w, w.data.ptr, d.conv, a, ws.data.ptr, workspace, zero, d.y, y.data.ptr)),
             "bwd data": (cudnn.EXACT_BWD_DATA_ALGOS, lambda a: cudnn.convolution_backward_data(
-                h, one, d.w, w.data.ptr, d.y, y.data.ptr, d.conv, a, ws.data.ptr, WORKSPACE, zero, d.x, dx.data.ptr)),
+                h, one, d.w, w.data.ptr, d.y, y.data.ptr, d.conv, a, ws.data.ptr, workspace, zero, d.x, dx.data.ptr)),
             "bwd filter": (cudnn.EXACT_BWD_FILTER_ALGOS, lambda a: cudnn.convolution_backward_filter(
-                h, one, d.x, x.data.ptr, d.y, y.data.ptr, d.conv, a, ws.data.ptr, WORKSPACE, zero, d.w, dw.data.ptr)),
+                h, one, d.x, x.data.ptr, d.y, y.data.ptr, d.conv, a, ws.data.ptr, workspace, zero, d.w, dw.data.ptr)),
         }
-        for direction, (algos, call) in calls.items():
+        for (direction, (algos, call)), key in zip(calls.items(), cudnn._DIRECTIONS):
+            size_function = cudnn._DIRECTIONS[key][2]
+            d.conv.set_math_type(math)
+            print(f"  {direction} heuristics (algo, math, MiB): {heuristics(key, h, ordered[direction], d.conv, math)}")
             for algo in algos:
                 try:
-                    host, device = timed(lambda: call(cudnn.Algorithm(int(algo), math, WORKSPACE)))
-                    print(f"  {direction} algo {int(algo)}: {host:8.1f} / {device:8.1f}")
+                    d.conv.set_math_type(math)
+                    size = cudnn._workspace_size(size_function, h, [o.ptr for o in ordered[direction]], int(algo))
+                    mib = "-" if size is None else f"{size / 2**20:.0f}"
+                    host, device = timed(lambda: call(cudnn.Algorithm(int(algo), math, workspace)))
+                    print(f"  {direction} algo {int(algo)} ({mib} MiB): {host:8.1f} / {device:8.1f}")
                 except Exception as error:  # an algorithm cuDNN does not support for this shape
                     print(f"  {direction} algo {int(algo)}: {str(error)[:80]}")
         stream.synchronize()
@@ -122,6 +139,19 @@ def main() -> None:
         end.synchronize()
         print(f"  torch fwd: {host:8.1f} / {start.elapsed_time(end) * 1e3 / count:8.1f}")
         kernels.conv_2d.cleanup_kernel(handle, state)
+
+
+def heuristics(direction: str, handle: int, ordered: tuple, conv, math: int) -> list[tuple[int, int, int]]:
+    """cuDNN's v7 heuristics' ranking of the deterministic algorithms: (algo, math type, workspace MiB)."""
+    max_count, function = cudnn._DIRECTIONS[direction][:2]
+    lib, count, returned = cudnn.library(), ctypes.c_int(), ctypes.c_int()
+    cudnn.check(getattr(lib, max_count)(handle, ctypes.byref(count)), max_count)
+    results = (cudnn.AlgoPerf * max(count.value, 1))()
+    conv.set_math_type(math)
+    cudnn.check(getattr(lib, function)(handle, *(o.ptr for o in ordered), len(results), ctypes.byref(returned),
+                                       results), function)
+    return [(r.algo, r.mathType, r.memory >> 20) for r in results[: returned.value]
+            if r.status == cudnn.STATUS_SUCCESS and r.determinism == cudnn.DETERMINISTIC]
 
 
 if __name__ == "__main__":

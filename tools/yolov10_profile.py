@@ -3,11 +3,12 @@
 Run on the GPU machine from the repository root:
 
     python3 tools/yolov10_profile.py [--configs n:1:eval,n:16:eval,x:16:eval,x:16:train,n:1:fused]
-                                     [--runs 5] [--top 3] [--json FILE]
+                                     [--runs 5] [--top 3] [--json FILE] [--dtype float16|bfloat16]
 
 A config is variant:batch:mode, mode eval (the eval forward), fused (ours model.fuse() beside PyTorch's
 unfused eval) or train (a training step: forward + backward from gradients of ones). fp32, TF32 off,
-640x640.
+640x640; or, with --dtype float16 / bfloat16, eval and fused in that dtype (ours YOLOv10(..., dtype=...),
+PyTorch's reference `.to(dtype)` as tools/yolov10_speed.py times it).
 
 Method (GPU time, host launch cost excluded):
 - Ours: the plan's op calls run eagerly on the model's stream with a CUDA event recorded before the first
@@ -86,7 +87,7 @@ def _median_times(runs: int, once: Callable[[], list[float]]) -> list[float]:
     return [statistics.median(column) for column in zip(*samples)]
 
 
-def profile_ours(variant: str, batch: int, mode: str, runs: int, gate_ms: float):
+def profile_ours(variant: str, batch: int, mode: str, runs: int, gate_ms: float, dtype: str = "float32"):
     """Per layer: our ms, and each call's (ms, description)."""
     import cupy
     import numpy as np
@@ -97,9 +98,9 @@ def profile_ours(variant: str, batch: int, mode: str, runs: int, gate_ms: float)
     dims = (batch, 3, 640, 640)
     clock_khz = cupy.cuda.Device().attributes.get("ClockRate", 2_000_000)
     cycles = np.int64(gate_ms * clock_khz)  # ms x cycles per ms
-    with YOLOv10(variant, device="gpu") as model:
+    with YOLOv10(variant, device="gpu", dtype=dtype) as model:
         with model.stream:
-            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32))
+            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32).astype(model.dtype))
         if mode == "train":
             out = model.train()(x)
             with model.stream:
@@ -151,7 +152,8 @@ def _tensors(value: Any) -> list[Any]:
     return [value] if hasattr(value, "register_hook") else []
 
 
-def profile_torch(variant: str, batch: int, mode: str, runs: int, gate_ms: float) -> dict[str, float]:
+def profile_torch(variant: str, batch: int, mode: str, runs: int, gate_ms: float,
+                  dtype: str = "float32") -> dict[str, float]:
     """Per layer: PyTorch's ms (forward, and for a training step forward + backward)."""
     import numpy as np
     import torch
@@ -160,8 +162,9 @@ def profile_torch(variant: str, batch: int, mode: str, runs: int, gate_ms: float
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    model = reference.build(variant).cuda()
+    model = reference.build(variant).cuda().to(getattr(torch, dtype))
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((batch, 3, 640, 640)).astype(np.float32)).cuda()
+    x = x.to(getattr(torch, dtype))
     marks: list[tuple[str, str, Any]] = []  # (layer, "start" / "end" / "grad", event), in record order
     started: set[str] = set()  # layers whose backward has begun, this run
 
@@ -233,20 +236,23 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--gate-ms", type=float, default=50.0, help="the spin that holds the stream, ms")
     parser.add_argument("--json")
+    parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
     args = parser.parse_args()
     results = {}
     for config in args.configs.split(","):
         variant, batch, mode = config.split(":")
         try:
-            ours, top = profile_ours(variant, int(batch), mode, args.runs, args.gate_ms)
+            if mode == "train" and args.dtype != "float32":
+                raise ValueError("the half dtypes are profiled in eval and fused only")
+            ours, top = profile_ours(variant, int(batch), mode, args.runs, args.gate_ms, args.dtype)
             theirs = profile_torch(variant, int(batch), "train" if mode == "train" else "eval", args.runs,
-                                   args.gate_ms)
+                                   args.gate_ms, args.dtype)
         except Exception as error:  # report and go on with the next configuration
             print(f"{config}: {type(error).__name__}: {error}")
             continue
         rows = layer_table(ours, theirs, top, 24)
-        print_table(f"yolov10{variant} batch {batch} {mode} (PyTorch: {'unfused eval' if mode == 'fused' else mode})",
-                    rows, args.top)
+        against = "unfused eval" if mode == "fused" else mode
+        print_table(f"yolov10{variant} {args.dtype} batch {batch} {mode} (PyTorch: {against})", rows, args.top)
         results[config] = rows
     if args.json:
         with open(args.json, "w") as f:

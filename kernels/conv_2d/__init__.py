@@ -80,6 +80,7 @@ from . import cpu, gpu
 from .gpu import _workspace  # noqa: F401
 from .plan import (  # noqa: F401
     DIRECTIONS,
+    IMPLICIT_GEMM_BELOW_FLOPS,
     Direction,
     Fold,
     Gemm,
@@ -88,11 +89,13 @@ from .plan import (  # noqa: F401
     _sizes,
     choose_paths,
     depthwise,
+    forward_flops,
     plan_backward_data,
     plan_backward_filter,
     plan_forward,
     pointwise,
     workspace_elements,
+    workspace_limit,
 )
 
 OP = "conv_2d"

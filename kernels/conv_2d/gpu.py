@@ -20,13 +20,21 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .. import activation, core, cublas, gpu, gpu_paths
-from .plan import Fold, Gemm, choose_paths, plan_backward_data, plan_backward_filter, plan_forward, workspace_elements
+from .plan import (
+    IMPLICIT_GEMM_BELOW_FLOPS,
+    Fold,
+    Gemm,
+    choose_paths,
+    forward_flops,
+    plan_backward_data,
+    plan_backward_filter,
+    plan_forward,
+    workspace_elements,
+    workspace_limit,
+)
 
 if TYPE_CHECKING:
     from . import Conv2DState
-
-# The largest cuDNN workspace an algorithm may ask for; faster algorithms needing more are passed over.
-WORKSPACE_LIMIT = 256 * 2**20
 
 # Shared with conv_2d.cu, which gets them as -D options (CudaModule's defines): the block sizes of the
 # kernels that reduce in a shared-memory tree of that many doubles (powers of two), and the fields of
@@ -122,12 +130,15 @@ def init(handle: Any, state: Conv2DState) -> None:
                 # cuDNN is asked only for the directions it will run: a state without backward runs only the
                 # forward (for the half dtypes, the heuristics took most of the 155 s of a
                 # bfloat16 yolov10x's first forward on the H200 when every direction was asked).
+                # The forward keeps IMPLICIT_GEMM below IMPLICIT_GEMM_BELOW_FLOPS (plan.py says why).
+                small = forward_flops(state) < IMPLICIT_GEMM_BELOW_FLOPS
+                limit = workspace_limit(state)
                 for direction, descriptors, preferred in (
-                        ("forward", (x, w, y), cudnn.FWD_ALGO_IMPLICIT_GEMM), ("backward_data", (w, y, x), None),
-                        ("backward_filter", (x, y, w), None)):
+                        ("forward", (x, w, y), cudnn.FWD_ALGO_IMPLICIT_GEMM if small else None),
+                        ("backward_data", (w, y, x), None), ("backward_filter", (x, y, w), None)):
                     if state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward):
                         state.algorithms[direction] = cudnn.find_algorithm(
-                            direction, cudnn_handle, descriptors, conv, dtype, WORKSPACE_LIMIT, preferred, tensor_ops)
+                            direction, cudnn_handle, descriptors, conv, dtype, limit, preferred, tensor_ops)
                 sizes = [algorithm.workspace for algorithm in state.algorithms.values()]
                 sizes.append(workspace_elements(state) * dtype.itemsize)
                 state.workspace_size = max(sizes)

@@ -1,6 +1,7 @@
 """conv_2d's GPU paths worked out as data, pure and device-free: which path each direction takes
 (choose_paths), the workspace the GEMM paths need (workspace_elements) and their cuBLAS GEMM and
-fold steps (plan_*). gpu.py runs the plans; tests/test_conv_2d_gemm_plan.py runs them in NumPy.
+fold steps (plan_*), and what cuDNN may be asked for (forward_flops, workspace_limit). gpu.py runs
+the plans; tests/test_conv_2d_gemm_plan.py runs them in NumPy.
 
 cuBLAS is column-major: a row-major (r, c) matrix is, to cuBLAS, its (c, r) transpose with
 leading dimension c. With P = Ho * Wo and K = C * kh * kw (K = C for a 1x1 kernel), in
@@ -25,6 +26,33 @@ if TYPE_CHECKING:
 # The most bytes of im2col columns held at once (a chunk of whole images); an image needing more
 # takes cuDNN's backward algorithms instead.
 COLUMN_LIMIT = 256 * 2**20
+
+# cuDNN's workspace: an algorithm may use WORKSPACE_LIMIT bytes, or twice the bytes of the convolution's
+# own tensors (input, filter, output) where that is more. Half-precision tensor-core algorithms on NCHW
+# data use about one copy of input and output (their NHWC transposes): for yolov10x's model.1 at batch 16
+# in float16 (16x80x320x320 -> 160, 3x3 s2) IMPLICIT_PRECOMP_GEMM asked 376 MiB and ran in 0.70 ms on
+# the H200, where the best algorithm within 256 MiB took 5.1 ms (tools/conv_algos.py --set x16).
+WORKSPACE_LIMIT = 256 * 2**20
+# A float32 forward of fewer flops (forward_flops) keeps cuDNN's IMPLICIT_GEMM,
+# the cheapest per call on the host (about 40 us against IMPLICIT_PRECOMP_GEMM's 90 on the H200) and
+# the fastest on the GPU for small convolutions; from it cuDNN's heuristics choose (IMPLICIT_PRECOMP_GEMM
+# on the H200: 1.47 GFLOP, 160 channels 3x3 at 80x80, 159 -> 119 us; 23.6 GFLOP, the same at batch 16,
+# 2112 -> 1434 us, PyTorch's 1428; but 0.47 GFLOP, 32 channels 3x3 at 160x160, 34 -> 58 us).
+IMPLICIT_GEMM_BELOW_FLOPS = 10**9
+
+
+def forward_flops(state: "Conv2DState") -> int:
+    """2 x the multiply-adds of the forward: 2 N O Ho Wo (C / groups) kh kw."""
+    attrs = state.attrs
+    channels = state.shapes["input_shape"].dims[1]
+    return 2 * state.shapes["output_shape"].numel * (channels // attrs.groups) * attrs.kernel_h * attrs.kernel_w
+
+
+def workspace_limit(state: "Conv2DState") -> int:
+    """The most workspace a cuDNN algorithm of this convolution may ask for (see WORKSPACE_LIMIT)."""
+    tensors = sum(state.shapes[name].numel for name in ("input_shape", "filter_shape", "output_shape"))
+    return max(WORKSPACE_LIMIT, 2 * tensors * state.shapes["input_shape"].dtype.itemsize)
+
 
 # The three directions of a convolution; the state keeps a path (and on the GPU a cuDNN algorithm) for each.
 Direction = Literal["forward", "backward_data", "backward_filter"]
