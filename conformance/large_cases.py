@@ -3,7 +3,8 @@
 The golden cases are small, so the paths only large tensors take are never run by them: the
 CPU's blocked paths (activation.BLOCK_ELEMENTS, softmax's CPU_BLOCK_ELEMENTS, batch_norm's and
 pool_2d's blocks, element_binary's parallel threshold, conv_2d's wide and short rows,
-cpu.cpu_parallel's parts) and the GPU's grid-stride, unrolled and 16-byte pack bodies. A case
+cpu.cpu_parallel's parts) and the GPU's grid-stride, unrolled and 16-byte pack bodies (and conv_2d's
+untiled depthwise forward). A case
 here is (op, name, attrs, tensor shapes, dtype, seed): its inputs are regenerated from the seed
 (NumPy's default_rng), never stored, and tests/test_large_cases.py compares the CPU with PyTorch
 in float64 within bounds derived from the operation, and the GPU with the CPU
@@ -248,6 +249,11 @@ _conv("short_dilated_groups2_relu", (2, 6, 70, 70), Conv2DAttrs(8, 3, 5, 1, 2, 2
       seed=14, paths={"conv_wide_rows": False, "conv_plain": False})
 _conv("plain_1x1_bias_gelu_past_block", (2, 16, 70, 70), Conv2DAttrs(32, 1, 1, use_bias=True, activation=GELU),
       seed=15, paths={"conv_wide_rows": True, "conv_plain": True, "activation_blocks": True})
+# On the GPU: a depthwise forward whose one-output tile already reaches an input region past the shared
+# memory a block may use (conv_2d/plan.py DEPTHWISE_SHARED_LIMIT: 113 x 113 floats) runs untiled.
+_conv("depthwise_dilated_56_untiled", (1, 2, 120, 120),
+      Conv2DAttrs(2, 3, 3, 1, 1, 56, 56, 56, 56, groups=2, use_bias=True, activation=SILU), seed=16,
+      paths={"conv_wide_rows": True, "conv_plain": False})
 
 # softmax: cache-sized blocks of whole rows (dim last), of rows by inner (size * inner up to
 # CPU_BLOCK_ELEMENTS), or of inner columns at least 4 wide past it, or whole rows where dim alone is

@@ -79,6 +79,7 @@ from . import cpu, gpu
 # The plans and the names tests and tools read (tests/test_conv_2d_gemm_plan.py, tools/profile_overhead.py).
 from .gpu import _workspace  # noqa: F401
 from .plan import (  # noqa: F401
+    DEPTHWISE_SHARED_LIMIT,
     DIRECTIONS,
     IMPLICIT_GEMM_BELOW_FLOPS,
     Direction,
@@ -89,6 +90,7 @@ from .plan import (  # noqa: F401
     _sizes,
     choose_paths,
     depthwise,
+    depthwise_tile,
     forward_flops,
     plan_backward_data,
     plan_backward_filter,
@@ -209,6 +211,7 @@ class Conv2DState(core.KernelState):
     tf32: bool = False  # float32 with the handle's allow_tf32: cuDNN and cuBLAS may use TF32 tensor cores
     chunk: int = 1  # images whose columns and per-image filter gradients the workspace holds at once
     partials_at: int = 0  # where in the workspace (elements) the per-image filter gradients start
+    tile: tuple[int, int, int] | None = None  # a depthwise forward's (tile_h, tile_w, shared bytes): plan.depthwise_tile
     # GPU, made on first use and kept until cleanup: the shapes and attrs never change after init.
     pre_buffer: Any = None  # the pre-activation (a fused activation's forward writes it, then output)
     pre_grad_buffer: Any = None  # the pre-activation's gradient

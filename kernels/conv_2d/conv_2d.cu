@@ -269,6 +269,61 @@ __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __r
     }
 }
 
+// The same forward, a tile of one output plane per block (blockIdx.x the plane n * O + o, blockIdx.y
+// and blockIdx.z the tile's row and column; tile_h x tile_w outputs, threads striding over them):
+// the input rows and columns the tile's taps reach and the plane's filter taps are first staged in
+// shared memory (widened), so each input value is read from global memory about once per block
+// instead of once per tap, and no thread divides its index three times. Each output's sum has
+// conv_depthwise_forward's operations in its order (taps outside the input skipped, not added as
+// zeros), then the same bias and activation: the same bits. conv_2d/plan.py's depthwise_tile picks
+// the tile so that the shared memory fits; where none fits, conv_depthwise_forward runs.
+template <typename T, typename I>
+__global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const T* __restrict__ filter,
+                                             const T* __restrict__ bias, T* __restrict__ output, int has_bias,
+                                             int activation, I images, I multiplier, ConvGeometry g, int tile_h,
+                                             int tile_w) {
+    CONV_GEOMETRY_LOCALS(g);
+    using C = compute_t<T>;
+    extern __shared__ __align__(16) unsigned char conv_tile_shared[];
+    C* taps = reinterpret_cast<C*>(conv_tile_shared);
+    const I taps_count = kernel_h * kernel_w;
+    C* region = taps + taps_count;
+    const I out_channels = channels * multiplier;
+    const I plane = (I)blockIdx.x;
+    const I o = plane % out_channels;
+    const I n = plane / out_channels;
+    const I oh0 = (I)blockIdx.y * tile_h, ow0 = (I)blockIdx.z * tile_w;
+    const I h0 = oh0 * stride_h - pad_h, w0 = ow0 * stride_w - pad_w;  // the region's first input row, column
+    const I region_h = (tile_h - 1) * stride_h + (kernel_h - 1) * dilation_h + 1;
+    const I region_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
+    const T* image = input + (n * channels + o / multiplier) * height * width;
+    for (I k = threadIdx.x; k < taps_count; k += blockDim.x) taps[k] = widen(filter[o * taps_count + k]);
+    for (I k = threadIdx.x; k < region_h * region_w; k += blockDim.x) {
+        const I h = h0 + k / region_w, w = w0 + k % region_w;
+        region[k] = (h >= 0 && h < height && w >= 0 && w < width) ? widen(image[h * width + w]) : (C)0;
+    }
+    __syncthreads();
+    T* plane_out = output + plane * out_h * out_w;
+    for (I k = threadIdx.x; k < (I)tile_h * tile_w; k += blockDim.x) {
+        const I oh = oh0 + k / tile_w, ow = ow0 + k % tile_w;
+        if (oh >= out_h || ow >= out_w) continue;
+        C sum = 0;
+        for (I i = 0; i < kernel_h; ++i) {
+            const I h = oh * stride_h - pad_h + i * dilation_h;
+            if (h < 0 || h >= height) continue;
+            const C* row = region + (h - h0) * region_w;
+            for (I j = 0; j < kernel_w; ++j) {
+                const I w = ow * stride_w - pad_w + j * dilation_w;
+                if (w < 0 || w >= width) continue;
+                sum += row[w - w0] * taps[i * kernel_w + j];
+            }
+        }
+        if (has_bias) sum = widen(narrow<T>(sum)) + widen(bias[o]);
+        const C pre = widen(narrow<T>(sum));
+        plane_out[oh * out_w + ow] = narrow<T>(kernels_activation::activation_forward<C>(activation, pre));
+    }
+}
+
 // The epilogue of a forward whose state keeps no pre-activation, in place over the (N, C, plane)
 // output: data = f(data + bias[c]) (bias where has_bias; f the identity for KERNELS_ACTIVATION_NONE).
 // The sum and f are the operations of a separate bias add and activation.cu's pass: the same bits.

@@ -21,10 +21,12 @@ import numpy as np
 
 from .. import activation, core, cublas, gpu, gpu_paths
 from .plan import (
+    DEPTHWISE_BLOCK,
     IMPLICIT_GEMM_BELOW_FLOPS,
     Fold,
     Gemm,
     choose_paths,
+    depthwise_tile,
     forward_flops,
     plan_backward_data,
     plan_backward_filter,
@@ -51,8 +53,8 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
-    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_bias_activation") for t in _ALL_TYPES
-    for i in gpu.INDEX_TYPES],
+    f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
+                                         "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
     directory=os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +72,10 @@ gpu_paths.declare("conv_2d", {
     "columns.im2col": "groups 1, not pointwise: filter_grad's columns made by conv_im2col",
     "filter_grad.per_image": "filter_grad one image a GEMM (chunk 1), beta 0 then 1: the sum in image order",
     "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
-    "depthwise.forward": "groups == channels > 1: conv_depthwise_forward, the bias added in the kernel",
+    "depthwise.forward": "groups == channels > 1: conv_depthwise_forward_tiled (a tile of an output plane a "
+                         "block, its input region staged in shared memory), the bias added in the kernel",
+    "depthwise.forward_untiled": "depthwise, no tile's input region fits shared memory (a large dilation): "
+                                 "conv_depthwise_forward, a thread per output",
     "depthwise.forward_activation": "depthwise, a state without backward: the activation applied in the kernel too",
     "epilogue": "a state without backward, not depthwise: the bias and activation in one conv_bias_activation",
     "depthwise.input_grad": "depthwise: conv_depthwise_input_grad",
@@ -124,6 +129,8 @@ def init(handle: Any, state: Conv2DState) -> None:
                     raise core.CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH",
                                          f"{state.op}: cuDNN computes output dims {found}, the formula {output.dims}")
                 choose_paths(state)
+                if state.paths["forward"] == "depthwise":
+                    state.tile = depthwise_tile(state)
                 cudnn_handle = handle.cudnn(_QueryStream)
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
                 tensor_ops = dtype in core.HALF_DTYPES or state.tf32
@@ -244,8 +251,9 @@ def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any
 
 def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "input", "filter"], grad: Any,
                    input: Any, filter: Any, target: Any, bias: Any = None, fused: Any = None) -> None:
-    """conv_depthwise_forward (grad unused; the activation `fused` applied in it too, where not None) or
-    conv_depthwise_{input,filter}_grad of conv_2d.cu into target, enqueued on the stream."""
+    """conv_depthwise_forward_tiled (conv_depthwise_forward where the state has no tile; grad unused; the
+    activation `fused` applied in it too, where not None) or conv_depthwise_{input,filter}_grad of conv_2d.cu
+    into target, enqueued on the stream."""
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
     o = attrs.out_channels
@@ -254,16 +262,27 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
                            o * attrs.kernel_h * attrs.kernel_w + 65536)
     index_scalar = np.int32 if index == "int" else np.int64
     name = "forward" if which == "forward" else f"{which}_grad"
-    gpu_paths.reach("conv_2d.depthwise." + name)
-    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
     if which == "forward":
         if fused is not None:
             gpu_paths.reach("conv_2d.depthwise.forward_activation")
-        gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK,
-                   (input, filter, filter if bias is None else bias, target, np.int32(bias is not None),
-                    activation.code(fused)) + sizes)
-    elif which == "input":
+        arguments = (input, filter, filter if bias is None else bias, target, np.int32(bias is not None),
+                     activation.code(fused)) + sizes
+        if state.tile is None:
+            gpu_paths.reach("conv_2d.depthwise.forward_untiled")
+            kernel = _CUDA.function(f"conv_depthwise_forward<{gpu.cuda_type(dtype)}, {index}>")
+            gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK, arguments)
+            return
+        gpu_paths.reach("conv_2d.depthwise.forward")
+        tile_h, tile_w, shared = state.tile
+        kernel = _CUDA.function(f"conv_depthwise_forward_tiled<{gpu.cuda_type(dtype)}, {index}>")
+        out_h, out_w = state.shapes["output_shape"].dims[2:]
+        gpu.launch(stream, kernel, (n * o, -(-out_h // tile_h), -(-out_w // tile_w)), DEPTHWISE_BLOCK,
+                   arguments + (np.int32(tile_h), np.int32(tile_w)), shared_mem=shared)
+        return
+    gpu_paths.reach("conv_2d.depthwise." + name)
+    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
+    if which == "input":
         gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
     else:
         gpu.launch(stream, kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK,

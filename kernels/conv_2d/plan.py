@@ -16,7 +16,9 @@ buffers, offsets in elements.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Sequence
+
+import numpy as np
 
 from ..core import HALF_DTYPES
 
@@ -111,6 +113,54 @@ def pointwise(attrs: Conv2DAttrs) -> bool:
 def depthwise(attrs: Conv2DAttrs, channels: int) -> bool:
     """One input channel per group (groups == C > 1), any number of filters per channel."""
     return 1 < attrs.groups == channels
+
+
+# The depthwise forward's tiles (conv_depthwise_forward_tiled): the shared memory a block may use
+# without opting in to more (48 KiB on every CUDA device), the threads of a block, and the widths a
+# tile may take (a warp's row of outputs or less).
+DEPTHWISE_SHARED_LIMIT = 48 * 1024
+DEPTHWISE_BLOCK = 256
+_TILE_WIDTHS = (32, 16, 8)
+_GRID_YZ_LIMIT = 65535
+
+
+def _fitted(extent: int, candidates: Sequence[int]) -> int:
+    """The largest candidate that covers `extent` with at most a quarter more (its tiles' rounding up),
+    else the smallest candidate."""
+    for size in candidates:
+        if -(-extent // size) * size * 4 <= extent * 5:
+            return size
+    return candidates[-1]
+
+
+def depthwise_tile(state: Conv2DState) -> tuple[int, int, int] | None:
+    """(tile_h, tile_w, shared bytes) of the tiled depthwise forward, or None where the untiled kernel
+    runs (a tile of one output whose region does not fit DEPTHWISE_SHARED_LIMIT: a large dilation;
+    more tiles in a column or row than a grid's y and z take). A tile is tile_w outputs wide (32,
+    16 or 8: the widest that wastes at most a quarter of a row) and some rows of DEPTHWISE_BLOCK /
+    tile_w each (4, 2 or 1 of them, the same rule); it shrinks, halving, until the input region its
+    taps reach and the filter's taps, in the compute type (float for the half types), fit."""
+    attrs = state.attrs
+    out_h, out_w = state.shapes["output_shape"].dims[2:]
+    itemsize = 8 if state.shapes["input_shape"].dtype == np.float64 else 4
+    tile_w = _fitted(out_w, _TILE_WIDTHS)
+    rows = DEPTHWISE_BLOCK // tile_w
+    tile_h = _fitted(out_h, (4 * rows, 2 * rows, rows))
+    while True:
+        region_h = (tile_h - 1) * attrs.stride_h + (attrs.kernel_h - 1) * attrs.dilation_h + 1
+        region_w = (tile_w - 1) * attrs.stride_w + (attrs.kernel_w - 1) * attrs.dilation_w + 1
+        shared = (attrs.kernel_h * attrs.kernel_w + region_h * region_w) * itemsize
+        if shared <= DEPTHWISE_SHARED_LIMIT:
+            break
+        if tile_h == tile_w == 1:
+            return None
+        if tile_h >= tile_w:
+            tile_h //= 2
+        else:
+            tile_w //= 2
+    if max(-(-out_h // tile_h), -(-out_w // tile_w)) > _GRID_YZ_LIMIT:
+        return None
+    return tile_h, tile_w, shared
 
 
 def plan_forward(state: Conv2DState) -> list[Gemm]:
