@@ -344,21 +344,22 @@ def test_forward_flops_and_workspace_limit(dims, attrs, dtype, flops, limit_mib)
 
 
 @pytest.mark.parametrize("dims, attrs, dtype, tile", [
-    # yolov10x's C2fCIB depthwise 3x3 at 40x40: 16 wide (32 would waste 24 of 64 columns), 16 rows
-    # (256 / 16 a pass); the region 18 x 18 and 9 taps in float for float16
-    ((16, 640, 40, 40), Conv2DAttrs(640, 3, 3, 1, 1, 1, 1, groups=640), np.float16, (16, 16, (18 * 18 + 9) * 4)),
-    # SCDown's 3x3 s2 to 40x40: the region 33 x 33
-    ((16, 640, 80, 80), Conv2DAttrs(640, 3, 3, 2, 2, 1, 1, groups=640), np.float32, (16, 16, (33 * 33 + 9) * 4)),
-    # 7x7 at 20x20: 8 wide (24 columns), 32 rows (no height of 32 or more wastes a quarter or less)
-    ((1, 256, 20, 20), Conv2DAttrs(256, 7, 7, 1, 1, 3, 3, groups=256), np.float32, (32, 8, (38 * 14 + 49) * 4)),
-    # 160x160 in float64: 32 wide, 4 passes of 8 rows; doubles
-    ((2, 32, 160, 160), Conv2DAttrs(32, 3, 3, 1, 1, 1, 1, groups=32), np.float64, (32, 32, (34 * 34 + 9) * 8)),
-    # dilation 40: the 32 x 32 tile's region (112 x 112 floats) passes 48 KiB, 16 x 32 (96 x 112) fits
+    # yolov10x's C2fCIB depthwise 3x3 at 40x40: the whole plane (1600 outputs); its region 42 x 42 and
+    # the 9 taps in float for float16
+    ((16, 640, 40, 40), Conv2DAttrs(640, 3, 3, 1, 1, 1, 1, groups=640), np.float16, (40, 40, (42 * 42 + 9) * 4)),
+    # SCDown's 3x3 s2 to 40x40: the region 81 x 81
+    ((16, 640, 80, 80), Conv2DAttrs(640, 3, 3, 2, 2, 1, 1, groups=640), np.float32, (40, 40, (81 * 81 + 9) * 4)),
+    # 7x7 at 20x20: the whole plane, the region 26 x 26
+    ((1, 256, 20, 20), Conv2DAttrs(256, 7, 7, 1, 1, 3, 3, groups=256), np.float32, (20, 20, (26 * 26 + 49) * 4)),
+    # 160x160 in float64: two halves of a row (80 wide); 2048 // 80 = 25 rows at most, so 7 parts of 23
+    ((2, 32, 160, 160), Conv2DAttrs(32, 3, 3, 1, 1, 1, 1, groups=32), np.float64, (23, 80, (25 * 82 + 9) * 8)),
+    # dilation 40 at 64x64: 32 x 64 (region 112 x 144 floats) passes 48 KiB; so does 32 x 32 (112 x 112);
+    # 16 x 32 (96 x 112) fits
     ((1, 2, 64, 64), Conv2DAttrs(2, 3, 3, 1, 1, 40, 40, 40, 40, groups=2), np.float32, (16, 32, (96 * 112 + 9) * 4)),
     # dilation 56: one output's region is 113 x 113 floats: untiled
     ((1, 2, 120, 120), Conv2DAttrs(2, 3, 3, 1, 1, 56, 56, 56, 56, groups=2), np.float32, None),
-    # 9 million output rows: 70313 tiles of 128 rows, more than a grid's y takes
-    ((1, 2, 9_000_000, 1), Conv2DAttrs(2, 1, 1, groups=2), np.float32, None),
+    # 2e8 output rows of one column: 97657 tiles of 2048 rows, more than a grid's y takes
+    ((1, 2, 200_000_000, 1), Conv2DAttrs(2, 1, 1, groups=2), np.float32, None),
 ])
 def test_depthwise_tile(dims, attrs, dtype, tile):
     """The tiled depthwise forward's tile: rows and columns of outputs a block computes and the shared

@@ -273,7 +273,8 @@ __global__ void conv_depthwise_forward(const T* __restrict__ input, const T* __r
 // and blockIdx.z the tile's row and column; tile_h x tile_w outputs, threads striding over them):
 // the input rows and columns the tile's taps reach and the plane's filter taps are first staged in
 // shared memory (widened), so each input value is read from global memory about once per block
-// instead of once per tap, and no thread divides its index three times. Each output's sum has
+// instead of once per tap, and no thread divides its index three times. A tile is up to 2048
+// outputs (8 a thread), so that each block has many loads in flight. Each output's sum has
 // conv_depthwise_forward's operations in its order (taps outside the input skipped, not added as
 // zeros), then the same bias and activation: the same bits. conv_2d/plan.py's depthwise_tile picks
 // the tile so that the shared memory fits; where none fits, conv_depthwise_forward runs.
@@ -298,7 +299,8 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
     const I region_w = (tile_w - 1) * stride_w + (kernel_w - 1) * dilation_w + 1;
     const T* image = input + (n * channels + o / multiplier) * height * width;
     for (I k = threadIdx.x; k < taps_count; k += blockDim.x) taps[k] = widen(filter[o * taps_count + k]);
-    for (I k = threadIdx.x; k < region_h * region_w; k += blockDim.x) {
+#pragma unroll 4
+    for (I k = threadIdx.x; k < region_h * region_w; k += blockDim.x) {  // unrolled: several loads in flight
         const I h = h0 + k / region_w, w = w0 + k % region_w;
         region[k] = (h >= 0 && h < height && w >= 0 && w < width) ? widen(image[h * width + w]) : (C)0;
     }
