@@ -213,7 +213,7 @@ def _reshape(name: str, dims: Dims, shape: tuple[int, ...], **kw: Any) -> None:
 SILU, RELU, GELU = Activation.SILU, Activation.RELU, Activation.GELU
 MAX, AVG = PoolOp.MAX, PoolOp.AVG
 B17 = 1 << 17  # activation.BLOCK_ELEMENTS, softmax.CPU_BLOCK_ELEMENTS
-B16 = 1 << 16  # batch_norm's CPU_BLOCK_ELEMENTS, pool_2d's _CPU_BACKWARD_BLOCK, element_binary's _CPU_PARALLEL_MIN
+B16 = 1 << 16  # batch_norm's CPU_BLOCK_ELEMENTS, pool_2d.cpu's CPU_BACKWARD_BLOCK, element_binary's _CPU_PARALLEL_MIN
 Y = {"group": "yolov10"}
 BIG = {"group": "yolov10", "expensive": True}  # 25 million elements and more
 
@@ -277,7 +277,7 @@ _batch_norm("per_activation_past_block", (3, 2, 200, 200),
             BatchNormAttrs(eps=1e-5, momentum=None, mode=BatchNormMode.PER_ACTIVATION), (True, True, False), seed=32,
             paths={"batch_norm_inner_blocks": False})
 
-# pool_2d: MAX backward over blocks of whole planes up to _CPU_BACKWARD_BLOCK outputs, one plane a
+# pool_2d: MAX backward over blocks of whole planes up to pool_2d.cpu.CPU_BACKWARD_BLOCK outputs, one plane a
 # block past it; fused activations blocked past BLOCK_ELEMENTS.
 _pool("max_planes_per_block", (2, 3, 128, 128), Pool2DAttrs(3, 3, 1, 1, 1, 1, MAX), seed=40,
       paths={"pool_one_plane_blocks": False})

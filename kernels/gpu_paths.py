@@ -33,7 +33,7 @@ _COUNTS: dict[str, int] = {}  # every declared name, from 0; reach() adds to it
 # The modules that declare paths (imported by declared(): some are imported lazily by their ops).
 MODULES = ("kernels.activation", "kernels.batch_matmul", "kernels.batch_norm.gpu", "kernels.concat",
            "kernels.conv_2d.gpu", "kernels.element_binary.gpu", "kernels.element_unary", "kernels.gradient_reduction",
-           "kernels.pool_2d", "kernels.reshape", "kernels.softmax", "kernels.transpose", "kernels.upsample")
+           "kernels.pool_2d.gpu", "kernels.reshape", "kernels.softmax", "kernels.transpose", "kernels.upsample")
 
 
 def declare(op: str, paths: Mapping[str, str]) -> tuple[str, ...]:

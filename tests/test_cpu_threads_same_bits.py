@@ -43,7 +43,7 @@ def test_the_cases_are_past_the_parallel_threshold():
         if case.op == "batch_norm":
             assert elements > batch_norm.cpu.CPU_BLOCK_ELEMENTS, case_id
         elif case.op == "pool_2d":
-            assert elements > pool_2d._CPU_FORWARD_BLOCK, case_id
+            assert elements > pool_2d.cpu.CPU_FORWARD_BLOCK, case_id
         else:
             assert elements * np.dtype(case.dtype).itemsize >= kernels.cpu.PARALLEL_MIN_BYTES, case_id
 

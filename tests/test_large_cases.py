@@ -67,7 +67,7 @@ PATHS = {
     # batch_norm: blocks of inner itself from CPU_BLOCK_ELEMENTS inner values, of whole rows below.
     "batch_norm_inner_blocks": lambda c: _layout(c).inner >= batch_norm.cpu.CPU_BLOCK_ELEMENTS,
     # pool_2d MAX backward: one plane a block when a plane has more outputs than a block holds.
-    "pool_one_plane_blocks": lambda c: _numel(c.shapes["output_grad"][2:]) > pool_2d._CPU_BACKWARD_BLOCK,
+    "pool_one_plane_blocks": lambda c: _numel(c.shapes["output_grad"][2:]) > pool_2d.cpu.CPU_BACKWARD_BLOCK,
     # element_binary: parts along an axis from _CPU_PARALLEL_MIN outputs.
     "binary_parallel": lambda c: _numel(c.shapes["output_grad"]) >= element_binary.cpu._CPU_PARALLEL_MIN,
 }

@@ -122,7 +122,7 @@ def test_gpu_matches_cpu_bits(index, case, dtype, tiled, monkeypatch):
     require("gpu")
     attrs, dims = case
     if not tiled:
-        monkeypatch.setattr(pool_2d, "TILE_SHARED_LIMIT", -1)
+        monkeypatch.setattr(pool_2d.plan, "TILE_SHARED_LIMIT", -1)
     x = _input(dims, attrs, dtype, index)
     output_grad = np.random.default_rng(index).standard_normal(pool_2d.output_dims(attrs, dims)).astype(dtype)
     cpu = _run(Dev("cpu"), attrs, x, output_grad)
@@ -151,7 +151,7 @@ def test_max_tile_too_large_for_shared_memory_falls_back():
     big = Pool2DAttrs(41, 41, 1, 1, 20, 20, PoolOp.MAX)
     assert pool_2d.max_forward_tile(big, 64, 64, 8) is None
     tile_h, tile_w, tiles_h, tiles_w, shared = pool_2d.max_forward_tile(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), 20, 20, 4)
-    assert (tile_w, tiles_w) == (20, 1) and tile_h * tiles_h >= 20 and shared <= pool_2d.TILE_SHARED_LIMIT
+    assert (tile_w, tiles_w) == (20, 1) and tile_h * tiles_h >= 20 and shared <= pool_2d.plan.TILE_SHARED_LIMIT
 
 
 def test_max_tile_aligns_int_taps_after_half_values():
