@@ -21,21 +21,24 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
 - groups == 1, a 1x1 kernel, stride 1, no padding ("pointwise"): cuBLAS GEMMs
   (pedantic math) for the forward and both gradients, the filter gradient summed
   over the batch one image at a time (beta 0, then 1) in a fixed order;
-- other groups == 1 convolutions ("columns"): the forward in cuDNN (IMPLICIT_GEMM
-  first), the filter gradient by im2col (conv_2d.cu) and one GEMM per image, the
-  input gradient by one batched GEMM into columns and a col2im gather (conv_2d.cu,
-  each input element sums its taps in a fixed order); the columns of one chunk of
+- other groups == 1 convolutions ("columns"): the forward in cuDNN, the filter
+  gradient by im2col (conv_2d.cu) and one GEMM per image, the input gradient by
+  one batched GEMM into columns and a col2im gather (conv_2d.cu, each input
+  element sums its taps in a fixed order); the columns of one chunk of
   images at a time live in the handle's workspace (at most COLUMN_LIMIT bytes), and
   where one image's columns exceed that, the gradients fall back to cuDNN;
 - depthwise (groups == C > 1, any filters per channel): conv_2d.cu's own kernels:
-  the forward (one thread per output, the bias added after the taps), a per-element
-  gather for the input gradient, one block per filter element (a fixed tree in
-  double) for the filter's;
+  the forward (a tile of an output plane a block, from its input region staged in
+  shared memory; one thread an output where no tile fits; the bias added after the
+  taps), a per-element gather for the input gradient, one block per filter
+  element (a fixed tree in double) for the filter's;
 - other groups > 1: cuDNN's legacy convolution API (kernels/cudnn.py) throughout.
 
-The cuDNN forward is IMPLICIT_GEMM where supported (the cheapest per call on the
-H200), otherwise the heuristics' deterministic choice; cuDNN's backward algorithms
-are the heuristics' deterministic ones.
+The cuDNN forward in FMA math (float32, float64) is IMPLICIT_GEMM below
+plan.IMPLICIT_GEMM_BELOW_FLOPS where supported (the cheapest per call on the H200),
+otherwise, and in tensor-op math, the heuristics' deterministic choice; cuDNN's
+backward algorithms are the heuristics' deterministic ones. An algorithm may ask
+for plan.workspace_limit bytes of workspace.
 
 Half precision (float16, bfloat16): storage in the dtype, products and sums in float32.
 On the GPU a pointwise forward and input gradient are one cuBLAS GEMM each (float32

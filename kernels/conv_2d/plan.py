@@ -35,7 +35,7 @@ COLUMN_LIMIT = 256 * 2**20
 # in float16 (16x80x320x320 -> 160, 3x3 s2) IMPLICIT_PRECOMP_GEMM asked 376 MiB and ran in 0.70 ms on
 # the H200, where the best algorithm within 256 MiB took 5.1 ms (tools/conv_algos.py --set x16).
 WORKSPACE_LIMIT = 256 * 2**20
-# A float32 forward of fewer flops (forward_flops) keeps cuDNN's IMPLICIT_GEMM,
+# A float32 or float64 forward (FMA math) of fewer flops (forward_flops) keeps cuDNN's IMPLICIT_GEMM,
 # the cheapest per call on the host (about 40 us against IMPLICIT_PRECOMP_GEMM's 90 on the H200) and
 # the fastest on the GPU for small convolutions; from it cuDNN's heuristics choose (IMPLICIT_PRECOMP_GEMM
 # on the H200: 1.47 GFLOP, 160 channels 3x3 at 80x80, 159 -> 119 us; 23.6 GFLOP, the same at batch 16,
