@@ -260,6 +260,79 @@ def test_depthwise_kernels_match_the_cpu(dims, attrs):
     np.testing.assert_array_equal(emulated[2], output)
 
 
+def _depthwise_tiled_emulated(state, input, filter):
+    """conv_depthwise_forward_tiled of conv_2d.cu, block by block (float64, no bias or activation): each
+    block stages its tile's input region (zeros outside the input), then each of the tile's outputs sums
+    its taps inside the input in (i, j) order, reading them from the region. Asserts that every tap read
+    lies inside the region and that every output is written by exactly one block."""
+    a = state.attrs
+    tile_h, tile_w, shared = state.tile if state.tile is not None else conv_2d.depthwise_tile(state)
+    n_images, c, h, w = input.shape
+    o = a.out_channels
+    out_h, out_w = conv_2d.output_dims(a, input.shape)[2:]
+    region_h = (tile_h - 1) * a.stride_h + (a.kernel_h - 1) * a.dilation_h + 1
+    region_w = (tile_w - 1) * a.stride_w + (a.kernel_w - 1) * a.dilation_w + 1
+    assert shared == (a.kernel_h * a.kernel_w + region_h * region_w) * 8  # float64: doubles
+    output = np.zeros((n_images, o, out_h, out_w))
+    writes = np.zeros(output.shape, np.int64)
+    for plane in range(n_images * o):
+        n, oc = divmod(plane, o)
+        image, taps = input[n, oc // (o // c)], filter[oc, 0]
+        for oh0 in range(0, out_h, tile_h):
+            for ow0 in range(0, out_w, tile_w):
+                h0, w0 = oh0 * a.stride_h - a.padding_h, ow0 * a.stride_w - a.padding_w
+                rows, cols = np.arange(region_h)[:, None] + h0, np.arange(region_w)[None, :] + w0
+                inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+                region = np.where(inside, image[np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)], 0.0)
+                k = np.arange(tile_h * tile_w)
+                oh, ow = oh0 + k // tile_w, ow0 + k % tile_w
+                kept = (oh < out_h) & (ow < out_w)
+                oh, ow = oh[kept], ow[kept]
+                total = np.zeros(oh.size)
+                for i in range(a.kernel_h):
+                    y = oh * a.stride_h - a.padding_h + i * a.dilation_h
+                    for j in range(a.kernel_w):
+                        x = ow * a.stride_w - a.padding_w + j * a.dilation_w
+                        ok = (y >= 0) & (y < h) & (x >= 0) & (x < w)
+                        r, q = y - h0, x - w0
+                        assert np.all((r[ok] >= 0) & (r[ok] < region_h) & (q[ok] >= 0) & (q[ok] < region_w))
+                        read = region[np.clip(r, 0, region_h - 1), np.clip(q, 0, region_w - 1)]
+                        total += np.where(ok, read * taps[i, j], 0.0)
+                output[n, oc, oh, ow] = total
+                writes[n, oc, oh, ow] += 1
+    assert np.all(writes == 1)
+    return output
+
+
+@pytest.mark.parametrize("shared_limit", [None, 1000], ids=["tiles", "small_tiles"])
+@pytest.mark.parametrize("dims, attrs", [
+    ((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4)),  # SCDown: depthwise 3x3 s2
+    ((1, 3, 9, 10), Conv2DAttrs(3, 7, 7, 1, 1, 3, 3, groups=3)),  # 7x7
+    ((2, 3, 6, 5), Conv2DAttrs(6, 3, 3, 1, 1, 1, 1, groups=3)),  # 2 filters per channel
+    ((2, 2, 9, 7), Conv2DAttrs(6, 3, 2, 2, 1, 2, 0, 2, 1, groups=2)),  # asymmetric, dilated, 3 per channel
+    ((1, 2, 5, 4), Conv2DAttrs(2, 3, 3, 1, 2, 2, 3, groups=2)),  # padding wider than half the kernel
+    ((1, 2, 37, 150), Conv2DAttrs(2, 3, 3, 1, 1, 1, 1, groups=2)),  # 150 columns: two tiles of 75 a row
+    ((1, 2, 70, 41), Conv2DAttrs(2, 5, 3, 2, 1, 2, 1, 2, 3, groups=2)),  # stride 2x1, dilation 2x3
+])
+def test_tiled_depthwise_forward_reads_its_region_and_matches_the_cpu(dims, attrs, shared_limit, monkeypatch):
+    """The tiled depthwise forward's indexing (tile, region, the taps each output reads), emulated block by
+    block against the CPU's convolution: exact (small integers); with a tiny shared-memory limit the tiles
+    shrink to a few outputs, so most outputs sit at a tile's edge."""
+    if shared_limit is not None:
+        monkeypatch.setattr(conv_2d.plan, "DEPTHWISE_SHARED_LIMIT", shared_limit)
+    state = _state(dims, attrs)
+    assert state.paths["forward"] == "depthwise"
+    tile = conv_2d.depthwise_tile(state)
+    assert tile is not None and (shared_limit is None or tile[0] * tile[1] < 64)
+    rng = np.random.default_rng(8)
+    input = rng.integers(-8, 9, dims).astype(np.float64)
+    filter = rng.integers(-8, 9, conv_2d.filter_dims(attrs, dims[1])).astype(np.float64)
+    output = np.empty(conv_2d.output_dims(attrs, dims))
+    cpu = Dev("cpu")
+    conv_2d.cpu_forward_kernel(cpu.stream, cpu.handle, state, attrs, input, filter, None, output)
+    np.testing.assert_array_equal(_depthwise_tiled_emulated(state, input, filter), output)
+
+
 def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
     dims, attrs = (3, 4, 8, 8), Conv2DAttrs(2, 3, 3, padding_h=1, padding_w=1)
     per_image = 4 * 9 * 64 * 4  # float32 columns of one image
