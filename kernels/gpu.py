@@ -32,8 +32,12 @@ else:
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
-# Largest grid x dimension and the block size used by the elementwise-style kernels.
+# Largest grid x dimension (y and z: MAX_GRID_YZ) and the block size used by the elementwise-style kernels.
 MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+# The shared memory a block may use without opting in to more (cudaFuncSetAttribute): 48 KiB on every
+# CUDA device. The tiled kernels (pool_2d's MAX forward, conv_2d's depthwise forward) size their tiles to it.
+SHARED_MEMORY_LIMIT = 48 * 1024
 BLOCK = 256
 MAX_RANK = 12  # dims one `struct Ints` (common.cuh) carries by value; reaches CUDA as KERNELS_MAX_RANK
 

@@ -235,13 +235,17 @@ def _depthwise_emulated(state, input, filter, grad):
     return input_grad.reshape(input.shape), filter_grad.reshape(filter.shape), output.reshape(grad.shape)
 
 
-@pytest.mark.parametrize("dims, attrs", [
+# Depthwise geometries whose GPU kernels are emulated on the CPU (input, attrs).
+_DEPTHWISE_GEOMETRIES = [
     ((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4)),  # SCDown: depthwise 3x3 s2
     ((1, 3, 9, 10), Conv2DAttrs(3, 7, 7, 1, 1, 3, 3, groups=3)),  # 7x7
     ((2, 3, 6, 5), Conv2DAttrs(6, 3, 3, 1, 1, 1, 1, groups=3)),  # 2 filters per channel
     ((2, 2, 9, 7), Conv2DAttrs(6, 3, 2, 2, 1, 2, 0, 2, 1, groups=2)),  # asymmetric, dilated, 3 per channel
     ((1, 2, 5, 4), Conv2DAttrs(2, 3, 3, 1, 2, 2, 3, groups=2)),  # padding wider than half the kernel
-])
+]
+
+
+@pytest.mark.parametrize("dims, attrs", _DEPTHWISE_GEOMETRIES)
 def test_depthwise_kernels_match_the_cpu(dims, attrs):
     state = _state(dims, attrs)
     assert state.paths["backward_data"] == "depthwise"
@@ -305,12 +309,7 @@ def _depthwise_tiled_emulated(state, input, filter):
 
 
 @pytest.mark.parametrize("shared_limit", [None, 1000], ids=["tiles", "small_tiles"])
-@pytest.mark.parametrize("dims, attrs", [
-    ((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4)),  # SCDown: depthwise 3x3 s2
-    ((1, 3, 9, 10), Conv2DAttrs(3, 7, 7, 1, 1, 3, 3, groups=3)),  # 7x7
-    ((2, 3, 6, 5), Conv2DAttrs(6, 3, 3, 1, 1, 1, 1, groups=3)),  # 2 filters per channel
-    ((2, 2, 9, 7), Conv2DAttrs(6, 3, 2, 2, 1, 2, 0, 2, 1, groups=2)),  # asymmetric, dilated, 3 per channel
-    ((1, 2, 5, 4), Conv2DAttrs(2, 3, 3, 1, 2, 2, 3, groups=2)),  # padding wider than half the kernel
+@pytest.mark.parametrize("dims, attrs", _DEPTHWISE_GEOMETRIES + [
     ((1, 2, 37, 150), Conv2DAttrs(2, 3, 3, 1, 1, 1, 1, groups=2)),  # 150 columns: two tiles of 75 a row
     ((1, 2, 70, 41), Conv2DAttrs(2, 5, 3, 2, 1, 2, 1, 2, 3, groups=2)),  # stride 2x1, dilation 2x3
 ])

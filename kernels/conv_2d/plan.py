@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from .. import gpu
 from ..core import HALF_DTYPES
 
 if TYPE_CHECKING:
@@ -116,15 +117,14 @@ def depthwise(attrs: Conv2DAttrs, channels: int) -> bool:
 
 
 # The depthwise forward's tiles (conv_depthwise_forward_tiled): the shared memory a block may use
-# without opting in to more (48 KiB on every CUDA device), the threads of a block, and a tile's
+# without opting in to more (gpu.SHARED_MEMORY_LIMIT), the threads of a block, and a tile's
 # most outputs (8 a thread) and columns. A block does one tile's loads, then its sums: small tiles
 # leave the loads of too few blocks in flight (16 x 16 tiles took 0.34 ms on yolov10x's 3x3 at
 # 16x640x40x40 in float16 on the H200, against the untiled kernel's 0.25).
-DEPTHWISE_SHARED_LIMIT = 48 * 1024
+DEPTHWISE_SHARED_LIMIT = gpu.SHARED_MEMORY_LIMIT
 DEPTHWISE_BLOCK = 256
 DEPTHWISE_TILE_OUTPUTS = 2048
 DEPTHWISE_TILE_WIDTH = 128
-_GRID_YZ_LIMIT = 65535
 
 
 def _balanced(extent: int, most: int) -> int:
@@ -158,7 +158,7 @@ def depthwise_tile(state: Conv2DState) -> tuple[int, int, int] | None:
             tile_h = -(-tile_h // 2)
         else:
             tile_w = -(-tile_w // 2)
-    if max(-(-out_h // tile_h), -(-out_w // tile_w)) > _GRID_YZ_LIMIT:
+    if max(-(-out_h // tile_h), -(-out_w // tile_w)) > gpu.MAX_GRID_YZ:
         return None
     return tile_h, tile_w, shared
 

@@ -3,10 +3,11 @@ tile (max_forward_tile) and the named GPU paths of a launch (plan_paths)."""
 
 from __future__ import annotations
 
+from .. import gpu
 from . import OP, Pool2DAttrs, PoolOp, tap_dtype
 
 TILE_OUTPUTS = 512  # outputs a block of the tiled MAX forward aims at (two a thread)
-TILE_SHARED_LIMIT = 48 * 1024  # static shared-memory limit; a larger tile falls back to the direct kernel
+TILE_SHARED_LIMIT = gpu.SHARED_MEMORY_LIMIT  # a larger tile falls back to the direct kernel
 
 
 def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) -> tuple[int, int, int, int, int] | None:
