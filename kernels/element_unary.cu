@@ -6,6 +6,7 @@
 // functions (never the __expf-style intrinsics; NVRTC has no -use_fast_math),
 // and 1/sqrt is IEEE sqrt then IEEE division (not rsqrt), so exact where the math is.
 #include "activation.cuh"
+#include "common.cuh"
 
 // OP_RELU .. OP_SCALAR_TRUE_DIV: the codes of kernels.element_unary.UnaryOpType, passed by
 // CudaModule as -D options.
@@ -101,12 +102,6 @@ __device__ constexpr bool reads_input() {
              OP == OP_SCALAR_TRUE_DIV);
 }
 
-// 16 bytes of T: the unit each thread loads and stores where every pointer is 16-byte aligned.
-template <typename T>
-struct alignas(16) Pack {
-    T v[16 / sizeof(T)];
-};
-
 }  // namespace element_unary_math
 
 // Packs of 16 bytes first (when `aligned`), then the remaining elements one by one.
@@ -121,10 +116,10 @@ __global__ void element_unary_forward(const T* __restrict__ input, T* __restrict
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long packs = aligned ? count / width : 0;
-    const Pack<T>* input_packs = reinterpret_cast<const Pack<T>*>(input);
-    Pack<T>* output_packs = reinterpret_cast<Pack<T>*>(output);
+    const Pack16<T>* input_packs = reinterpret_cast<const Pack16<T>*>(input);
+    Pack16<T>* output_packs = reinterpret_cast<Pack16<T>*>(output);
     for (long long i = first; i < packs; i += stride) {
-        Pack<T> pack = input_packs[i];
+        Pack16<T> pack = input_packs[i];
 #pragma unroll
         for (int k = 0; k < width; ++k) pack.v[k] = narrow<T>(forward<C, OP>(widen(pack.v[k]), scalar));
         output_packs[i] = pack;
@@ -142,12 +137,12 @@ __global__ void element_unary_backward(const T* __restrict__ input, const T* __r
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long packs = aligned ? count / width : 0;
-    const Pack<T>* input_packs = reinterpret_cast<const Pack<T>*>(input);
-    const Pack<T>* grad_packs = reinterpret_cast<const Pack<T>*>(output_grad);
-    Pack<T>* input_grad_packs = reinterpret_cast<Pack<T>*>(input_grad);
+    const Pack16<T>* input_packs = reinterpret_cast<const Pack16<T>*>(input);
+    const Pack16<T>* grad_packs = reinterpret_cast<const Pack16<T>*>(output_grad);
+    Pack16<T>* input_grad_packs = reinterpret_cast<Pack16<T>*>(input_grad);
     for (long long i = first; i < packs; i += stride) {
-        Pack<T> dy = grad_packs[i];
-        Pack<T> x;
+        Pack16<T> dy = grad_packs[i];
+        Pack16<T> x;
         if constexpr (reads_input<OP>()) x = input_packs[i];
         else x = dy;  // never used
 #pragma unroll

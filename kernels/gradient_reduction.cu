@@ -5,11 +5,7 @@
 // passing the output as the first input of the next launch.
 #include "common.cuh"
 
-// V elements a thread as one aligned load (16 bytes when every pointer allows).
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-    T v[V];
-};
+// V elements a thread as one aligned load (common.cuh's Pack; 16 bytes when every pointer allows).
 
 // __grid_constant__: the pointer table is read in parameter space even where a
 // loop indexes it, never copied to local memory.

@@ -74,11 +74,7 @@ __device__ __forceinline__ T divide(T a, T b, T r) {
     return fused(fused(-q, b, a), r, q);
 }
 
-// VEC consecutive elements moved by one 16-byte (or 8-byte) load or store.
-template <typename T, int VEC>
-struct alignas(sizeof(T) * VEC) Pack {
-    T v[VEC];
-};
+// VEC consecutive elements are moved by one 16-byte (or 8-byte) load or store: common.cuh's Pack.
 
 // Elements a lane moves per vector access in the *_rows kernels: 16 bytes' worth
 // when whole warps own rows and a lane holds at least that many, else 1 (scalar).

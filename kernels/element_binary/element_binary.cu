@@ -107,9 +107,7 @@ __device__ __forceinline__ void offsets(I index, int rank, const Ints& sizes, co
 
 // EB_VECTOR_BYTES (16) bytes of T, for vector loads and stores where the host found every pointer aligned.
 template <typename T>
-struct alignas(EB_VECTOR_BYTES) Vec {
-    T v[EB_VECTOR_BYTES / sizeof(T)];
-};
+using Vec = Pack<T, EB_VECTOR_BYTES / sizeof(T)>;  // common.cuh's Pack
 
 // --------------------------------------------------------------------------- forward
 
