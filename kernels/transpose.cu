@@ -4,9 +4,14 @@
 
 // The innermost dim stays innermost: each thread gathers one output element.
 // out_dims are the output's dims; in_strides[d] is the input stride of output dim d.
+// __grid_constant__ (here and in transpose_tiled): the dims and strides, indexed by a
+// run-time d, are read in parameter space rather than copied to each thread's local
+// memory (with that copy, the (16, 4, 16, 8400) -> (16, 16, 4, 8400) float16 gather of
+// YOLOv10's DFL took 0.43 ms on the H200, 17x PyTorch's; without it, 0.07 ms).
 template <typename T, typename I>
 __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ output,
-                                 I count, int rank, Ints out_dims, Ints in_strides) {
+                                 I count, int rank, const __grid_constant__ Ints out_dims,
+                                 const __grid_constant__ Ints in_strides) {
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < count;
          index += (I)gridDim.x * blockDim.x) {
         I rest = index, offset = 0;
@@ -36,8 +41,9 @@ __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ ou
 template <typename T, typename I, int TILE>
 __global__ void transpose_tiled(const T* __restrict__ input, T* __restrict__ output,
                                 I size_x, I size_a, I in_stride_a, I out_stride_x,
-                                I batch_count, int batch_rank, Ints batch_sizes,
-                                Ints batch_in_strides, Ints batch_out_strides) {
+                                I batch_count, int batch_rank, const __grid_constant__ Ints batch_sizes,
+                                const __grid_constant__ Ints batch_in_strides,
+                                const __grid_constant__ Ints batch_out_strides) {
     __shared__ T tile[TILE][TILE + 1];
     const I tiles_x = (size_x + TILE - 1) / TILE;
     const I tile_x0 = ((I)blockIdx.x % tiles_x) * TILE;
