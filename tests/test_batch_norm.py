@@ -305,3 +305,49 @@ def test_gpu_plan_of_each_layout(mode, dims, expected):
     got = plan.gpu_plan(batch_norm.layout_of(BatchNormAttrs(mode=mode), dims))
     assert (got.by_feature, got.chunk, got.parts_per_row, got.parts, got.rows, got.cols) == expected
     assert (got.index, got.scalar) == ("int", np.int32)
+
+
+@pytest.mark.parametrize("mode, dims, itemsize, expected", [
+    (BatchNormMode.SPATIAL, (16, 80, 320, 320), 2, 8),  # YOLOv10's planes: 16-byte packs of 8 halves
+    (BatchNormMode.SPATIAL, (16, 640, 20, 20), 4, 4),  # 400 columns: 100 packs of 4 floats
+    (BatchNormMode.SPATIAL, (2, 3, 20, 20), 8, 2),
+    (BatchNormMode.SPATIAL, (2, 3, 4, 5), 2, 1),  # 20 columns: not a whole number of 8-half packs
+    (BatchNormMode.SPATIAL, (2, 3, 4, 5), 4, 4),  # but of 4-float ones
+    (BatchNormMode.SPATIAL, (2, 3, 3, 5), 8, 1),  # 15: odd
+    (BatchNormMode.PER_ACTIVATION, (2, 3, 4, 4), 2, 8),  # rows of C*H*W = 48
+    (BatchNormMode.PER_ACTIVATION, (2, 3, 1, 1), 4, 1),
+])
+def test_inference_pack_width(mode, dims, itemsize, expected):
+    """The inference apply moves 16-byte packs only where every row of it is a whole number of them (a
+    pack never straddles two rows, whose statistics differ); the call also needs its tensors aligned."""
+    from kernels.batch_norm import plan
+
+    got = plan.gpu_plan(batch_norm.layout_of(BatchNormAttrs(mode=mode), dims))
+    assert plan.pack_width(got, itemsize) == expected
+    assert expected == 1 or got.cols % expected == 0
+
+
+@pytest.mark.parametrize("mode, dims, itemsize, expected", [
+    # YOLOv10x's first BN at batch 16 in float16: 12800 packs of 8 a row, 50 blocks of 256 along it
+    (BatchNormMode.SPATIAL, (16, 80, 320, 320), 2, (8, 256, (50, 1280))),
+    # a 20x20 plane: 50 packs of 8 halves, one block of 64 threads a row (14 idle, not 206)
+    (BatchNormMode.SPATIAL, (16, 640, 20, 20), 2, (8, 64, (1, 10240))),
+    (BatchNormMode.SPATIAL, (16, 640, 20, 20), 4, (4, 128, (1, 10240))),
+    (BatchNormMode.SPATIAL, (1, 2, 4, 4), 8, (2, 32, (1, 2))),
+    # more rows than a grid's y: the kernel strides over them
+    (BatchNormMode.SPATIAL, (300, 256, 4, 4), 2, (8, 32, (1, 65535))),
+    (BatchNormMode.SPATIAL, (2, 3, 4, 5), 2, None),  # rows of 20 halves are not whole packs
+    (BatchNormMode.PER_ACTIVATION, (2, 3, 4, 4), 2, None),  # a statistic a column: bn_forward_apply
+])
+def test_inference_launch(mode, dims, itemsize, expected):
+    """bn_inference_apply's launch: a pack a thread, blocks of as many threads as a row's packs need (a
+    multiple of 32, at most BLOCK), enough blocks to cover every pack of a row, a row of blocks a row."""
+    from kernels.batch_norm import plan
+
+    layout = plan.gpu_plan(batch_norm.layout_of(BatchNormAttrs(mode=mode), dims))
+    got = plan.inference_launch(layout, itemsize)
+    assert got == expected
+    if got is not None:
+        pack, threads, (blocks, rows) = got
+        assert threads % 32 == 0 and threads <= plan.BLOCK and blocks * threads * pack >= layout.cols
+        assert (blocks - 1) * threads * pack < layout.cols  # no block without a pack of the row

@@ -112,6 +112,9 @@ _add("yolov10_silu_2x4x2x4", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="
      description="YOLOv10's Conv -> BatchNorm(eps 1e-3, momentum 0.03) -> SiLU")
 _add("yolov10_silu_1x4x4x8", (1, 4, 4, 8), eps=1e-3, momentum=0.03, activation="SILU",
      description="YOLOv10 at batch 1 (statistics over H x W only)")
+_add("yolov10_silu_eval_2x4x2x4", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU", steps=(True, False),
+     description="YOLOv10's eval: BatchNorm + SiLU with the running statistics of a training step (on the GPU "
+                 "the inference kernel in 16-byte packs, 8 values a plane)")
 _add("yolov10_silu_f64", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU", dtype=np.float64,
      tolerance=TOL_ACTIVATION_F64)
 _add("exact_eps3_momentum_half", (2, 2, 2, 4), eps=3.0, momentum=0.5,
@@ -165,6 +168,10 @@ _add("no_input_grad_2x3x2x4", (2, 3, 2, 4), input_grad=False,
 #   gamma_grad_step2 1721 / 1723; bfloat16 yolov10_silu beta_grad 5525 / 5526, gamma_grad_step2
 #   24811 / 24810, beta_grad_step2 7249 / 7250; long_channel_bf16 beta_grad 5499 / 5500,
 #   beta_grad_step2 6949 / 6948.
+#   yolov10_silu_eval (a training step, then eval with its running statistics and the inference
+#   backward): the first step is yolov10_silu's (the same bounds); the eval step's output and input_grad
+#   1 ulp, its gamma_grad and beta_grad (same reason) float16 619 and 1015, bfloat16 12154 and 17646 on
+#   the CPU.
 _HALF = {"f16": np.float16, "bf16": BFLOAT16}
 _SILU_HALF = {name: 1 for name in ("output", "input_grad", "output_step2", "input_grad_step2")}
 HALF_MEASURED = {  # name -> {tensor: ulps}; a tensor absent is EXACT
@@ -172,6 +179,10 @@ HALF_MEASURED = {  # name -> {tensor: ulps}; a tensor absent is EXACT
                                  "gamma_grad_step2": 1723, "beta_grad_step2": 1025},
     "yolov10_silu_2x4x2x4_bf16": {**_SILU_HALF, "running_mean": 1, "gamma_grad": 2087, "beta_grad": 5526,
                                   "gamma_grad_step2": 24811, "beta_grad_step2": 7250},
+    "yolov10_silu_eval_2x4x2x4_f16": {**_SILU_HALF, "gamma_grad": 672, "beta_grad": 845,
+                                      "gamma_grad_step2": 619, "beta_grad_step2": 1015},
+    "yolov10_silu_eval_2x4x2x4_bf16": {**_SILU_HALF, "gamma_grad": 2087, "beta_grad": 5526,
+                                       "gamma_grad_step2": 12154, "beta_grad_step2": 17646},
     "long_channel_bf16": {**_SILU_HALF, "gamma_grad": 3752, "beta_grad": 5500,
                           "gamma_grad_step2": 9376, "beta_grad_step2": 6949},
     "per_activation_affine_4x2x3x2_f16": {"running_mean": 1, "running_var": 1},
@@ -215,6 +226,10 @@ for _suffix, _dtype in _HALF.items():
     _add(f"yolov10_silu_2x4x2x4_{_suffix}", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU", dtype=_dtype,
          tolerance=_half_tolerance(f"yolov10_silu_2x4x2x4_{_suffix}"),
          description="YOLOv10's BatchNorm + SiLU in half: the SiLU in float32 at the rounded pre-activation")
+    _add(f"yolov10_silu_eval_2x4x2x4_{_suffix}", (2, 4, 2, 4), eps=1e-3, momentum=0.03, activation="SILU",
+         steps=(True, False), dtype=_dtype, tolerance=_half_tolerance(f"yolov10_silu_eval_2x4x2x4_{_suffix}"),
+         description="YOLOv10's eval in half: BatchNorm + SiLU with the float32 running statistics of a "
+                     "training step (on the GPU the inference kernel, one 16-byte pack a plane)")
     _add(f"inference_after_training_{_suffix}", (2, 3, 2, 4), eps=1e-3, momentum=0.03, steps=(True, False),
          dtype=_dtype, tolerance=_half_tolerance(f"inference_after_training_{_suffix}"),
          description="eval with the float32 running statistics of a training step")

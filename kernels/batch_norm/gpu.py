@@ -40,7 +40,7 @@ import numpy as np
 from .. import activation as activations
 from .. import gpu, gpu_paths
 from . import SavedForward
-from .plan import APPLY_UNROLL, BLOCK, GpuPlan, gpu_plan
+from .plan import APPLY_UNROLL, BLOCK, PACK_BYTES, GpuPlan, gpu_plan, grid2, inference_launch
 
 if TYPE_CHECKING:
     from . import BatchNormAttrs, BatchNormState
@@ -67,6 +67,8 @@ gpu_paths.declare("batch_norm", {
     "forward.partials": "training, SPATIAL, a channel of several parts: bn_spatial_partials twice (sums, squares)",
     "forward.apply_training": "bn_forward_apply with the batch statistics (saved, or from the partials)",
     "forward.apply_inference": "inference: bn_forward_apply with the running statistics",
+    "forward.inference_packs": "inference, SPATIAL, no activation or SiLU, rows of whole 16-byte packs, tensors "
+                               "aligned: bn_inference_apply, a pack a thread, the activation compiled in",
     "backward.by_feature": "bn_feature_grad: a thread per statistic reduces the gradient sums over N",
     "backward.partials": "SPATIAL: bn_spatial_grad_partials, the gradient sums per (part, channel)",
     "backward.finalize": "SPATIAL, input_grad not wanted: bn_spatial_grad_finalize writes gamma_grad, beta_grad",
@@ -75,11 +77,22 @@ gpu_paths.declare("batch_norm", {
     "empty": "a zero-size input: nothing computed, gamma_grad and beta_grad zeros",
 })
 
+# The activation codes bn_inference_apply is compiled for (YOLOv10's: none and SiLU); others take bn_forward_apply.
+INFERENCE_ACTIVATIONS = (int(activations.code(None)), int(activations.code(activations.Activation.SILU)))
+
+
+def _inference_name(dtype: Any, index: str, code: int) -> str:
+    return f"bn_inference_apply<{gpu.cuda_type(dtype)}, {index}, {PACK_BYTES // np.dtype(dtype).itemsize}, {code}>"
+
+
 _CUDA = gpu.CudaModule("batch_norm.cu", [
     f"{kernel}<{t}, {i}>"
     for kernel in ("bn_spatial_partials", "bn_feature_stats", "bn_forward_apply", "bn_spatial_forward_one_part",
                    "bn_spatial_grad_partials", "bn_feature_grad", "bn_backward_apply")
     for t in gpu.FLOAT_TYPES + gpu.HALF_TYPES for i in gpu.INDEX_TYPES
+] + [
+    _inference_name(dtype, i, code) for dtype in (np.float32, np.float64, np.float16, gpu.BFLOAT16)
+    for i in gpu.INDEX_TYPES for code in INFERENCE_ACTIVATIONS
 ] + [
     f"{kernel}<{t}>" for kernel in ("bn_spatial_grad_finalize",)  # t: the parameters' type (float for half data)
     for t in gpu.FLOAT_TYPES
@@ -112,12 +125,8 @@ def init(state: BatchNormState, dtype: np.dtype) -> None:
     state.ready = ready
 
 
-def _grid2(cols_blocks: int, rows: int) -> tuple[int, int]:
-    return (max(1, min(cols_blocks, 65535)), max(1, min(rows, 65535)))
-
-
 def _apply_grid(plan: GpuPlan, per_thread: int = 1) -> tuple[int, int]:
-    return _grid2(-(-plan.cols // (BLOCK * per_thread)), plan.rows)
+    return grid2(-(-plan.cols // (BLOCK * per_thread)), plan.rows)
 
 
 class GpuCalls:
@@ -145,6 +154,16 @@ class GpuCalls:
             #   stat_by_row, activation)
             self.apply = function(f"bn_forward_apply<{t}, {i}>")
             self.apply_grid = _apply_grid(plan, APPLY_UNROLL)
+            # inference in packs (calls whose tensors are aligned): bn_inference_apply(input, eps, running_mean,
+            #   running_var, saved_mean, saved_invstd, gamma, beta, pre, output, rows, cols, stats)
+            code = int(activations.code(attrs.activation))
+            launch = inference_launch(plan, np.dtype(dtype).itemsize) if code in INFERENCE_ACTIVATIONS else None
+            self.inference = None
+            if launch is not None:
+                _, self.inference_block, self.inference_grid = launch
+                self.inference = function(_inference_name(dtype, i, code))
+                self.inference_head = (eps,)
+                self.inference_end = (scalar(plan.rows), scalar(plan.cols), scalar(layout.stats))
             self.apply_tail = (self.pre,)  # + output + apply_end
             self.apply_end = (scalar(plan.rows), scalar(plan.cols), scalar(layout.stats),
                               np.int32(0 if plan.by_feature else 1), activations.code(attrs.activation))
@@ -172,14 +191,14 @@ class GpuCalls:
                 size = layout.stats * plan.parts
                 sums, squares = partials[:size], partials[size:2 * size]
                 self.partials = function(f"bn_spatial_partials<{t}, {i}>")
-                self.partials_grid = _grid2(plan.parts, layout.stats)
+                self.partials_grid = grid2(plan.parts, layout.stats)
                 partials_tail = (scalar(layout.stats), scalar(layout.inner), scalar(plan.chunk),
                                  scalar(plan.parts_per_row), scalar(plan.parts), count)
                 if plan.parts == 1:
                     # bn_spatial_forward_one_part(input, count, eps, momentum, running_mean, running_var,
                     #   saved_mean, saved_invstd, gamma, beta, pre, output, channels, inner, activation)
                     self.one_part = function(f"bn_spatial_forward_one_part<{t}, {i}>")
-                    self.one_part_grid = _grid2(1, layout.stats)
+                    self.one_part_grid = grid2(1, layout.stats)
                     self.one_part_head = (count, eps)
                     self.one_part_end = (scalar(layout.stats), scalar(layout.inner), activations.code(attrs.activation))
                 self.partials_args = [(sums, squares, _PARTIALS_SUMS) + partials_tail,
@@ -248,9 +267,15 @@ def forward(stream: gpu.GpuStream, state: BatchNormState, attrs: BatchNormAttrs,
         head = calls.apply_training + (momentum,)
         gpu_paths.reach("batch_norm.forward.apply_training")
     else:
+        state.forward = _FORWARD_INFERENCE
+        if calls.inference is not None and (input.data.ptr | output.data.ptr) % PACK_BYTES == 0:  # pre: ours, aligned
+            gpu_paths.reach("batch_norm.forward.inference_packs")
+            gpu.launch(stream, calls.inference, calls.inference_grid, calls.inference_block,
+                       (input,) + calls.inference_head + running + calls.saved_stats + params
+                       + calls.apply_tail + (output,) + calls.inference_end)
+            return
         head = calls.apply_inference
         gpu_paths.reach("batch_norm.forward.apply_inference")
-        state.forward = _FORWARD_INFERENCE
     gpu.launch(stream, calls.apply, calls.apply_grid, BLOCK,
                (input,) + head + running + calls.saved_stats + params + calls.apply_tail + (output,) + calls.apply_end)
 

@@ -13,6 +13,8 @@ from .. import gpu
 
 BLOCK = 256  # BN_BLOCK: threads of every batch_norm.cu block (its block sums assume it)
 APPLY_UNROLL = 4  # BN_APPLY_UNROLL: columns a thread of the forward and backward apply covers per step
+PACK_BYTES = 16  # bn_inference_apply's packs (common.cuh's Pack): 16 bytes a thread access
+MAX_PACK = PACK_BYTES // 2  # the most elements a pack holds (float16, bfloat16)
 CHUNK = 2048  # elements of one row that a partial-sum block reduces (8 per thread)
 
 
@@ -49,8 +51,9 @@ class GpuPlan:
 def gpu_plan(layout: Layout) -> GpuPlan:
     """The kernels' split of a layout: partial sums per channel, the apply's rows and columns, the index type."""
     total = layout.outer * layout.stats * layout.inner
-    # 32-bit indices only where the apply's grid-stride step cannot carry a column past 2^31.
-    index = gpu.index_type(total + 65535 * BLOCK * APPLY_UNROLL, layout.count)
+    # 32-bit indices only where an apply's grid-stride step (of elements or packs) cannot carry a column
+    # past 2^31.
+    index = gpu.index_type(total + 65535 * BLOCK * APPLY_UNROLL * MAX_PACK, layout.count)
     scalar = np.int32 if index == "int" else np.int64
     by_feature = layout.inner == 1
     chunk = min(max(layout.inner, 1), CHUNK)
@@ -59,3 +62,30 @@ def gpu_plan(layout: Layout) -> GpuPlan:
         return GpuPlan(True, 1, 1, 1, layout.outer, layout.stats, index, scalar)
     return GpuPlan(False, chunk, parts_per_row, layout.outer * parts_per_row, layout.outer * layout.stats,
                    layout.inner, index, scalar)
+
+
+def pack_width(plan: GpuPlan, itemsize: int) -> int:
+    """Elements of bn_inference_apply's packs for a dtype of `itemsize` bytes: PACK_BYTES' worth where
+    every row of the apply (cols elements) is a whole number of packs, else 1 (no packs: the rows
+    cannot take them). A call takes the packs only where its tensors are PACK_BYTES-aligned too
+    (gpu.forward)."""
+    width = PACK_BYTES // itemsize
+    return width if plan.cols % width == 0 else 1
+
+
+def inference_launch(plan: GpuPlan, itemsize: int) -> tuple[int, int, tuple[int, int]] | None:
+    """(pack, threads, grid) of bn_inference_apply, or None where it does not apply (by feature, or rows
+    that are not whole packs): a pack a thread, a block's threads a multiple of 32 up to BLOCK (fewer
+    for short rows: a 20x20 plane of float16 is 50 packs, a block of 64), as many blocks along a row as
+    its packs need and one row of blocks per row (both capped at the grid's 65535; the kernel strides)."""
+    pack = pack_width(plan, itemsize)
+    if plan.by_feature or pack == 1:
+        return None
+    packs = plan.cols // pack
+    threads = min(BLOCK, -(-packs // 32) * 32)
+    return pack, threads, grid2(-(-packs // threads), plan.rows)
+
+
+def grid2(blocks_x: int, rows: int) -> tuple[int, int]:
+    """A two-dimensional grid: blocks along a row, rows; each within 65535 (the kernels stride past it)."""
+    return max(1, min(blocks_x, 65535)), max(1, min(rows, 65535))
