@@ -182,7 +182,7 @@ def test_gpu_fused_graph_replay_equals_eager(dims):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"output {i} differs after replay"
 
 
-def test_every_call_knows_its_layer_for_the_profile():
+def test_every_call_knows_its_layer_for_the_profile(capsys):
     """Node.layer (what tools/yolov10_profile.py sums by): every forward call of an eval, fused and training
     plan is in one of ultralytics' layers model.0 .. model.23, in trace order; every backward call too."""
     import importlib.util
@@ -204,3 +204,13 @@ def test_every_call_knows_its_layer_for_the_profile():
                                    {"model.0": [(0.5, "b"), (1.5, "a")]}, 24)
         assert rows[0] == {"layer": "model.0", "ours": 2.0, "torch": 1.0, "ratio": 2.0, "top": ["a 1.500", "b 0.500"]}
         assert rows[1]["ratio"] is None and rows[-1]["layer"] == "total" and rows[-1]["ours"] == 3.0
+    # --by-op: calls summed by kind, channel counts left out
+    assert profile.op_kind("conv 3x3 s1 g640 ->640") == "conv 3x3 s1 dw"
+    assert profile.op_kind("conv 1x1 s1 ->64+silu") == "conv 1x1 s1+silu"
+    assert profile.op_kind("batch_norm+silu") == "batch_norm+silu"
+    capsys.readouterr()
+    profile.print_by_op({"model.0": [(1.0, "conv 3x3 s1 g8 ->8"), (3.0, "batch_norm+silu")],
+                         "model.1": [(1.0, "conv 3x3 s1 g4 ->4")]})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["batch_norm+silu", "1", "3.000", "60.0%"]
+    assert lines[2].split() == ["conv", "3x3", "s1", "dw", "2", "2.000", "40.0%"]

@@ -4,6 +4,10 @@ Run on the GPU machine from the repository root:
 
     python3 tools/yolov10_profile.py [--configs n:1:eval,n:16:eval,x:16:eval,x:16:train,n:1:fused]
                                      [--runs 5] [--top 3] [--json FILE] [--dtype float16|bfloat16]
+                                     [--by-op]
+
+--by-op adds, per configuration, our time summed by kind of call over the whole network (a conv's kind:
+its kernel, stride, depthwise or dense, and fused activation; channels left out), most expensive first.
 
 A config is variant:batch:mode, mode eval (the eval forward), fused (ours model.fuse() beside PyTorch's
 unfused eval) or train (a training step: forward + backward from gradients of ones). fp32, TF32 off,
@@ -71,6 +75,30 @@ def layer_table(ours: dict[str, float], theirs: dict[str, float], top: dict[str,
     a, b = sum(ours.values()), sum(theirs.values())
     rows.append({"layer": "total", "ours": a, "torch": b, "ratio": a / b if b > 0 else None, "top": []})
     return rows
+
+
+def op_kind(name: str) -> str:
+    """A call's description (describe) without its channel counts: 'conv 3x3 s1 g640 ->640' is 'conv 3x3 s1 dw'."""
+    if not name.startswith("conv "):
+        return name
+    words = name.split()
+    kind = " ".join(words[:3]) + (" dw" if any(w.startswith("g") for w in words[3:]) else "")
+    return kind + ("+" + name.rsplit("+", 1)[1] if "+" in name else "")
+
+
+def print_by_op(top: dict[str, list[tuple[float, str]]]) -> None:
+    """Our ms summed per kind of call (op_kind) over every layer, with the call count and share of the total."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for calls in top.values():
+        for ms, name in calls:
+            entry = totals[op_kind(name)]
+            entry[0] += ms
+            entry[1] += 1
+    whole = sum(ms for ms, _ in totals.values()) or 1.0
+    print(f"{'kind of call':34} {'calls':>5} {'ours ms':>9} {'share':>6}")
+    for kind, (ms, count) in sorted(totals.items(), key=lambda item: -item[1][0]):
+        print(f"{kind:34} {count:5d} {ms:9.3f} {ms / whole:6.1%}")
+    sys.stdout.flush()
 
 
 def print_table(title: str, rows: Sequence[dict[str, Any]], top: int) -> None:
@@ -237,6 +265,7 @@ def main() -> None:
     parser.add_argument("--gate-ms", type=float, default=50.0, help="the spin that holds the stream, ms")
     parser.add_argument("--json")
     parser.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    parser.add_argument("--by-op", action="store_true", help="also our time summed by kind of call")
     args = parser.parse_args()
     results = {}
     for config in args.configs.split(","):
@@ -253,6 +282,8 @@ def main() -> None:
         rows = layer_table(ours, theirs, top, 24)
         against = "unfused eval" if mode == "fused" else mode
         print_table(f"yolov10{variant} {args.dtype} batch {batch} {mode} (PyTorch: {against})", rows, args.top)
+        if args.by_op:
+            print_by_op(top)
         results[config] = rows
     if args.json:
         with open(args.json, "w") as f:
