@@ -170,8 +170,8 @@ _add("no_input_grad_2x3x2x4", (2, 3, 2, 4), input_grad=False,
 #   beta_grad_step2 6949 / 6948.
 #   yolov10_silu_eval (a training step, then eval with its running statistics and the inference
 #   backward): the first step is yolov10_silu's (the same bounds); the eval step's output and input_grad
-#   1 ulp, its gamma_grad and beta_grad (same reason) float16 619 and 1015, bfloat16 12154 and 17646 on
-#   the CPU.
+#   1 ulp, its gamma_grad and beta_grad (same reason) float16 619 and 1015 / 1016 (CPU / H200),
+#   bfloat16 12154 and 17646 / 17645.
 _HALF = {"f16": np.float16, "bf16": BFLOAT16}
 _SILU_HALF = {name: 1 for name in ("output", "input_grad", "output_step2", "input_grad_step2")}
 HALF_MEASURED = {  # name -> {tensor: ulps}; a tensor absent is EXACT
@@ -180,7 +180,7 @@ HALF_MEASURED = {  # name -> {tensor: ulps}; a tensor absent is EXACT
     "yolov10_silu_2x4x2x4_bf16": {**_SILU_HALF, "running_mean": 1, "gamma_grad": 2087, "beta_grad": 5526,
                                   "gamma_grad_step2": 24811, "beta_grad_step2": 7250},
     "yolov10_silu_eval_2x4x2x4_f16": {**_SILU_HALF, "gamma_grad": 672, "beta_grad": 845,
-                                      "gamma_grad_step2": 619, "beta_grad_step2": 1015},
+                                      "gamma_grad_step2": 619, "beta_grad_step2": 1016},
     "yolov10_silu_eval_2x4x2x4_bf16": {**_SILU_HALF, "gamma_grad": 2087, "beta_grad": 5526,
                                        "gamma_grad_step2": 12154, "beta_grad_step2": 17646},
     "long_channel_bf16": {**_SILU_HALF, "gamma_grad": 3752, "beta_grad": 5500,
