@@ -37,7 +37,14 @@ Contract:
   made on first use (``default_stream(device)``); outputs are allocated inside that
   stream's context, so CuPy's pool ties their memory to it. Each GPU stream gets its
   own handle (and cache of states), since a handle's workspace and library handles
-  must not be shared by streams that run at once.
+  must not be shared by streams that run at once. That stream is a non-blocking one of
+  its own, not CuPy's current stream: work you enqueue on CuPy's current stream (a
+  ``cupy.asarray`` upload, a ``cupy.asnumpy`` read-back) is *not* ordered with these
+  calls. Make GPU inputs inside ``with stream:`` and read results on it (as
+  ``cupy.asnumpy(y, stream=stream.cupy_stream)``, then ``stream.synchronize()``), where
+  ``stream`` is the one you pass or ``default_stream(device)``. Torch tensors are
+  ordered for you on the way in (DLPack hands ``cupy.from_dlpack`` the producer's
+  stream) and on the way out (torch's current stream waits for ours).
 - **Errors** are the kernels' own ``kernels.KernelError`` subclasses, let through;
   what this layer checks itself (argument forms torch accepts but the kernels do not,
   like ``ceil_mode=True``) raises them too, naming the function and the argument.
