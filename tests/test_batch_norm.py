@@ -307,6 +307,21 @@ def test_gpu_plan_of_each_layout(mode, dims, expected):
     assert (got.index, got.scalar) == ("int", np.int32)
 
 
+@pytest.mark.parametrize("dims, index", [
+    # total + the largest grid-stride step (65535 blocks x 256 threads x a pack of 8) just below 2^31
+    ((1, 983040, 2048, 1), "int"),
+    ((1, 983041, 2048, 1), "long long"),  # exactly 2^31: a column could reach it
+])
+def test_gpu_plan_index_type_covers_the_largest_step(dims, index):
+    """The apply kernels' index type: 32-bit only where a block's last grid-stride step stays below 2^31."""
+    from kernels.batch_norm import plan
+
+    got = plan.gpu_plan(batch_norm.layout_of(BatchNormAttrs(), dims))
+    assert int(np.prod(dims)) + 65535 * plan.BLOCK * max(plan.APPLY_UNROLL, plan.MAX_PACK) - 2**31 == (
+        -2048 if index == "int" else 0)
+    assert (got.index, got.scalar) == (index, np.int32 if index == "int" else np.int64)
+
+
 @pytest.mark.parametrize("mode, dims, itemsize, expected", [
     (BatchNormMode.SPATIAL, (16, 80, 320, 320), 2, 8),  # YOLOv10's planes: 16-byte packs of 8 halves
     (BatchNormMode.SPATIAL, (16, 640, 20, 20), 4, 4),  # 400 columns: 100 packs of 4 floats

@@ -51,9 +51,10 @@ class GpuPlan:
 def gpu_plan(layout: Layout) -> GpuPlan:
     """The kernels' split of a layout: partial sums per channel, the apply's rows and columns, the index type."""
     total = layout.outer * layout.stats * layout.inner
-    # 32-bit indices only where an apply's grid-stride step (of elements or packs) cannot carry a column
-    # past 2^31.
-    index = gpu.index_type(total + 65535 * BLOCK * APPLY_UNROLL * MAX_PACK, layout.count)
+    # 32-bit indices only where no apply's grid-stride step can carry a column past 2^31: a row of at most
+    # 65535 blocks moves APPLY_UNROLL elements a thread a step in bn_forward_apply, one pack of at most
+    # MAX_PACK in bn_inference_apply.
+    index = gpu.index_type(total + 65535 * BLOCK * max(APPLY_UNROLL, MAX_PACK), layout.count)
     scalar = np.int32 if index == "int" else np.int64
     by_feature = layout.inner == 1
     chunk = min(max(layout.inner, 1), CHUNK)
