@@ -37,14 +37,15 @@ Contract:
   made on first use (``default_stream(device)``); outputs are allocated inside that
   stream's context, so CuPy's pool ties their memory to it. Each GPU stream gets its
   own handle (and cache of states), since a handle's workspace and library handles
-  must not be shared by streams that run at once. That stream is a non-blocking one of
-  its own, not CuPy's current stream: work you enqueue on CuPy's current stream (a
-  ``cupy.asarray`` upload, a ``cupy.asnumpy`` read-back) is *not* ordered with these
-  calls. Make GPU inputs inside ``with stream:`` and read results on it (as
-  ``cupy.asnumpy(y, stream=stream.cupy_stream)``, then ``stream.synchronize()``), where
-  ``stream`` is the one you pass or ``default_stream(device)``. Torch tensors are
-  ordered for you on the way in (DLPack hands ``cupy.from_dlpack`` the producer's
-  stream) and on the way out (torch's current stream waits for ours).
+  must not be shared by streams that run at once. A call on the default stream is
+  ordered with CuPy's current stream of its device, as a ``torch.nn.functional`` call is
+  with torch's: the default stream waits for what is enqueued on the current stream before
+  the call (a ``cupy.asarray`` upload of its input), and, once the call has enqueued its
+  work, the current stream waits for it (a ``cupy.asnumpy`` of its result reads it
+  complete); an event each way, no host synchronization. A call given another ``stream=``
+  is ordered by its caller: make its inputs and read its results on that stream. Torch
+  tensors are ordered on the way in (DLPack hands ``cupy.from_dlpack`` the producer's
+  stream) and on the way out (torch's current stream waits for ours) either way.
 - **Errors** are the kernels' own ``kernels.KernelError`` subclasses, let through;
   what this layer checks itself (argument forms torch accepts but the kernels do not,
   like ``ceil_mode=True``) raises them too, naming the function and the argument.
@@ -58,6 +59,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import weakref
@@ -287,7 +289,24 @@ class _Env:
 
             self.xp = gpu.cupy
             self.runtime = _gpu_runtime(stream) if runtime is None else runtime
+            if stream is _DEFAULT_GPU_STREAMS.get(self.device):
+                self._follow_current()
         self.handle = self.runtime.handle
+
+    def _follow_current(self) -> None:  # pragma: no cover - GPU: the default stream of a GPU
+        """Order this call on the default stream after CuPy's current stream of the device, and (when the
+        outermost public call returns: _ordered) that stream after the call's work."""
+        cupy = self.xp
+        with cupy.cuda.Device(self.device):
+            current = cupy.cuda.get_current_stream()
+        if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
+            return
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(current)
+        self.stream.cupy_stream.wait_event(event)
+        pending = getattr(_ORDER, "pending", None)
+        if pending is not None:  # None: not inside a public function (every public one is _ordered)
+            pending.append((self.stream, current))
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -337,6 +356,34 @@ class _Env:
 
         with self.active():  # torch's stream waits for ours (CuPy's __dlpack__ sees our stream as current)
             return torch.from_dlpack(array)
+
+
+# The (default stream, CuPy current stream) pairs of the calls made inside the outermost public call of
+# this host thread (None outside one): each current stream waits for its default stream when it returns.
+_ORDER = threading.local()
+_ORDER.pending = None
+
+
+def _ordered(function: Any) -> Any:
+    """A public function whose GPU work on a default stream is ordered back to CuPy's current stream: when
+    the outermost such call returns (or raises), every current stream its calls followed waits, through an
+    event, for what they enqueued on the default stream."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_ORDER, "pending", None) is not None:  # nested: the outermost call orders
+            return function(*args, **kwargs)
+        _ORDER.pending = []
+        try:
+            return function(*args, **kwargs)
+        finally:
+            pending, _ORDER.pending = _ORDER.pending, None
+            for stream, current in pending:  # pragma: no cover - GPU: a call on a default stream
+                event = _cupy_module().cuda.Event(disable_timing=True)
+                event.record(stream.cupy_stream)
+                current.wait_event(event)
+
+    return call
 
 
 def _where(device: Any) -> str:
@@ -1277,3 +1324,10 @@ def backward(ctx: Context, grad_output: Any, *, retain: bool = False, stream: An
     function = globals().get(f"{ctx.op}_backward")
     return function(grad_output, ctx, retain=retain, stream=stream)
 
+
+# Every public function that makes GPU calls orders them with CuPy's current stream (_ordered).
+for _name in __all__:
+    _value = globals()[_name]
+    if callable(_value) and not isinstance(_value, type) and _name not in ("default_stream", "clear_cache", "cache_info"):
+        globals()[_name] = _ordered(_value)
+del _name, _value

@@ -754,6 +754,38 @@ def test_default_stream(dev):
 
 
 @pytest.mark.gpu
+def test_calls_on_the_default_stream_follow_cupys_current_stream():
+    """Without stream=, a call is ordered with CuPy's current stream both ways, as a torch call is with
+    torch's: its input, uploaded on the current stream behind a 2 ms spin, is read complete; its result,
+    computed behind a 2 ms spin on the default stream (kernels.core.before_gpu_call), is read complete by
+    cupy.asnumpy on the current stream. No `with stream:`, no synchronization by hand but the last."""
+    from tests.conftest import require
+
+    require("gpu")
+    import cupy
+
+    from conformance.harness import spin
+
+    x = distinct(48, 1000)
+    caller = cupy.cuda.Stream(non_blocking=True)  # CuPy's current stream below: neither ours nor the legacy one
+
+    class Caller:  # what conformance.harness.spin needs of a stream
+        device, cupy_stream = 0, caller
+
+    with cupy.cuda.Device(0), caller:
+        device_x = cupy.full(x.shape, np.nan)
+        spin(Caller())
+        device_x.set(x)  # lands 2 ms after the call below is made
+        with kernels.core.before_gpu_call(spin):  # and the call's own kernel runs 2 ms late
+            got = F.relu(device_x)
+        host = cupy.asnumpy(got)  # on the caller's stream
+        again = cupy.asnumpy(F.relu(F.relu(device_x)))  # nested in nothing: each call orders itself
+    caller.synchronize()
+    check(host, np.maximum(x, 0))
+    check(again, np.maximum(x, 0))
+
+
+@pytest.mark.gpu
 def test_gpu_stream_of_another_device_is_refused():
     from tests.conftest import require
 
