@@ -9,12 +9,16 @@ shapes, batch 1) and which run fastest on the GPU (large shapes). Run on the GPU
 --set small (default): a head 1x1, a C2f 3x3, the stem and a depthwise 3x3 at batch 1.
 --set x16: yolov10x's 3x3 convolutions at batch 16, the ones that carry its eval's gap to PyTorch
 (tools/yolov10_profile.py: model.1, model.2, model.3, model.4, model.17, model.23).
+--set n1: yolov10n's dense 3x3 convolutions at batch 1 (its graph replay's largest kind of call), then
+yolov10s's 32 channels at 160x160 and two below plan.IMPLICIT_GEMM_BELOW_FLOPS.
 --set sweep: 3x3 convolutions at batch 1 to 8, and yolov10x's model.1 and model.2 at batch 1: where
 IMPLICIT_PRECOMP_GEMM starts to beat IMPLICIT_GEMM on the device.
 float32 runs cuDNN in FMA math (no TF32, PyTorch likewise); the half dtypes in tensor-op math.
 First cuDNN's v7 heuristics' ranking (algo, math type, workspace MiB); then per algorithm its
 workspace (MiB, cuDNN's size query), the host time of a call (the loop's wall time before
-synchronizing) and the device time (CUDA events around the loop, over the calls), in microseconds."""
+synchronizing) and the device time (CUDA events around the loop, over the calls), in microseconds.
+The loop is enqueued behind a spin kernel that holds the stream longer than the host takes to enqueue
+it, so the device time is the calls' back to back, not the host's pace."""
 
 import argparse
 import ctypes
@@ -28,6 +32,7 @@ import cupy  # noqa: E402
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
+from conformance.harness import spin  # noqa: E402
 from kernels import TensorShape as S  # noqa: E402
 from kernels import cudnn  # noqa: E402
 from kernels.core import BFLOAT16  # noqa: E402
@@ -42,6 +47,12 @@ SETS = {
             ("model.4 3x3", (16, 160, 80, 80), 160, 3, 1, 1, 1),
             ("model.17 3x3 s2", (16, 320, 80, 80), 320, 3, 2, 1, 1),
             ("model.23 3x3", (16, 320, 80, 80), 80, 3, 1, 1, 1)],
+    "n1": [("c2f 16ch 160", (1, 16, 160, 160), 16, 3, 1, 1, 1), ("c2f 32ch 80", (1, 32, 80, 80), 32, 3, 1, 1, 1),
+           ("c2f 64ch 40", (1, 64, 40, 40), 64, 3, 1, 1, 1), ("c2f 128ch 20", (1, 128, 20, 20), 128, 3, 1, 1, 1),
+           ("head 64ch 80", (1, 64, 80, 80), 64, 3, 1, 1, 1), ("head 128->64 40", (1, 128, 40, 40), 64, 3, 1, 1, 1),
+           ("head 256->64 20", (1, 256, 20, 20), 64, 3, 1, 1, 1), ("head 64ch 20", (1, 64, 20, 20), 64, 3, 1, 1, 1),
+           ("s c2f 32ch 160", (1, 32, 160, 160), 32, 3, 1, 1, 1), ("32ch 20", (1, 32, 20, 20), 32, 3, 1, 1, 1),
+           ("16ch 40", (1, 16, 40, 40), 16, 3, 1, 1, 1)],
     "sweep": [(f"160ch 3x3 b{n}", (n, 160, 80, 80), 160, 3, 1, 1, 1) for n in (1, 2, 4, 8)]
     + [(f"32ch 3x3 b{n}", (n, 32, 160, 160), 32, 3, 1, 1, 1) for n in (4, 16)]
     + [("x model.1 3x3 s2 b1", (1, 80, 320, 320), 160, 3, 2, 1, 1), ("x model.2 3x3 b1", (1, 80, 160, 160), 80, 3, 1, 1, 1)],
@@ -58,7 +69,7 @@ def main() -> None:
     parser.add_argument("--workspace", type=int, default=2048, help="MiB of workspace an algorithm may use")
     arguments = parser.parse_args()
     workspace = arguments.workspace << 20
-    count = arguments.count or (200 if arguments.set == "small" else 20)
+    count = arguments.count or (200 if arguments.set in ("small", "n1") else 20)
     dtype, torch_dtype = DTYPES[arguments.dtype]
     math = cudnn.FMA_MATH if arguments.dtype == "float32" else cudnn.TENSOR_OP_MATH
     torch.backends.cudnn.allow_tf32 = False
@@ -69,6 +80,7 @@ def main() -> None:
         function()
         stream.synchronize()
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        spin(stream, count * 200_000)  # 200 us a call: longer than any call's host time here
         begun = time.perf_counter()
         start.record(cupy_stream)
         for _ in range(count):
@@ -130,6 +142,7 @@ def main() -> None:
             conv(tx, tw, None, s, p, 1, g)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(count * 400_000)  # cycles (about 2 GHz): 200 us a call, as above
         begun = time.perf_counter()
         start.record()
         for _ in range(count):
