@@ -297,13 +297,15 @@ class _Env:
         """Order this call on the default stream after CuPy's current stream of the device, and (when the
         outermost public call returns: _ordered) that stream after the call's work."""
         cupy = self.xp
+        # An event is recorded on a stream of its own device (cudaEventRecord): made with the call's device
+        # current, not the caller's, which may be another GPU.
         with cupy.cuda.Device(self.device):
             current = cupy.cuda.get_current_stream()
-        if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
-            return
-        event = cupy.cuda.Event(disable_timing=True)
-        event.record(current)
-        self.stream.cupy_stream.wait_event(event)
+            if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
+                return
+            event = cupy.cuda.Event(disable_timing=True)
+            event.record(current)
+            self.stream.cupy_stream.wait_event(event)
         pending = getattr(_ORDER, "pending", None)
         if pending is not None:  # None: not inside a public function (every public one is _ordered)
             pending.append((self.stream, current))
@@ -379,9 +381,11 @@ def _ordered(function: Any) -> Any:
         finally:
             pending, _ORDER.pending = _ORDER.pending, None
             for stream, current in pending:  # pragma: no cover - GPU: a call on a default stream
-                event = _cupy_module().cuda.Event(disable_timing=True)
-                event.record(stream.cupy_stream)
-                current.wait_event(event)
+                cuda = _cupy_module().cuda
+                with cuda.Device(stream.device):  # the event on its stream's device (see _follow_current)
+                    event = cuda.Event(disable_timing=True)
+                    event.record(stream.cupy_stream)
+                    current.wait_event(event)
 
     return call
 

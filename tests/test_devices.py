@@ -193,3 +193,25 @@ def test_the_model_on_a_device_while_another_is_current(run_on, current):
             results.append({name: cupy.asnumpy(g) for name, g in model.grads.items()})
     for name in results[0]:
         np.testing.assert_array_equal(results[1][name], results[0][name], err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("run_on, current", [(1, 0), (0, 1)], ids=str)
+def test_functional_default_stream_on_a_device_while_another_is_current(run_on, current):
+    """kernels.functional without stream= on device `run_on`'s default stream, called with `current` current:
+    the events that order it with CuPy's current stream of `run_on` are made on `run_on` (an event recorded
+    on a stream of another device is an invalid handle), the values are right, the caller's device stays."""
+    _needs(2)
+    import cupy
+
+    import kernels.functional as F
+
+    x = np.arange(-12, 12, dtype=np.float32).reshape(2, 3, 4) / 4
+    with cupy.cuda.Device(run_on):
+        device_x = cupy.asarray(x)
+    with cupy.cuda.Device(current):
+        got = F.relu(F.relu(device_x))
+        assert cupy.cuda.runtime.getDevice() == current
+        assert got.device.id == run_on
+        host = cupy.asnumpy(got)  # on device run_on's current stream, which waited for the calls
+    np.testing.assert_array_equal(host, np.maximum(x, 0))
