@@ -296,16 +296,13 @@ class _Env:
     def _follow_current(self) -> None:  # pragma: no cover - GPU: the default stream of a GPU
         """Order this call on the default stream after CuPy's current stream of the device, and (when the
         outermost public call returns: _ordered) that stream after the call's work."""
-        cupy = self.xp
-        # An event is recorded on a stream of its own device (cudaEventRecord): made with the call's device
-        # current, not the caller's, which may be another GPU.
-        with cupy.cuda.Device(self.device):
-            current = cupy.cuda.get_current_stream()
-            if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
-                return
-            event = cupy.cuda.Event(disable_timing=True)
-            event.record(current)
-            self.stream.cupy_stream.wait_event(event)
+        from . import gpu
+
+        with self.xp.cuda.Device(self.device):
+            current = self.xp.cuda.get_current_stream()
+        if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
+            return
+        gpu.stream_wait(self.stream.cupy_stream, current, self.device)
         pending = getattr(_ORDER, "pending", None)
         if pending is not None:  # None: not inside a public function (every public one is _ordered)
             pending.append((self.stream, current))
@@ -381,11 +378,9 @@ def _ordered(function: Any) -> Any:
         finally:
             pending, _ORDER.pending = _ORDER.pending, None
             for stream, current in pending:  # pragma: no cover - GPU: a call on a default stream
-                cuda = _cupy_module().cuda
-                with cuda.Device(stream.device):  # the event on its stream's device (see _follow_current)
-                    event = cuda.Event(disable_timing=True)
-                    event.record(stream.cupy_stream)
-                    current.wait_event(event)
+                from . import gpu
+
+                gpu.stream_wait(current, stream.cupy_stream, stream.device)
 
     return call
 

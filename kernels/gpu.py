@@ -501,6 +501,17 @@ def grid_for(count: int, block: int = BLOCK, per_thread: int = 1) -> int:
     return max(1, min(blocks, 65536))
 
 
+def stream_wait(waiter: Any, waited: Any, device: int) -> None:
+    """Make CuPy stream `waiter` wait, on the device and through an event, for the work enqueued so far on
+    CuPy stream `waited` of GPU `device`; nothing waits on the host. The event is made and recorded with
+    `device` current, whatever device the caller has current: cudaEventRecord needs the event and the
+    stream on one device (cudaStreamWaitEvent does not)."""
+    with cupy.cuda.Device(device):
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(waited)
+    waiter.wait_event(event)
+
+
 def copy_async(stream: GpuStream, destination: Any, source: Any) -> None:
     """Device-to-device copy of a whole contiguous array, enqueued on `stream`."""
     if source.nbytes:
