@@ -92,3 +92,26 @@ def test_version_of_a_source_tree_comes_from_pyproject(monkeypatch, tmp_path):
     assert kernels._version() == expected
     monkeypatch.setattr(kernels, "__file__", str(tmp_path / "kernels" / "__init__.py"))  # no pyproject.toml there
     assert kernels._version() == "0+unknown"
+
+
+def test_arrays_checked_skips_the_array_checks_only_inside_its_block():
+    """Inside core.arrays_checked() a call's arrays are not looked at (a plan replaying calls it has run);
+    the stream, handle, state and attrs are still checked, and the blocks nest and restore."""
+    stream, handle = kernels.cpu_stream(), kernels.cpu_handle()
+    attrs = transpose.TransposeAttrs(permutation=(1, 0))
+    state = transpose.init_kernel(handle, attrs, TensorShape((2, 3), np.float32), TensorShape((3, 2), np.float32))
+    wrong = [("input", np.zeros((3, 2), np.float64), TensorShape((2, 3), np.float32), True),
+             ("output", None, TensorShape((3, 2), np.float32), True)]
+    with pytest.raises(ShapeError, match=r"^transpose: input: expected dims \(2, 3\), found \(3, 2\)"):
+        core.check_call("transpose", stream, handle, state, attrs, wrong)
+    with core.arrays_checked():
+        with core.arrays_checked():
+            assert core.check_call("transpose", stream, handle, state, attrs, wrong) == "cpu"
+        assert core.check_call("transpose", stream, handle, state, attrs, wrong) == "cpu"  # the outer block holds
+        with pytest.raises(kernels.AttrsError, match=r"^transpose: attrs: expected the attrs the state was made"):
+            core.check_call("transpose", stream, handle, state, transpose.TransposeAttrs(permutation=(0, 1)), wrong)
+        with pytest.raises(DeviceError, match=r"^transpose: stream: expected a kernels stream"):
+            core.check_call("transpose", object(), handle, state, attrs, wrong)
+    with pytest.raises(ShapeError, match=r"^transpose: input: expected dims \(2, 3\), found \(3, 2\)"):
+        core.check_call("transpose", stream, handle, state, attrs, wrong)
+    transpose.cleanup_kernel(handle, state)

@@ -989,3 +989,32 @@ def test_gpu_model_equals_cpu_model(dtype, dims, bound):
             other.stream.synchronize()
             for name, value in theirs.items():
                 np.testing.assert_array_equal(host(value), host(mine[name]), err_msg=name)
+
+
+def test_a_plan_checks_its_arrays_on_its_first_run_only(monkeypatch):
+    """A plan's calls are fixed when it is made, so its first forward (and backward) checks every array of
+    every call and later runs skip those checks (core.arrays_checked), writing the same bits."""
+    seen = []
+    check_tensor = kernels.core.check_tensor
+    monkeypatch.setattr(kernels.core, "check_tensor",
+                        lambda op, name, *rest: (seen.append(op), check_tensor(op, name, *rest)))
+    x = inputs((1, 3, 64, 64), seed=3).astype(np.float32)
+    with YOLOv10("n", dtype="float32") as model:
+        model.init_random(5)
+        model.train()
+        runs = []
+        for _ in range(3):
+            seen.clear()
+            out = model(x)
+            forward_checks = len(seen)
+            grads = {k: [np.ones_like(a) for a in out[k]] for k in ("one2many", "one2one")}
+            model.backward(grads)
+            written = [a.copy() for k in ("one2many", "one2one") for a in out[k]]
+            written += [model.grads[n].copy() for n in sorted(model.grads)]
+            runs.append((written, forward_checks, len(seen) - forward_checks))
+        plan = model.plan(x.shape)
+        calls = len(plan.forward_calls), len(plan.backward_calls)
+    assert runs[0][1] > 2 * calls[0] and runs[0][2] > 2 * calls[1]  # every call checked its arrays
+    assert [r[1:] for r in runs[1:]] == [(0, 0), (0, 0)]
+    for later in runs[1:]:  # training: batch statistics, so the same input gives the same bits every run
+        assert all(np.array_equal(a, b) and np.isfinite(a).all() for a, b in zip(later[0], runs[0][0], strict=True))

@@ -321,14 +321,15 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
         target = state.pre_buffer
     if output.size:
         dtype = output.dtype
-        depthwise = _convolvable(state) and state.paths["forward"] == "depthwise"
+        convolvable = _convolvable(state)
+        depthwise = convolvable and state.paths["forward"] == "depthwise"
         if depthwise:  # the bias too, and the activation where it is the epilogue
             _run_depthwise(stream, state, "forward", None, input, filter, target, bias,
                            attrs.activation if epilogue else None)
-        elif _convolvable(state) and state.paths["forward"] == "gemm":
+        elif convolvable and state.paths["forward"] == "gemm":
             gpu_paths.reach("conv_2d.gemm.forward")
             _run_plan(stream, handle, state, _forward_plan(state), {"input": input, "filter": filter, "output": target})
-        if not _convolvable(state):  # an empty sum: zero input channels, or an input of zero size inside the padding
+        if not convolvable:  # an empty sum: zero input channels, or an input of zero size inside the padding
             gpu_paths.reach("conv_2d.empty_sum")
             _zero(stream, target)
         elif state.paths["forward"] == "cudnn":

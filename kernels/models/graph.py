@@ -31,6 +31,7 @@ from .. import (
     batch_norm,
     concat,
     conv_2d,
+    core,
     element_binary,
     element_unary,
     gradient_reduction,
@@ -229,6 +230,7 @@ class Plan:
         self.node_attrs = [_inference_attrs(node.attrs) if inference_states and not training else node.attrs
                            for node in graph.nodes]
         self.activation_bytes = 0  # of the activation buffers the plan made (see memory())
+        self.checked: set[str] = set()  # "forward", "backward": the directions whose calls have run once
         dtype = runtime.dtype
         with runtime.active():
             self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=reuse and not training)
@@ -478,12 +480,23 @@ class Plan:
         return result
 
     def forward(self) -> None:
-        for function, args in self.forward_calls:
-            function(*args)
+        self._run(self.forward_calls, "forward")
 
     def backward(self) -> None:
-        for function, args in self.backward_calls:
+        self._run(self.backward_calls, "backward")
+
+    def _run(self, calls: list[tuple[Callable[..., None], tuple]], direction: str) -> None:
+        """Make the calls. Their argument tuples are fixed when the plan is made (its own buffers, the
+        network's parameters and gradients, never replaced), so once a run of them has passed every
+        check, later runs skip the per-array checks (core.arrays_checked); the states' checks stay."""
+        if direction in self.checked:
+            with core.arrays_checked():
+                for function, args in calls:
+                    function(*args)
+            return
+        for function, args in calls:
             function(*args)
+        self.checked.add(direction)
 
     def capture(self, backward: bool = False) -> Any:  # pragma: no cover - GPU: CUDA graph capture
         """GPU: a CUDA graph (``cupy.cuda.Graph``) of this plan's forward, and its backward when asked
