@@ -377,6 +377,26 @@ def before_gpu_call(hook: Callable[[Any], None] | None) -> Iterator[None]:
         _GPU_CALL_HOOKS.hook = previous
 
 
+@contextlib.contextmanager
+def replaying(stream: Any) -> Iterator[None]:
+    """A run of calls that have all run before, on `stream`, with these very arguments (a model's plan):
+    inside the block the calls' arrays are not checked again (arrays_checked), and a GPU stream is
+    entered once for the run: a gpu_kernel call on it skips entering and leaving it (its device and
+    CuPy's current stream are set already; the before_gpu_call hook still runs first). Nothing else may
+    change the thread's current device or CuPy stream inside the block. A CPU stream is not entered."""
+    with arrays_checked():
+        if not (isinstance(getattr(stream, "device", None), int) and hasattr(stream, "__enter__")):
+            yield
+            return
+        previous = getattr(_GPU_CALL_HOOKS, "held", None)
+        with stream:
+            _GPU_CALL_HOOKS.held = stream
+            try:
+                yield
+            finally:
+                _GPU_CALL_HOOKS.held = previous
+
+
 def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorates every op's gpu_forward_kernel and gpu_backward_kernel: the call runs with its
     stream's device and its stream current (a GpuStream is a context manager that makes both
@@ -388,6 +408,10 @@ def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def call(stream: Any, *args: Any, **kwargs: Any) -> Any:
         hook = getattr(_GPU_CALL_HOOKS, "hook", None)
+        if getattr(_GPU_CALL_HOOKS, "held", None) is stream:  # inside replaying(stream): entered once for all
+            if hook is not None:
+                hook(stream)
+            return function(stream, *args, **kwargs)
         if not isinstance(getattr(stream, "device", None), int) or not hasattr(stream, "__enter__"):
             return function(stream, *args, **kwargs)
         if hook is not None:

@@ -74,6 +74,36 @@ def test_gpu_kernel_leaves_a_stream_when_the_kernel_raises():
     assert log == ["enter", "exit"]
 
 
+def test_replaying_enters_its_gpu_stream_once_for_the_calls_on_it():
+    """core.replaying (a plan's later runs): the stream is entered once around the calls made on it, the
+    hook still runs before each, a call on another stream enters that one as usual, the arrays are not
+    checked inside, and everything is as before after the block, also when a call raises."""
+    log = []
+    stream, other = RecordingStream(log), RecordingStream(log)
+
+    @core.gpu_kernel
+    def kernel(stream, value):
+        log.append(("kernel", value, core.arrays_are_checked()))
+        if value is None:
+            raise core.ShapeError("bad")
+
+    with core.before_gpu_call(lambda s: log.append(("hook", s is stream))):
+        with core.replaying(stream):
+            kernel(stream, 1)
+            kernel(stream, 2)
+            kernel(other, 3)
+    assert log == ["enter", ("hook", True), ("kernel", 1, True), ("hook", True), ("kernel", 2, True),
+                   ("hook", False), "enter", ("kernel", 3, True), "exit", "exit"]
+    log.clear()
+    with pytest.raises(core.ShapeError):
+        with core.replaying(stream):
+            kernel(stream, None)
+    assert log == ["enter", ("kernel", None, True), "exit"]
+    log.clear()
+    kernel(stream, 4)
+    assert log == ["enter", ("kernel", 4, False), "exit"]
+
+
 def test_gpu_kernel_passes_a_non_gpu_stream_to_the_kernels_checks():
     seen = []
 

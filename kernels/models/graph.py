@@ -488,9 +488,10 @@ class Plan:
     def _run(self, calls: list[tuple[Callable[..., None], tuple]], direction: str) -> None:
         """Make the calls. Their argument tuples are fixed when the plan is made (its own buffers, the
         network's parameters and gradients, never replaced), so once a run of them has passed every
-        check, later runs skip the per-array checks (core.arrays_checked); the states' checks stay."""
+        check, later runs skip the per-array checks and enter the GPU stream once (core.replaying);
+        the states' checks stay."""
         if direction in self.checked:
-            with core.arrays_checked():
+            with core.replaying(self.runtime.stream):
                 for function, args in calls:
                     function(*args)
             return
