@@ -314,8 +314,8 @@ def arrays_checked() -> Iterator[None]:
     those of the stream, handle, state and attrs. For a caller that
     passes again arrays that an earlier call has checked, and that only it holds: a model's plan replays
     its calls on its own buffers and the network's parameters, which it never replaces (see Plan.forward).
-    It saves about 4 us of host time a call (1 to 1.5 us an array on CuPy), which a launch-bound GPU
-    network at batch 1 pays a few hundred times a forward."""
+    A launch-bound GPU network pays the checks a few hundred times a forward: in yolov10n's eager forward
+    at batch 1 on the H200 (cProfile), check_call took 12.9 us a call with its array checks, 5.5 without."""
     previous = arrays_are_checked()
     _ARRAYS_CHECKED.on = True
     try:
