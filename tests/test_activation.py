@@ -154,10 +154,12 @@ def test_cpu_derivative_matches_torch(kind):
         assert compare(GRAD * derivative, expected_grad, TOLERANCE) is None
 
 
-def test_cpu_silu_backward_on_a_large_non_contiguous_array_matches_torch():
-    """Not contiguous and past BLOCK_ELEMENTS: blockwise runs once on the whole arrays and the
-    per-thread scratch is too small, so the block gets buffers of its own."""
+def test_cpu_silu_backward_on_a_large_non_contiguous_array_matches_torch(monkeypatch):
+    """Not contiguous and past BLOCK_ELEMENTS: blockwise runs once on the whole arrays, and past
+    PARALLEL_BLOCK_ELEMENTS (made smaller here) the per-thread scratch is too small, so the block
+    gets buffers of its own."""
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(activation, "PARALLEL_BLOCK_ELEMENTS", activation.BLOCK_ELEMENTS)
     rng = np.random.default_rng(7)
     pre = rng.standard_normal((800, 400)).T  # 320000 elements, a transposed view
     output_grad = rng.standard_normal((800, 400)).T
