@@ -311,9 +311,9 @@ _ARRAYS_CHECKED = threading.local()
 def arrays_checked() -> Iterator[None]:
     """Within the block (in this thread), check_call skips its checks of each array (kind, device, dims,
     dtype, contiguity, presence; and so does batch_norm's of its state's running statistics) and keeps
-    those of the stream, handle, state and attrs. For a caller that
-    passes again arrays that an earlier call has checked, and that only it holds: a model's plan replays
-    its calls on its own buffers and the network's parameters, which it never replaces (see Plan.forward).
+    those of the stream, handle, state and attrs. For a caller that passes again arrays that an earlier
+    call has checked, and that only it holds: a model's plan replays its calls on its own buffers and
+    the network's parameters, which it never replaces (see Plan._run).
     A launch-bound GPU network pays the checks a few hundred times a forward: in yolov10n's eager forward
     at batch 1 on the H200 (cProfile), check_call took 12.9 us a call with its array checks, 5.5 without."""
     previous = arrays_are_checked()
@@ -377,6 +377,11 @@ def before_gpu_call(hook: Callable[[Any], None] | None) -> Iterator[None]:
         _GPU_CALL_HOOKS.hook = previous
 
 
+def _is_gpu_stream(stream: Any) -> bool:
+    """A GPU stream as gpu_kernel and replaying() enter it: a device ordinal and a context manager."""
+    return isinstance(getattr(stream, "device", None), int) and hasattr(stream, "__enter__")
+
+
 @contextlib.contextmanager
 def replaying(stream: Any) -> Iterator[None]:
     """A run of calls that have all run before, on `stream`, with these very arguments (a model's plan):
@@ -385,7 +390,7 @@ def replaying(stream: Any) -> Iterator[None]:
     CuPy's current stream are set already; the before_gpu_call hook still runs first). Nothing else may
     change the thread's current device or CuPy stream inside the block. A CPU stream is not entered."""
     with arrays_checked():
-        if not (isinstance(getattr(stream, "device", None), int) and hasattr(stream, "__enter__")):
+        if not _is_gpu_stream(stream):
             yield
             return
         previous = getattr(_GPU_CALL_HOOKS, "held", None)
@@ -412,7 +417,7 @@ def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
             if hook is not None:
                 hook(stream)
             return function(stream, *args, **kwargs)
-        if not isinstance(getattr(stream, "device", None), int) or not hasattr(stream, "__enter__"):
+        if not _is_gpu_stream(stream):
             return function(stream, *args, **kwargs)
         if hook is not None:
             hook(stream)

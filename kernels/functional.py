@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import batch_matmul, concat, conv_2d, core, cpu, element_binary, element_unary, pool_2d
+from . import batch_matmul, concat, conv_2d, core, cpu, element_binary, element_unary, gpu, pool_2d
 from . import batch_norm as batch_norm_op
 from . import gradient_reduction as gradient_reduction_op
 from . import reshape as reshape_op
@@ -192,8 +192,6 @@ def default_stream(device: int | str = 0) -> Any:
     if device == "cpu":
         _cpu_runtime()
         return _CPU["stream"]
-    from . import gpu  # pragma: no cover - GPU: a GPU ordinal
-
     with _LOCK:  # pragma: no cover - GPU: a GPU ordinal
         stream = _DEFAULT_GPU_STREAMS.get(int(device))
         if stream is None:
@@ -202,8 +200,6 @@ def default_stream(device: int | str = 0) -> Any:
 
 
 def _gpu_runtime(stream: Any) -> _Runtime:  # pragma: no cover - GPU: a GPU handle
-    from . import gpu
-
     with _LOCK:
         runtime = _GPU_RUNTIMES.get(stream)
         if runtime is None:
@@ -285,8 +281,6 @@ class _Env:
             self.xp = np
             self.runtime = _cpu_runtime() if runtime is None else runtime
         else:  # pragma: no cover - GPU: a GPU input
-            from . import gpu
-
             self.xp = gpu.cupy
             self.runtime = _gpu_runtime(stream) if runtime is None else runtime
             if stream is _DEFAULT_GPU_STREAMS.get(self.device):
@@ -296,8 +290,6 @@ class _Env:
     def _follow_current(self) -> None:  # pragma: no cover - GPU: the default stream of a GPU
         """Order this call on the default stream after CuPy's current stream of the device, and (when the
         outermost public call returns: _ordered) that stream after the call's work."""
-        from . import gpu
-
         with self.xp.cuda.Device(self.device):
             current = self.xp.cuda.get_current_stream()
         if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
@@ -378,8 +370,6 @@ def _ordered(function: Any) -> Any:
         finally:
             pending, _ORDER.pending = _ORDER.pending, None
             for stream, current in pending:  # pragma: no cover - GPU: a call on a default stream
-                from . import gpu
-
                 gpu.stream_wait(current, stream.cupy_stream, stream.device)
 
     return call

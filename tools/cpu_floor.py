@@ -25,8 +25,8 @@ import sys
 from typing import Any, Callable
 
 
-def _records(path: str) -> dict[tuple[str, str], float]:
-    return {(r["group"], r["impl"]): r["median_s"] * 1e6 for r in json.load(open(path))["records"] if r["device"] == "cpu"}
+def _records(summary: dict[str, Any]) -> dict[tuple[str, str], float]:
+    return {(r["group"], r["impl"]): r["median_s"] * 1e6 for r in summary["records"] if r["device"] == "cpu"}
 
 
 def floor(one_thread_us: float, threads: int, hand_off_us: float) -> float:
@@ -56,11 +56,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("hand_off_us", nargs="?", type=float, default=18.0)
     parser.add_argument("--ceiling", help="tools/cpu_ceiling.py --json output of the same host")
     args = parser.parse_args(argv[1:])
-    one, two, every = (_records(p) for p in args.summaries)
-    cores = json.load(open(args.summaries[2]))["threads"]["ours"]
+    summaries = [json.load(open(path)) for path in args.summaries]
+    one, two, every = (_records(summary) for summary in summaries)
+    cores = summaries[2]["threads"]["ours"]
     hand_off = args.hand_off_us
     bound = one_pass_bound(json.load(open(args.ceiling))) if args.ceiling else None
-    nbytes = {r["group"]: r.get("bytes") for r in json.load(open(args.summaries[2]))["records"] if r["impl"] == "ours"}
+    nbytes = {r["group"]: r.get("bytes") for r in summaries[2]["records"] if r["impl"] == "ours"}
     print(f"hand-off {hand_off:.0f} us a part; all cores = {cores} threads\n")
     extra, rule = (" | one-pass bound", "---:|") if bound else ("", "")
     print(f"| benchmark | 1 thr ours µs | {cores} thr ours / torch µs | ratio | floor ratio{extra} "
