@@ -78,3 +78,34 @@ def test_graph_replay_equals_eager(variant, dims):
         _same_bits(_host(model, written), eager, "training output or gradient")
         replayed = {k: cupy.asnumpy(v) for k, v in model.state_dict().items() if k in start}
         _same_bits([replayed[k] for k in sorted(start)], [stats_after[k] for k in sorted(start)], "running statistic")
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_later_runs_equal_the_checked_first_run_also_on_a_delayed_stream(mode):
+    """A plan's later runs (core.replaying: no array checks, the stream entered once) write the bits of its
+    first, fully checked run, also with every call behind a spin on its stream (the delayed schedule:
+    work enqueued anywhere but the plan's stream would run early and show)."""
+    reason = kernels.gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"gpu: {reason}")
+    import cupy
+
+    from conformance.harness import spin
+
+    with YOLOv10("n", device="gpu") as model:
+        model.init_random(3)
+        with model.stream:
+            x = cupy.asarray(np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32))
+        getattr(model, mode)()
+        runs = []
+        for i in range(3):
+            with kernels.core.before_gpu_call(spin if i == 2 else None):
+                out = model(x, detections=False) if mode == "eval" else model(x)
+                arrays = [a for key in ("one2many", "one2one") for a in out[key]]
+                if mode == "train":
+                    model.backward({k: [cupy.ones_like(a) for a in out[k]] for k in ("one2many", "one2one")})
+                    arrays += [model.grads[n] for n in sorted(model.grads)]
+            runs.append(_host(model, arrays))
+        assert all(np.isfinite(a).all() for a in runs[0])
+        _same_bits(runs[1], runs[0], f"{mode} run 2")
+        _same_bits(runs[2], runs[0], f"{mode} run 3 (delayed)")
