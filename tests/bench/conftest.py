@@ -10,6 +10,8 @@ $BENCH_SUMMARY_JSON or .benchmarks/summary.json; tools/bench_table.py reads it.
 
 CPU threads: ours run on a handle of $KERNELS_BENCH_THREADS threads and PyTorch is set to as many
 (torch.set_num_threads); unset, each takes its default (ours: the cores this process may use).
+CPU rows take the median of 5 rounds, or of $KERNELS_BENCH_CPU_ROUNDS: on a shared host, where one
+round can take half again as long as the next, more rounds make the medians of two runs agree.
 The summary's header line says what each side used.
 """
 
@@ -30,6 +32,8 @@ from . import summary
 
 # The CPU threads of both sides ($KERNELS_BENCH_THREADS), or None: each side's default.
 THREADS = int(os.environ["KERNELS_BENCH_THREADS"]) if os.environ.get("KERNELS_BENCH_THREADS") else None
+# The rounds of a CPU row ($KERNELS_BENCH_CPU_ROUNDS, default 5); a GPU row takes 20 rounds of 5 calls.
+CPU_ROUNDS = int(os.environ.get("KERNELS_BENCH_CPU_ROUNDS") or 5)
 
 
 def cpu_threads_used() -> dict:
@@ -131,7 +135,7 @@ class Bench:
         call()  # compile, pick algorithms, fill caches: not timed
         benchmark.group = group
         benchmark.extra_info.update(bytes=int(bytes_moved), flops=int(flops), impl=self.impl, device=self.device)
-        benchmark.pedantic(call, rounds=20 if self.device == "gpu" else 5, iterations=5 if self.device == "gpu" else 1,
+        benchmark.pedantic(call, rounds=20 if self.device == "gpu" else CPU_ROUNDS, iterations=5 if self.device == "gpu" else 1,
                            warmup_rounds=1)
 
     def close(self):
