@@ -79,3 +79,19 @@ def test_table_marks_rows_a_single_pass_cannot_bring_within_the_target(tmp_path,
     # b on 16: one pass over 100 MB at best 1200 us, 12x PyTorch's 100 us: bound over (NumPy cannot).
     assert "| b | 100000 | 20000 / 100 | 200.00 (bound over) | 65.20 | 12.00 |" in out
     assert "bound over: 1 rows on 16 threads, 1 on 2" in out
+
+
+def test_runs_joined_by_commas_give_each_row_its_best(tmp_path, capsys):
+    """Two runs of a setting: each row, ours and PyTorch's, takes its least median of the two."""
+    def summary(name, threads, ours, torch):
+        rows = [{"group": "a", "impl": "ours", "device": "cpu", "median_s": ours * 1e-6},
+                {"group": "a", "impl": "torch", "device": "cpu", "median_s": torch * 1e-6}]
+        (tmp_path / name).write_text(json.dumps({"records": rows, "threads": {"ours": threads}}))
+        return str(tmp_path / name)
+
+    one = summary("1.json", 1, 1000.0, 900.0) + "," + summary("1b.json", 1, 800.0, 950.0)
+    two = summary("2.json", 2, 500.0, 400.0)
+    every = summary("16.json", 16, 900.0, 200.0) + "," + summary("16b.json", 16, 700.0, 250.0)
+    assert cpu_floor.main(["cpu_floor", one, two, every]) == 0
+    # 1 thread: 800 (the second run); 16 threads: ours 700 (second), PyTorch 200 (first): 3.50x.
+    assert "| a | 800 | 700 / 200 | 3.50" in capsys.readouterr().out

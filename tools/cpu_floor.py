@@ -4,6 +4,10 @@ cores, 2x on 2 threads), from three summaries of `pytest tests/bench -k cpu --be
 
     python3 tools/cpu_floor.py one.json two.json all.json [hand_off_us] [--ceiling ceiling.json]
 
+A SUMMARY may be several runs of one setting joined by commas (one.json,one_b.json): each row, ours and
+PyTorch's alike, takes its least median over them. On a shared host, where the same row moves by half
+between runs, the best of two runs is the steadier estimate of what the code can do.
+
 The floor of a row on p parts is W1 / p + h * p: W1 our one-thread time (NumPy's passes, one
 after another, the GIL released inside each), h the calling thread's cost of handing one part to
 a pool thread (about 18 us on the 16-core H200 host: an empty cpu_parallel of 16 parts took 286
@@ -29,6 +33,15 @@ def _records(summary: dict[str, Any]) -> dict[tuple[str, str], float]:
     return {(r["group"], r["impl"]): r["median_s"] * 1e6 for r in summary["records"] if r["device"] == "cpu"}
 
 
+def _best(summaries: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """Each row's least median over several runs of one setting (rows missing from a run are skipped there)."""
+    best: dict[tuple[str, str], float] = {}
+    for summary in summaries:
+        for key, us in _records(summary).items():
+            best[key] = min(us, best.get(key, us))
+    return best
+
+
 def floor(one_thread_us: float, threads: int, hand_off_us: float) -> float:
     """min over p in 1..threads of W1 / p + h * (p - 1): the best any split of the passes into p parts can do."""
     return min(one_thread_us / p + hand_off_us * (p - 1) for p in range(1, threads + 1))
@@ -52,12 +65,13 @@ def one_pass_bound(ceiling: dict[str, Any]) -> Callable[[float, int], float]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cpu_floor.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("summaries", nargs=3, metavar="SUMMARY", help="one.json two.json all.json")
+    parser.add_argument("summaries", nargs=3, metavar="SUMMARY", help="one.json two.json all.json (each: runs joined by commas)")
     parser.add_argument("hand_off_us", nargs="?", type=float, default=18.0)
     parser.add_argument("--ceiling", help="tools/cpu_ceiling.py --json output of the same host")
     args = parser.parse_args(argv[1:])
-    summaries = [json.load(open(path)) for path in args.summaries]
-    one, two, every = (_records(summary) for summary in summaries)
+    runs = [[json.load(open(path)) for path in paths.split(",")] for paths in args.summaries]
+    one, two, every = (_best(setting) for setting in runs)
+    summaries = [setting[0] for setting in runs]
     cores = summaries[2]["threads"]["ours"]
     hand_off = args.hand_off_us
     bound = one_pass_bound(json.load(open(args.ceiling))) if args.ceiling else None
