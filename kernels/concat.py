@@ -80,8 +80,9 @@ def _slices(layout: PieceLayout) -> list[tuple]:
 def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: bool) -> None:
     """Copy each piece that is not None to (to_whole) or from its slice of whole along the axis. Shared out
     to the threads past cpu.PARALLEL_MIN_BYTES: where the dims before the axis hold at least as many rows
-    as threads, each thread copies its rows of every piece (cpu.cpu_parts); else (the channel joins of
-    one image) each piece is cut along the axis itself into a part per thread, each a contiguous block."""
+    as the parts (cpu.parallel_parts), each part copies its rows of every piece (cpu.cpu_parts); else
+    (the channel joins of one image) each piece is cut along the axis itself into that many parts,
+    each a contiguous block."""
     if whole.nbytes < cpu.PARALLEL_MIN_BYTES:  # small (most calls): one copy a piece, nothing more
         for piece, where in zip(pieces, _slices(layout)):
             if piece is not None:
@@ -97,9 +98,9 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
         else:
             np.copyto(piece[lead + (part,)], whole[target])
 
-    threads = cpu.cpu_threads()
+    ways = cpu.parallel_parts(2 * whole.nbytes)
     outer_dims = whole.shape[:layout.axis]
-    if any(size >= threads for size in outer_dims) or threads < 2:
+    if any(size >= ways for size in outer_dims) or ways < 2:
         def rows(part: Any, *piece_parts: Any) -> None:
             for (_, offset), piece in zip(moves, piece_parts):
                 where = lead + (slice(offset, offset + piece.shape[layout.axis]),)
@@ -110,8 +111,8 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
 
         cpu.cpu_parts(rows, whole, *(piece for piece, _ in moves), skip_axis=layout.axis)
         return
-    tasks = [(slice(size * i // threads, size * (i + 1) // threads), piece, offset)
-             for piece, offset in moves for size in (piece.shape[layout.axis],) for i in range(min(threads, size))]
+    tasks = [(slice(size * i // ways, size * (i + 1) // ways), piece, offset)
+             for piece, offset in moves for size in (piece.shape[layout.axis],) for i in range(min(ways, size))]
 
     def run(first: int, last: int) -> None:
         for task in tasks[first:last]:

@@ -145,13 +145,25 @@ def parts_for(nbytes: int) -> int:
     return max(1, math.isqrt(nbytes // PIECE_BYTES))
 
 
+def parallel_parts(nbytes: int | None = None) -> int:
+    """The parts cpu_parallel makes of a pass over `nbytes` bytes (read and written) when it has at
+    least that many items: the handle's threads (cpu_threads), and at most parts_for(nbytes). A kernel
+    that cuts its work into blocks or picks an axis to cut along sizes them by this, not by the
+    threads: a softmax on 16 threads whose pass is worth 2 parts once cut 16 blocks for them, and its
+    two parts then ran 8 short blocks each (1493 us on the 16-core host, against 648 us when the
+    handle had 2 threads and the blocks were 2)."""
+    threads = cpu_threads()
+    return threads if nbytes is None else min(threads, parts_for(nbytes))
+
+
 def cpu_parallel(function: Callable[[int, int], None], count: int, nbytes: int | None = None) -> None:
     """Call function(first, last) on contiguous parts [first, last) of range(count), one part per
     thread (cpu_threads; with nbytes, the bytes the call reads and writes, at most parts_for(nbytes)
-    parts), in threads (NumPy releases the GIL in its loops); returns when all are done, raising
-    the first error. The parts are disjoint, so each output element is computed once, by the same
-    arithmetic whatever the thread. Runs in the calling thread when nested or with one thread."""
-    parts = min(cpu_threads(), count, parts_for(nbytes) if nbytes is not None else count)
+    parts: parallel_parts), in threads (NumPy releases the GIL in its loops); returns when all are
+    done, raising the first error. The parts are disjoint, so each output element is computed once,
+    by the same arithmetic whatever the thread. Runs in the calling thread when nested or with one
+    thread."""
+    parts = min(parallel_parts(nbytes), count)
     if parts <= 1 or getattr(_CPU_WORKER, "busy", False):
         function(0, count)
         return
@@ -181,7 +193,7 @@ PARALLEL_MIN_BYTES = 1 << 21
 def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.ndarray,
               skip_axis: int | None = None) -> None:
     """function(output part, *operand parts) over parts of the output cut along its first axis at least
-    as long as the threads, shared out to the threads; one call on the whole where the output is small
+    as long as the parts (parallel_parts), shared out to the threads; one call on the whole where the output is small
     or no axis is long enough. The operands are broadcast to the output's shape (views of any strides)
     and cut alike; with skip_axis, the output is never cut along it and the operands, which may differ
     from the output along it only (the pieces of a concat), are cut as they are. Elementwise work
@@ -189,10 +201,11 @@ def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.n
     if output.nbytes < PARALLEL_MIN_BYTES:  # first: the cheapest test, and small calls are the common ones
         function(output, *operands)
         return
-    threads = cpu_threads()
+    nbytes = output.nbytes * (1 + len(operands))
+    parts = parallel_parts(nbytes)
     shape = output.shape
-    axis = next((i for i, size in enumerate(shape) if size >= threads and i != skip_axis), None)
-    if threads < 2 or axis is None:
+    axis = next((i for i, size in enumerate(shape) if size >= parts and i != skip_axis), None)
+    if parts < 2 or axis is None:
         function(output, *operands)
         return
     views = [np.broadcast_to(operand, shape) for operand in operands] if skip_axis is None else operands
@@ -201,7 +214,7 @@ def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.n
         index = (slice(None),) * axis + (slice(first, last),)
         function(output[index], *(view[index] for view in views))
 
-    cpu_parallel(run, shape[axis], output.nbytes * (1 + len(operands)))
+    cpu_parallel(run, shape[axis], nbytes)
 
 
 def cpu_planes(function: Callable[..., None], *arrays: np.ndarray) -> None:

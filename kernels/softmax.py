@@ -68,12 +68,12 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
     dims = state.shapes["input_shape"].dims
     axis = _axis(state)
     outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
-    threads = cpu.cpu_threads()
+    ways = cpu.parallel_parts(sum(a.nbytes for a in arrays))
 
     def even(count: int, most: int) -> int:
-        """Parts of about `most` items each, their number a multiple of the threads (balanced)."""
+        """Parts of about `most` items each, their number a multiple of the parts that run (balanced)."""
         parts = -(-count // max(most, 1))
-        return min(count, -(-parts // threads) * threads)
+        return min(count, -(-parts // ways) * ways)
 
     if inner == 1:
         views = [a.reshape(outer, size) for a in arrays]

@@ -120,3 +120,32 @@ def test_parts_grow_with_the_square_root_of_the_bytes():
     kernel(kernels.cpu_stream(), kernels.cpu_handle(3), 4 * mb)   # 2 parts
     kernel(kernels.cpu_stream(), kernels.cpu_handle(3), mb)       # 1: not worth a hand-off
     assert sorted(seen) == sorted([(0, 4), (4, 8), (8, 12), (0, 6), (6, 12), (0, 12)])
+
+
+def test_blocks_are_cut_for_the_parts_that_run_not_for_the_threads(monkeypatch):
+    """A softmax along dim 1 of (1, 16, 4, 8400) moves 4.3 MB: 2 parts' worth on any handle of 2 threads
+    or more. On 16 threads its blocks were once cut 16 ways for 2 parts (8 short blocks each); they are
+    now cut in a multiple of the 2 parts: 6 blocks of 5600 columns, as on a handle of 2 threads."""
+    from kernels import SoftmaxAttrs, TensorShape, softmax
+
+    calls = []
+    real = cpu.cpu_parallel
+
+    def spy(function, count, nbytes=None):
+        calls.append((count, cpu.parallel_parts(nbytes)))
+        real(function, count, nbytes)
+
+    monkeypatch.setattr(cpu, "cpu_parallel", spy)
+    x = np.random.default_rng(0).standard_normal((1, 16, 4, 8400)).astype(np.float32)
+    attrs = SoftmaxAttrs(1)
+    expected = None
+    for threads in (16, 2):
+        y = np.full_like(x, np.nan)
+        handle = kernels.cpu_handle(threads)
+        state = softmax.init_kernel(handle, attrs, TensorShape(x.shape, np.float32), TensorShape(x.shape, np.float32))
+        softmax.forward_kernel(kernels.cpu_stream(), handle, state, attrs, x, y)
+        softmax.cleanup_kernel(handle, state)
+        expected = y if expected is None else expected
+        np.testing.assert_array_equal(y, expected)  # the blocks never change a bit
+    assert calls == [(6, 2), (6, 2)]
+    assert cpu.parallel_parts(None) == cpu.handle_threads()

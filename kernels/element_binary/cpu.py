@@ -16,23 +16,24 @@ _CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole cal
 
 def elementwise(function: Callable[..., Any], output: np.ndarray, *operands: np.ndarray) -> None:
     """function(*operands, out=output) with the operands broadcast to the output, the output cut along
-    its first axis at least as long as there are cores and the parts shared out to them
+    its first axis at least as long as the parts (cpu_runtime.parallel_parts) and the parts shared out
     (cpu_runtime.cpu_parallel): elementwise, so every element gets the same arithmetic as in one call."""
     shape = output.shape
     views = [np.broadcast_to(operand, shape) for operand in operands]
-    threads = cpu_runtime.cpu_threads()
-    axis = next((i for i, size in enumerate(shape) if size >= threads), None)
+    nbytes = output.nbytes * (1 + len(operands))
+    parts = cpu_runtime.parallel_parts(nbytes)
+    axis = next((i for i, size in enumerate(shape) if size >= parts), None)
 
     def run(first: int, last: int) -> None:
         index = (slice(None),) * axis + (slice(first, last),)
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as torch gives them, without warnings
             function(*(view[index] for view in views), out=output[index])
 
-    if axis is None or threads < 2 or output.size < _CPU_PARALLEL_MIN:
+    if axis is None or parts < 2 or output.size < _CPU_PARALLEL_MIN:
         with np.errstate(all="ignore"):
             function(*views, out=output)
         return
-    cpu_runtime.cpu_parallel(run, shape[axis], output.nbytes * (1 + len(operands)))
+    cpu_runtime.cpu_parallel(run, shape[axis], nbytes)
 
 
 def _copy(source: np.ndarray, out: np.ndarray) -> None:
@@ -127,9 +128,10 @@ def _reduced_grad(op: BinaryOpType, side: int, lhs: np.ndarray, rhs: np.ndarray,
     over the same dims of the same elements, as over the whole (a kept index's sum never crosses parts)."""
     shape = output_grad.shape
     dims = (1,) * (len(shape) - side_grad.ndim) + side_grad.shape  # side_grad at the output's rank
-    threads = cpu_runtime.cpu_threads()
-    axis = next((d for d, size in enumerate(dims) if size == shape[d] >= threads), None)
-    if threads < 2 or axis is None or output_grad.nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
+    nbytes = output_grad.nbytes * 4
+    parts = cpu_runtime.parallel_parts(nbytes)
+    axis = next((d for d, size in enumerate(dims) if size == shape[d] >= parts), None)
+    if parts < 2 or axis is None or output_grad.nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
         full = grad(op, side, lhs, rhs, output_grad)
         np.copyto(side_grad, sum_to(np.broadcast_to(full, shape), side_grad.shape))
         return
@@ -143,4 +145,4 @@ def _reduced_grad(op: BinaryOpType, side: int, lhs: np.ndarray, rhs: np.ndarray,
             full = grad(op, side, *(None if a is None else a[index] for a in operands), part)
             np.copyto(target[index], sum_to(np.broadcast_to(full, part.shape), target[index].shape))
 
-    cpu_runtime.cpu_parallel(run, shape[axis], output_grad.nbytes * 4)
+    cpu_runtime.cpu_parallel(run, shape[axis], nbytes)

@@ -194,7 +194,8 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
     # A window's argmax stays in its (n, c) plane: planes are independent, so blocks of them
     # (cache-sized) are shared out to the cores, each block's sums in the same order as before.
     # Targets are offsets inside the block: plane + window origin (a table) + the tap's offset (a lookup).
-    planes = max(1, min(CPU_BACKWARD_BLOCK // max(out_h * out_w, 1), -(-(n * c) // cpu.cpu_threads())))
+    nbytes = grad.size * CPU_BACKWARD_BYTES  # the work, weighed as bytes: the parts it is worth
+    planes = max(1, min(CPU_BACKWARD_BLOCK // max(out_h * out_w, 1), -(-(n * c) // cpu.parallel_parts(nbytes))))
     origin = ((np.arange(planes, dtype=np.intp) * height)[:, None, None]
               + (np.arange(out_h, dtype=np.intp) * attrs.stride_h - attrs.padding_h)[None, :, None]) * width \
         + (np.arange(out_w, dtype=np.intp) * attrs.stride_w - attrs.padding_w)[None, None, :]
@@ -217,7 +218,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             block.fill(0)
             np.add.at(block, target.reshape(-1), grad[start:stop].reshape(-1))
 
-    cpu.cpu_parallel(run, -(-(n * c) // planes), grad.size * CPU_BACKWARD_BYTES)
+    cpu.cpu_parallel(run, -(-(n * c) // planes), nbytes)
 
 
 def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:
