@@ -18,7 +18,11 @@ PyTorch fp16 CUDA-graph eval on the H200: 1.68 ms (n, batch 1), 4.3 ms (x, 1), 2
 Ours: YOLOv10(v, device="gpu"), eval calls with detections=False (the top-k is left out; PyTorch's
 eval includes ultralytics' top-k selection), graph = Plan.capture() replayed with Graph.launch.
 PyTorch: the reference program (conformance/models/reference.py), eval under no_grad, graph =
-torch.cuda.CUDAGraph of the same call. Times are medians of `runs` calls, each synchronized."""
+torch.cuda.CUDAGraph of the same call. Times are medians of `runs` calls, each synchronized.
+
+train_step times PyTorch as it runs by default (cudnn.benchmark off, cudnn.deterministic off: cuDNN
+may pick algorithms whose sums are not reproducible); train_det times the same step with
+torch.backends.cudnn.deterministic = True, beside our same step: ours is always deterministic."""
 
 from __future__ import annotations
 
@@ -93,6 +97,7 @@ def ours(variant, batch, runs, train, fused=True, dtype="float32"):
                 model(x)
                 model.backward(grads)
             row["train_step"] = median_ms(step, sync, max(3, runs // 4))
+            row["train_det"] = row["train_step"]  # ours is always deterministic
     return row
 
 
@@ -127,6 +132,13 @@ def theirs(variant, batch, runs, train, dtype="float32"):
             o = model(x)
             torch.autograd.backward(o["one2many"] + o["one2one"], grads)
         row["train_step"] = median_ms(step, sync, max(3, runs // 4))
+        # Ours is deterministic (bit-identical runs, the library's contract); PyTorch's default cuDNN
+        # algorithms need not be. The train_det row times PyTorch's step with deterministic ones.
+        torch.backends.cudnn.deterministic = True
+        try:
+            row["train_det"] = median_ms(step, sync, max(3, runs // 4))
+        finally:
+            torch.backends.cudnn.deterministic = False
     model = None
     torch.cuda.empty_cache()
     return row
@@ -157,7 +169,7 @@ def main():
             print(f"yolov10{variant:2} {batch:5} plan bytes (activations + gradients + states): "
                   f"{a['plan_mib']:.1f} MiB; peak: ours {a['eval_memory_mib']:.0f} MiB (pool + kept), "
                   f"torch.cuda.max_memory_allocated {b['eval_memory_mib']:.0f} MiB (+ weights)")
-            for what in ("eager", "graph", "fused_eager", "fused_graph", "train_step", "eval_memory_mib"):
+            for what in ("eager", "graph", "fused_eager", "fused_graph", "train_step", "train_det", "eval_memory_mib"):
                 if what in a and what in b:
                     ratio = a[what] / b[what]
                     print(f"yolov10{variant:2} {batch:5} {what:12} {a[what]:9.2f} {b[what]:9.2f} {ratio:6.2f}")
