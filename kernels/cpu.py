@@ -201,7 +201,10 @@ def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.n
     if output.nbytes < PARALLEL_MIN_BYTES:  # first: the cheapest test, and small calls are the common ones
         function(output, *operands)
         return
-    nbytes = output.nbytes * (1 + len(operands))
+    # The bytes the pass moves: the output, and each operand read at the output's size where it is
+    # broadcast to it, or as it is where it is a piece along skip_axis (a concat's pieces sum to the whole).
+    nbytes = output.nbytes * (1 + len(operands)) if skip_axis is None else \
+        output.nbytes + sum(operand.nbytes for operand in operands)
     parts = parallel_parts(nbytes)
     shape = output.shape
     axis = next((i for i, size in enumerate(shape) if size >= parts and i != skip_axis), None)

@@ -149,3 +149,29 @@ def test_blocks_are_cut_for_the_parts_that_run_not_for_the_threads(monkeypatch):
         np.testing.assert_array_equal(y, expected)  # the blocks never change a bit
     assert calls == [(6, 2), (6, 2)]
     assert cpu.parallel_parts(None) == cpu.handle_threads()
+
+
+def test_cpu_parts_counts_a_concats_pieces_as_they_are(monkeypatch):
+    """cpu_parts' bytes, which size its parts: an operand broadcast to the output counts at the output's
+    size, the pieces of a concat (skip_axis) at their own, so that 4 pieces joined into a 16 MiB whole
+    count 32 MiB (read and written once: 5 parts' worth), not 5 x 16 MiB."""
+    seen = []
+    real = cpu.cpu_parallel
+    monkeypatch.setattr(cpu, "cpu_parallel", lambda function, count, nbytes=None: (
+        seen.append(nbytes), real(function, count, nbytes)))
+    whole = np.empty((16, 4, 1 << 16), np.float32)  # 16 MiB
+    pieces = [np.full((16, 1, 1 << 16), i, np.float32) for i in range(4)]
+
+    def rows(part, *piece_parts):
+        for i, piece in enumerate(piece_parts):
+            part[:, i:i + 1] = piece
+
+    @cpu.cpu_kernel
+    def kernel(stream, handle):
+        cpu.cpu_parts(rows, whole, *pieces, skip_axis=1)
+        cpu.cpu_parts(lambda out, a: np.add(out, a, out=out), whole, np.ones((1, 4, 1), np.float32))
+
+    kernel(kernels.cpu_stream(), kernels.cpu_handle(16))
+    assert seen == [32 << 20, 32 << 20]
+    assert cpu.parts_for(32 << 20) == 5
+    np.testing.assert_array_equal(whole, np.arange(4, dtype=np.float32)[None, :, None] + 1 + np.zeros_like(whole))
