@@ -8,7 +8,7 @@ A SUMMARY may be several runs of one setting joined by commas (one.json,one_b.js
 PyTorch's alike, takes its least median over them. On a shared host, where the same row moves by half
 between runs, the best of two runs is the steadier estimate of what the code can do.
 
-The floor of a row on p parts is W1 / p + h * p: W1 our one-thread time (NumPy's passes, one
+The floor of a row on p parts is W1 / p + h * (p - 1): W1 our one-thread time (NumPy's passes, one
 after another, the GIL released inside each), h the calling thread's cost of handing one part to
 a pool thread (about 18 us on the 16-core H200 host: an empty cpu_parallel of 16 parts took 286
 us), and no memory-bandwidth limit (so the floor is optimistic). Its minimum over p up to the
