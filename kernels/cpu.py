@@ -78,10 +78,7 @@ def cpu_handle(threads: int | None = None) -> CpuHandle:
 
 # --------------------------------------------------------------------------- threads
 
-_CPU_POOL: Any = None
-_CPU_POOL_WORKERS = 0
-_CPU_POOL_LOCK = threading.Lock()
-_CPU_WORKER = threading.local()
+_CPU_WORKER = threading.local()  # busy: this thread runs a part (a nested cpu_parallel runs inline)
 _CALL = threading.local()  # the thread count of the CPU kernel running in this thread
 
 
@@ -117,19 +114,79 @@ def cpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _pool(workers: int) -> Any:
-    """A thread pool of at least `workers` threads, made (or replaced by a larger one) on demand."""
-    global _CPU_POOL, _CPU_POOL_WORKERS
-    with _CPU_POOL_LOCK:
-        if _CPU_POOL_WORKERS < workers:
-            from concurrent.futures import ThreadPoolExecutor
+class _Worker:
+    """A pool thread that runs one part at a time: it waits on its own lock (`go`), which the caller
+    releases once the part is set, and releases `done` when the part has run. A part costs the caller
+    two lock releases and one acquire, and the worker as little Python as it can: every line a part
+    runs outside NumPy's loops holds the GIL, which the other parts wait for."""
 
-            old = _CPU_POOL
-            _CPU_POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernels-cpu")
-            _CPU_POOL_WORKERS = workers
-            if old is not None:
-                old.shutdown(wait=False)  # its running parts finish; new ones go to the larger pool
-        return _CPU_POOL
+    def __init__(self, index: int):
+        self.go, self.done = threading.Lock(), threading.Lock()
+        self.go.acquire()
+        self.done.acquire()
+        self.part: tuple[Callable[[int, int], None], int, int] | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._loop, name=f"kernels-cpu-{index}", daemon=True).start()
+
+    def _loop(self) -> None:
+        _CPU_WORKER.busy = True
+        while True:
+            self.go.acquire()
+            function, first, last = self.part  # type: ignore[misc]
+            self.part = None
+            try:
+                function(first, last)
+            except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+                self.error = error
+            self.done.release()
+
+    def start(self, function: Callable[[int, int], None], first: int, last: int) -> None:
+        self.part = (function, first, last)
+        self.go.release()
+
+    def wait(self) -> tuple[BaseException | None, BaseException | None]:
+        """Wait for the part to have run, even through an interrupt (say Ctrl-C: the part still writes
+        into the caller's arrays); (the part's error, the interrupt), each None where there was none."""
+        interrupted = None
+        while True:
+            try:
+                self.done.acquire()
+                break
+            except BaseException as error:  # noqa: BLE001 - raised by the caller once every part is done
+                interrupted = interrupted or error
+        error, self.error = self.error, None
+        return error, interrupted
+
+
+class _Pool:
+    """The pool threads of cpu_parallel, made on demand and kept. One call uses them at a time (`lock`);
+    a call from another thread meanwhile runs its range in its own thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.workers: list[_Worker] = []
+
+    def take(self, count: int) -> list[_Worker] | None:
+        """`count` workers, the pool held for them (release it with `lock.release()`), or None where
+        another call holds it."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        while len(self.workers) < count:
+            self.workers.append(_Worker(len(self.workers)))
+        return self.workers[:count]
+
+
+_POOL = _Pool()
+
+
+def _new_pool() -> None:
+    """After a fork, the child has none of the parent's pool threads: it makes its own."""
+    global _POOL
+    _POOL = _Pool()
+    _CPU_WORKER.busy = False
+
+
+getattr(os, "register_at_fork", lambda **_: None)(after_in_child=_new_pool)  # POSIX; Windows has no fork
 
 
 # Handing a part to a pool thread costs about 18 us of the calling thread's time (the queue, the
@@ -161,28 +218,37 @@ def cpu_parallel(function: Callable[[int, int], None], count: int, nbytes: int |
     thread (cpu_threads; with nbytes, the bytes the call reads and writes, at most parts_for(nbytes)
     parts: parallel_parts), in threads (NumPy releases the GIL in its loops); returns when all are
     done, raising the first error. The parts are disjoint, so each output element is computed once,
-    by the same arithmetic whatever the thread. Runs in the calling thread when nested or with one
-    thread."""
+    by the same arithmetic whatever the thread. Runs in the calling thread when nested, with one
+    thread, or while another thread's call has the pool threads."""
     parts = min(parallel_parts(nbytes), count)
     if parts <= 1 or getattr(_CPU_WORKER, "busy", False):
         function(0, count)
         return
-    pool = _pool(parts - 1)
-    bounds = [count * i // parts for i in range(parts + 1)]
-
-    def part(i: int) -> None:
+    pool = _POOL
+    workers = pool.take(parts - 1)
+    if workers is None:  # another thread's call has the pool: this one runs in its own thread
+        function(0, count)
+        return
+    try:
+        bounds = [count * i // parts for i in range(parts + 1)]
+        for i, worker in enumerate(workers, 1):
+            worker.start(function, bounds[i], bounds[i + 1])
+        errors: list[BaseException | None] = []
         _CPU_WORKER.busy = True
         try:
-            function(bounds[i], bounds[i + 1])
+            function(bounds[0], bounds[1])
+        except BaseException as error:  # noqa: BLE001 - raised below, once every part is done
+            errors.append(error)
         finally:
             _CPU_WORKER.busy = False
-
-    futures = [pool.submit(part, i) for i in range(1, parts)]
-    try:
-        part(0)
+            for worker in workers:
+                error, interrupted = worker.wait()
+                errors += [interrupted, error]
     finally:
-        for future in futures:
-            future.result()
+        pool.lock.release()
+    first = next((error for error in errors if error is not None), None)
+    if first is not None:
+        raise first
 
 
 # Bytes of output below which a copy or an elementwise pass runs in one call: past them, the

@@ -175,3 +175,106 @@ def test_cpu_parts_counts_a_concats_pieces_as_they_are(monkeypatch):
     assert seen == [32 << 20, 32 << 20]
     assert cpu.parts_for(32 << 20) == 5
     np.testing.assert_array_equal(whole, np.arange(4, dtype=np.float32)[None, :, None] + 1 + np.zeros_like(whole))
+
+
+def _in_kernel(threads, call):
+    """call() inside a CPU kernel run on a handle of `threads` threads."""
+    @cpu.cpu_kernel
+    def kernel(stream, handle):
+        return call()
+
+    return kernel(kernels.cpu_stream(), kernels.cpu_handle(threads))
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+def test_cpu_parallel_raises_a_parts_error_after_every_part_has_run(failing):
+    finished = []
+
+    def part(first, last):
+        if first == failing:
+            raise ValueError(f"part {first}")
+        threading.Event().wait(0.05)  # the failing part returns first: the call must still wait for this one
+        finished.append(first)
+
+    with pytest.raises(ValueError, match=f"^part {failing}$"):
+        _in_kernel(4, lambda: cpu.cpu_parallel(part, 4))
+    assert sorted(finished) == sorted({0, 1, 2, 3} - {failing})
+    assert [p[:2] for p in _parts_seen(kernels.cpu_handle(4), 4)] == [(0, 1), (1, 2), (2, 3), (3, 4)], "the pool works on"
+
+
+def test_a_call_while_another_thread_has_the_pool_runs_in_its_own_thread():
+    holding, release = threading.Event(), threading.Event()
+    seen = []
+
+    def slow(first, last):
+        holding.set()
+        release.wait(10)
+
+    def second(first, last):
+        seen.append((first, last, threading.get_ident()))
+
+    other = threading.Thread(target=_in_kernel, args=(2, lambda: cpu.cpu_parallel(slow, 2)))
+    other.start()
+    try:
+        assert holding.wait(10)
+        _in_kernel(3, lambda: cpu.cpu_parallel(second, 6))
+    finally:
+        release.set()
+        other.join(10)
+    assert seen == [(0, 6, threading.get_ident())]
+    assert [p[:2] for p in _parts_seen(kernels.cpu_handle(3), 6)] == [(0, 2), (2, 4), (4, 6)], "the pool is free again"
+
+
+def test_an_interrupt_while_waiting_for_the_parts_is_raised_once_they_have_run(monkeypatch):
+    _in_kernel(2, lambda: cpu.cpu_parallel(lambda first, last: None, 2))  # the pool has its worker
+    worker = cpu._POOL.workers[0]
+    real, interrupts, finished = worker.done, [], []
+
+    class Interrupted:
+        """The worker's done lock, whose first wait is interrupted (as Ctrl-C interrupts a lock wait)."""
+
+        def acquire(self):
+            if not interrupts:
+                interrupts.append(1)
+                raise KeyboardInterrupt
+            return real.acquire()
+
+        def release(self):
+            real.release()
+
+    monkeypatch.setattr(worker, "done", Interrupted())
+
+    def part(first, last):
+        if first == 1:
+            threading.Event().wait(0.05)
+            finished.append(first)
+
+    with pytest.raises(KeyboardInterrupt):
+        _in_kernel(2, lambda: cpu.cpu_parallel(part, 2))
+    assert interrupts == [1] and finished == [1], "raised only once the worker's part had run"
+
+
+def test_a_forked_child_makes_its_own_pool_threads():
+    import os
+    import warnings
+
+    _in_kernel(2, lambda: cpu.cpu_parallel(lambda first, last: None, 2))  # the parent's pool has a worker
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12: fork() of a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: its pool threads must be its own (the parent's do not exist here)
+        status = 1
+        try:
+            status = 0 if [p[:2] for p in _parts_seen(kernels.cpu_handle(2), 2)] == [(0, 1), (1, 2)] else 1
+        finally:
+            os._exit(status)
+    for _ in range(200):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        threading.Event().wait(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child hung: it waited on the parent's pool threads")
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -18,9 +18,9 @@ largest SiLU row) and of 256*20*20 (a small deep layer):
 
 NumPy on p threads: the tensor is cut into p disjoint contiguous parts (arrays and inner borders on
 64-byte lines), each with its own slice of two float64 scratch arrays as long as the tensor (made once per
-size, so nothing is allocated in the timed loop and no part writes another's lines); a persistent
-ThreadPoolExecutor of p - 1 threads (made and warmed once per p) runs parts 1..p-1 while the calling
-thread runs part 0, then waits for them, as kernels.cpu.cpu_parallel does; p = 1 is a direct call.
+size, so nothing is allocated in the timed loop and no part writes another's lines); the library's own
+pool runs them (kernels.cpu.cpu_parallel on a handle of p threads, one part a job: parts 1..p-1 on its
+pool threads while the calling thread runs part 0); p = 1 is a direct call.
 --block ELEMENTS (default 0: whole parts) walks each part in blocks of that many elements, reusing a
 block-long scratch, as kernels.activation.blockwise does. Every p must write the same bits as the
 first (checked). PyTorch: torch.set_num_threads(p), tensors made with torch.from_numpy of the same
@@ -44,11 +44,13 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+sys.path.insert(0, ".")
+from kernels import cpu  # noqa: E402
 
 try:
     import torch
@@ -168,31 +170,28 @@ def part_job(kernel: Callable[..., None], blocks: list[Block]) -> Call:
 
 
 class Split:
-    """A persistent pool of parts - 1 threads, warmed: every thread made before the first timed call."""
+    """p parts run by the library's own pool: kernels.cpu.cpu_parallel on a handle of p threads, one job
+    a part (part 0 in the calling thread), its pool threads made before the first timed call."""
 
     def __init__(self, parts: int):
         self.parts = parts
-        self.pool = ThreadPoolExecutor(max_workers=parts - 1) if parts > 1 else None
-        if self.pool is not None:
-            barrier = threading.Barrier(parts)  # each submit finds no idle thread, so makes one
-            futures = [self.pool.submit(barrier.wait) for _ in range(parts - 1)]
-            barrier.wait()
-            for future in futures:
-                future.result()
+        self.run([lambda: None] * parts)
 
     def run(self, jobs: list[Call]) -> None:
-        """jobs[1:] on the pool, jobs[0] in the calling thread (alone where p = 1); returns when all are done."""
-        if self.pool is None:
-            jobs[0]()
-            return
-        futures = [self.pool.submit(job) for job in jobs[1:]]
-        jobs[0]()
-        for future in futures:
-            future.result()
+        """Every job, one a part, jobs[0] in the calling thread; returns when all are done."""
+
+        @cpu.cpu_kernel
+        def split(stream: Any, handle: Any) -> None:
+            cpu.cpu_parallel(lambda first, last: [job() for job in jobs[first:last]], len(jobs))
+
+        split(None, self.handle)
+
+    @functools.cached_property
+    def handle(self) -> Any:
+        return cpu.cpu_handle(self.parts)
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
+        pass
 
 
 def _seconds(call: Call) -> float:
