@@ -42,7 +42,6 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
