@@ -368,36 +368,44 @@ def test_inference_launch(mode, dims, itemsize, expected):
         assert (blocks - 1) * threads * pack < layout.cols  # no block without a pack of the row
 
 
-def test_cpu_apply_passes_run_longer_blocks_in_parts_beside_each_other(monkeypatch):
-    """The apply passes (elementwise) run in blocks of PARALLEL_BLOCK_ELEMENTS where their parts run beside
-    each other, CPU_BLOCK_ELEMENTS alone; the sums always in CPU_BLOCK_ELEMENTS (their bits depend on
-    it). Every output, gradient and running statistic has the same bits on one thread and three."""
+def test_cpu_passes_run_longer_blocks_in_parts_beside_each_other(monkeypatch):
+    """Where a pass's parts run beside each other its blocks are PARALLEL_BLOCK_ELEMENTS long, alone
+    CPU_BLOCK_ELEMENTS: an apply's blocks are longer; a sums pass's hold more rows, each row still summed
+    in parts of CPU_BLOCK_ELEMENTS (their bits depend on it). Every output, gradient and running
+    statistic has the same bits on one thread and three."""
     import kernels
     from kernels.batch_norm import cpu as bn_cpu
 
     monkeypatch.setattr(kernels.cpu, "PIECE_BYTES", 1)  # one part a thread
-    lengths, real = [], bn_cpu._blocks
-    monkeypatch.setattr(bn_cpu, "_blocks", lambda layout, elements=bn_cpu.CPU_BLOCK_ELEMENTS:
-                        lengths.append(elements) or real(layout, elements))
+    cuts, real = [], bn_cpu._blocks
+
+    def spy(layout, elements=bn_cpu.CPU_BLOCK_ELEMENTS, row=None):
+        blocks, inner_parts = real(layout, elements, row)
+        cuts.append((len(blocks), inner_parts))
+        return blocks, inner_parts
+
+    monkeypatch.setattr(bn_cpu, "_blocks", spy)
     attrs = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU")
-    dims = (1, 3, 400, 400)  # long blocks: a channel each (160000 elements); short: three a channel
+    dims = (1, 8, 400, 400)  # rows of 160000: 3 parts along a row (2 full, 1 of 28928)
     rng = np.random.default_rng(5)
     x, dy = (rng.standard_normal(dims).astype(np.float32) for _ in range(2))
-    gamma, beta = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    gamma, beta = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
     results, seen = {}, {}
     for threads in (1, 3):
         handle, stream = kernels.cpu_handle(threads), kernels.cpu_stream()
         state = batch_norm.init_kernel(handle, attrs, _shape(dims), _shape(dims))
         y, dx = np.full(dims, np.nan, np.float32), np.full(dims, np.nan, np.float32)
-        dgamma, dbeta = np.full(3, np.nan, np.float32), np.full(3, np.nan, np.float32)
-        lengths.clear()
+        dgamma, dbeta = np.full(8, np.nan, np.float32), np.full(8, np.nan, np.float32)
+        cuts.clear()
         batch_norm.forward_kernel(stream, handle, state, attrs, x, gamma, beta, y, training=True)
         batch_norm.backward_kernel(stream, handle, state, attrs, y, dy, x, dx, gamma, beta, dgamma, dbeta)
-        seen[threads] = list(lengths)
+        seen[threads] = list(cuts)
         results[threads] = [y, dx, dgamma, dbeta, state.running_mean.copy(), state.running_var.copy()]
-    short, long = bn_cpu.CPU_BLOCK_ELEMENTS, bn_cpu.PARALLEL_BLOCK_ELEMENTS
-    # forward: the sums' blocks, then the apply's; backward: the same
-    assert seen == {1: [short, short, short, short], 3: [short, long, short, long]}
+    # (blocks, parts along a row): forward's sums then its apply, backward's the same
+    alone = (8 * 3, 3)  # a row's part a block
+    beside_sums = (2 * 3, 3)  # 4 rows' part a block (4 * 65536 = PARALLEL_BLOCK_ELEMENTS)
+    beside_apply = (8, 1)  # a whole row a block (160000 < PARALLEL_BLOCK_ELEMENTS)
+    assert seen == {1: [alone] * 4, 3: [beside_sums, beside_apply] * 2}
     for one, three in zip(results[1], results[3]):
         assert not np.isnan(one).any()
         assert one.tobytes() == three.tobytes()

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
     from . import BatchNormAttrs, BatchNormState
 
 # Elements of one block: its few float64 buffers (512 KB each) stay in cache, and the calls are long
-# enough for two threads not to wait on each other for the GIL (2^14: twice the time). The sums are
-# added block by block, so this length is part of their bits: it never depends on the threads.
+# enough for two threads not to wait on each other for the GIL (2^14: twice the time). A statistic's
+# sums are added part by part along its row, in parts this long: the length is part of their bits, and
+# never depends on the threads.
 CPU_BLOCK_ELEMENTS = 1 << 16
-# Elements of one block of an apply pass (elementwise: any cut gives the same bits) whose parts run beside
-# each other. Each block makes about fifteen NumPy calls, each taking the GIL to begin and to end, which
-# the other parts wait for: longer blocks, fewer calls. batch_norm+SiLU over 1x16x320x320 on the 16-core
+# Elements of one block of a pass whose parts run beside each other: an apply's blocks are longer (it is
+# elementwise: any cut gives the same bits), a sums pass's hold more rows (its parts along a row stay).
+# Each block makes about fifteen NumPy calls, each taking the GIL to begin and to end, which the other
+# parts wait for: longer blocks, fewer calls. batch_norm+SiLU over 1x16x320x320 on the 16-core
 # host in 2^16 / 2^18 / 2^20-element blocks (2026-12-02, 16 threads): training forward 8364 / 5451 / 8791 us,
 # inference 6446 / 3603 / 6410, backward 13022 / 8370 / 15722 (2^20: 2 blocks, so 2 parts). On the
 # 2-core VM with 2 threads: 10105 / 8317 (2^18), 7197 / 5806, 15827 / 12726; one thread alone keeps
@@ -59,11 +61,13 @@ def _view(array: np.ndarray, layout: Layout) -> np.ndarray:
 Block = tuple[int, slice, slice, int]  # (outer index, stats slice, inner slice, inner part)
 
 
-def _blocks(layout: Layout, elements: int = CPU_BLOCK_ELEMENTS) -> tuple[list[Block], int]:
-    """The blocks of the (outer, stats, inner) view, and the parts inner is cut into: whole rows of
-    several statistics where inner is short, else parts of one row `elements` long."""
-    if layout.inner >= elements:
-        stats_step, inner_step = 1, elements
+def _blocks(layout: Layout, elements: int = CPU_BLOCK_ELEMENTS, row: int | None = None) -> tuple[list[Block], int]:
+    """The blocks of the (outer, stats, inner) view, about `elements` long, and the parts inner is cut
+    into: whole rows of several statistics where inner is shorter than `row` (default: `elements`),
+    else parts `row` long of as many rows as make `elements`."""
+    row = elements if row is None else row
+    if layout.inner >= row:
+        stats_step, inner_step = max(1, elements // row), row
     else:
         stats_step, inner_step = max(1, elements // layout.inner), layout.inner
     inner_parts = -(-layout.inner // inner_step)
@@ -86,11 +90,23 @@ def _run(layout: Layout, blocks: list[Block], function: Callable[[Block], None])
     cpu_runtime.cpu_parallel(run, len(blocks), _pass_bytes(layout))
 
 
+def _length(layout: Layout) -> int:
+    """The length of a block: CPU_BLOCK_ELEMENTS where a pass runs in one part, PARALLEL_BLOCK_ELEMENTS
+    where its parts run beside each other."""
+    return PARALLEL_BLOCK_ELEMENTS if cpu_runtime.parallel_parts(_pass_bytes(layout)) > 1 else CPU_BLOCK_ELEMENTS
+
+
+def _sum_blocks(layout: Layout) -> tuple[list[Block], int]:
+    """The blocks of a sums pass, and the parts inner is cut into: inner always in parts of
+    CPU_BLOCK_ELEMENTS (each part's sums are added in turn: the cut is part of their bits), a block
+    holding as many statistics' rows as make its length. Each row is summed on its own (NumPy's
+    pairwise sum along it), so the rows a block holds change no bit."""
+    return _blocks(layout, _length(layout), CPU_BLOCK_ELEMENTS)
+
+
 def _apply(layout: Layout, function: Callable[[Block], None]) -> None:
-    """function(block) over the blocks of an apply pass: CPU_BLOCK_ELEMENTS long where the pass runs in
-    one part, PARALLEL_BLOCK_ELEMENTS where it runs in several (elementwise: the cut changes no bit)."""
-    parallel = cpu_runtime.parallel_parts(_pass_bytes(layout)) > 1
-    _run(layout, _blocks(layout, PARALLEL_BLOCK_ELEMENTS if parallel else CPU_BLOCK_ELEMENTS)[0], function)
+    """function(block) over the blocks of an apply pass (elementwise: the cut changes no bit)."""
+    _run(layout, _blocks(layout, _length(layout))[0], function)
 
 
 def _sums(layout: Layout, blocks: list[Block], inner_parts: int, terms: int,
@@ -130,7 +146,7 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
         state.forward = SavedForward(training, empty=True)
         return
     x = _view(input, layout)
-    blocks, inner_parts = _blocks(layout)
+    blocks, inner_parts = _sum_blocks(layout)
     if training:
         def total(block: Block) -> tuple[np.ndarray]:
             return (_wide(x, block, 0).sum(axis=1),)
@@ -200,7 +216,7 @@ def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, 
     mean, invstd, training = saved.mean, saved.invstd, saved.training
     x, dy = _view(input, layout), _view(output_grad, layout)
     pre = None if attrs.activation is None else _view(state.pre, layout)
-    blocks, inner_parts = _blocks(layout)
+    blocks, inner_parts = _sum_blocks(layout)
     act_dtype = activation_dtype(input.dtype)
 
     # With an activation, g (f' in float64 at the kept pre-activation, not rounded to the dtype, as the
