@@ -58,6 +58,12 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
 
 # Each block is about this many elements: its several passes stay in cache.
 CPU_BLOCK_ELEMENTS = 1 << 17
+# A block's length where the parts run beside each other: each block makes five NumPy calls, each taking
+# the GIL to begin and to end, which the other parts wait for, so fewer and longer ones. On the 2-core VM
+# with 2 threads (2026-12-02, best of three runs), blocks of 2^17 / 2^19 / 2^20 elements: backward along
+# dim 1 of (1, 16, 4, 8400) 817 / 442 / 651 us, along the last dim of (1, 5, 400, 400) 974 / 668 / 633;
+# forward 713 / 503 / 844 and 1108 / 950 / 1007. One part alone keeps the cache-sized blocks.
+PARALLEL_BLOCK_ELEMENTS = 1 << 19
 
 
 def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> None:
@@ -69,6 +75,7 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
     axis = _axis(state)
     outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
     ways = cpu.parallel_parts(sum(a.nbytes for a in arrays))
+    length = CPU_BLOCK_ELEMENTS if ways < 2 else PARALLEL_BLOCK_ELEMENTS
 
     def even(count: int, most: int) -> int:
         """Parts of about `most` items each, their number a multiple of the parts that run (balanced)."""
@@ -77,17 +84,17 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
 
     if inner == 1:
         views = [a.reshape(outer, size) for a in arrays]
-        rows = -(-outer // even(outer, CPU_BLOCK_ELEMENTS // size))
+        rows = -(-outer // even(outer, length // size))
         blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
     else:
         views = [a.reshape(outer, size, inner) for a in arrays]
-        if size * inner <= CPU_BLOCK_ELEMENTS:
-            rows = -(-outer // even(outer, CPU_BLOCK_ELEMENTS // (size * inner)))
+        if size * inner <= length:
+            rows = -(-outer // even(outer, length // (size * inner)))
             blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
         else:
             # Parts of inner at least 2 wide (else width 1 would make the reduction NumPy's inner loop,
             # which sums in another order): the whole of inner when dim is too long for that.
-            width = CPU_BLOCK_ELEMENTS // size
+            width = length // size
             parts = max(1, min(even(inner, width), inner // 4)) if width >= 4 else 1
             bounds = [inner * i // parts for i in range(parts + 1)]
             blocks = [(slice(row, row + 1), slice(None), slice(bounds[i], bounds[i + 1]))
