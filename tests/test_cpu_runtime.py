@@ -125,9 +125,9 @@ def test_parts_grow_with_the_square_root_of_the_bytes():
 def test_blocks_are_cut_for_the_parts_that_run_not_for_the_threads(monkeypatch):
     """A softmax along dim 1 of (1, 16, 4, 8400) moves 4.3 MB: 2 parts' worth on any handle of 2 threads
     or more. On 16 threads its blocks were once cut 16 ways for 2 parts (8 short blocks each); they are
-    now cut in a multiple of the 2 parts, as on a handle of 2 threads: 2 blocks of 16800 columns (parts
-    beside each other run blocks of softmax.PARALLEL_BLOCK_ELEMENTS). One thread runs 5 cache-sized
-    blocks (softmax.CPU_BLOCK_ELEMENTS: 8192 columns of 16 rows), with the same bits."""
+    now cut in a multiple of the 2 parts, as on a handle of 2 threads: 4 blocks of 8400 columns (parts
+    beside each other run blocks of softmax.PARALLEL_BLOCK_ELEMENTS, 16384 columns of 16 rows at most).
+    One thread runs 5 cache-sized blocks (softmax.CPU_BLOCK_ELEMENTS: 8192 columns), with the same bits."""
     from kernels import SoftmaxAttrs, TensorShape, softmax
 
     calls = []
@@ -149,7 +149,7 @@ def test_blocks_are_cut_for_the_parts_that_run_not_for_the_threads(monkeypatch):
         softmax.cleanup_kernel(handle, state)
         expected = y if expected is None else expected
         np.testing.assert_array_equal(y, expected)  # the blocks never change a bit
-    assert calls == [(2, 2), (2, 2), (5, 1)]
+    assert calls == [(4, 2), (4, 2), (5, 1)]
     assert cpu.parallel_parts(None) == cpu.handle_threads()
 
 
