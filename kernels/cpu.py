@@ -189,11 +189,13 @@ def _new_pool() -> None:
 getattr(os, "register_at_fork", lambda **_: None)(after_in_child=_new_pool)  # POSIX; Windows has no fork
 
 
-# Handing a part to a pool thread costs about 18 us of the calling thread's time (the queue, the
-# wake-up, the GIL: an empty cpu_parallel measured 39 us with 2 parts and 286 us with 16 on the
-# 16-core GPU host), so parts grow with the square root of the work, not with the threads: about
-# sqrt(bytes / PIECE_BYTES) parts. On that host it made 8 MB additions fastest in 4-6 parts (16
-# parts: 2.2x slower than 4) and 32 MB exponentials in 8-16.
+# Handing a part to a pool thread costs about 15-30 us of the calling thread's time (the wake-up and
+# the GIL: an empty cpu_parallel measured 30 us with 2 parts and 129-396 us with 8 and 16 on the
+# 16-core GPU host, about 80 us with 2 on the 2-core VM), so parts grow with the square root of the
+# work, not with the threads: about sqrt(bytes / PIECE_BYTES) parts. On that host an addition of
+# 2M float32 ran fastest in 4-8 parts (the pool of 028bccc: 547 / 337 / 280 / 677 us on 2 / 4 / 8 /
+# 16), and a pass of 32 MB exponentials in 8-16. Smaller pieces (more parts: 256 KiB, 64 KiB) lost
+# on most rows there (2026-12-02, tests/bench at 16 threads).
 PIECE_BYTES = 1 << 20
 
 
