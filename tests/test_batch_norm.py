@@ -409,3 +409,32 @@ def test_cpu_passes_run_longer_blocks_in_parts_beside_each_other(monkeypatch):
     for one, three in zip(results[1], results[3]):
         assert not np.isnan(one).any()
         assert one.tobytes() == three.tobytes()
+
+
+@pytest.mark.parametrize("dims, threads, blocks", [
+    ((1, 16, 320, 40), 2, 2),  # 204800 elements: blocks of 8 rows, not one block of all 16 (then one part)
+    ((1, 16, 320, 40), 5, 4),  # 40960 a part is under CPU_BLOCK_ELEMENTS: blocks of 5 rows (65536 // 12800)
+    ((2, 16, 320, 320), 3, 16),  # blocks of PARALLEL_BLOCK_ELEMENTS: 2 rows of 102400 each, 8 an image
+])
+def test_cpu_long_blocks_leave_a_block_for_every_part(monkeypatch, dims, threads, blocks):
+    """The blocks of parts beside each other are at most PARALLEL_BLOCK_ELEMENTS, and short enough that
+    every part gets one: a tensor of a few such blocks is not run as one block in one part."""
+    import kernels
+
+    monkeypatch.setattr(kernels.cpu, "PIECE_BYTES", 1)  # one part a thread
+    calls, real = [], kernels.cpu.cpu_parallel
+
+    def spy(function, count, nbytes=None):
+        calls.append(count)
+        real(function, count, nbytes)
+
+    monkeypatch.setattr(kernels.cpu, "cpu_parallel", spy)
+    attrs = BatchNormAttrs(eps=1e-3, momentum=0.03)
+    handle, stream = kernels.cpu_handle(threads), kernels.cpu_stream()
+    state = batch_norm.init_kernel(handle, attrs, _shape(dims), _shape(dims))
+    x = np.random.default_rng(2).standard_normal(dims).astype(np.float32)
+    y = np.full(dims, np.nan, np.float32)
+    batch_norm.forward_kernel(stream, handle, state, attrs, x, np.ones(dims[1], np.float32),
+                              np.zeros(dims[1], np.float32), y, training=False)
+    assert calls == [blocks]  # the apply's blocks (inference: no sums pass)
+    assert not np.isnan(y).any()

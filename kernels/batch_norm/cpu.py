@@ -91,9 +91,12 @@ def _run(layout: Layout, blocks: list[Block], function: Callable[[Block], None])
 
 
 def _length(layout: Layout) -> int:
-    """The length of a block: CPU_BLOCK_ELEMENTS where a pass runs in one part, PARALLEL_BLOCK_ELEMENTS
-    where its parts run beside each other."""
-    return PARALLEL_BLOCK_ELEMENTS if cpu_runtime.parallel_parts(_pass_bytes(layout)) > 1 else CPU_BLOCK_ELEMENTS
+    """The length of a block: CPU_BLOCK_ELEMENTS where a pass runs in one part; where its parts run
+    beside each other, up to PARALLEL_BLOCK_ELEMENTS, short enough to leave a block for every part."""
+    parts = cpu_runtime.parallel_parts(_pass_bytes(layout))
+    if parts < 2:
+        return CPU_BLOCK_ELEMENTS
+    return max(CPU_BLOCK_ELEMENTS, min(PARALLEL_BLOCK_ELEMENTS, layout.outer * layout.stats * layout.inner // parts))
 
 
 def _sum_blocks(layout: Layout) -> tuple[list[Block], int]:
