@@ -171,8 +171,12 @@ class _Pool:
         another call holds it."""
         if not self.lock.acquire(blocking=False):
             return None
-        while len(self.workers) < count:
-            self.workers.append(_Worker(len(self.workers)))
+        try:
+            while len(self.workers) < count:
+                self.workers.append(_Worker(len(self.workers)))
+        except BaseException:  # no thread could be started (say, a process limit): the pool stays usable
+            self.lock.release()
+            raise
         return self.workers[:count]
 
 

@@ -280,3 +280,17 @@ def test_a_forked_child_makes_its_own_pool_threads():
         os.waitpid(pid, 0)
         pytest.fail("the child hung: it waited on the parent's pool threads")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_thread_that_cannot_start_leaves_the_pool_usable(monkeypatch):
+    monkeypatch.setattr(cpu, "_POOL", cpu._Pool())  # a new pool: it must start its threads
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            _in_kernel(3, lambda: cpu.cpu_parallel(lambda first, last: None, 3))
+    assert cpu._POOL.workers == [] and not cpu._POOL.lock.locked()
+    assert [p[:2] for p in _parts_seen(kernels.cpu_handle(3), 3)] == [(0, 1), (1, 2), (2, 3)]
