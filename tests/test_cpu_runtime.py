@@ -294,3 +294,38 @@ def test_a_thread_that_cannot_start_leaves_the_pool_usable(monkeypatch):
             _in_kernel(3, lambda: cpu.cpu_parallel(lambda first, last: None, 3))
     assert cpu._POOL.workers == [] and not cpu._POOL.lock.locked()
     assert [p[:2] for p in _parts_seen(kernels.cpu_handle(3), 3)] == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_kernels_called_from_several_threads_at_once_give_their_one_thread_results(monkeypatch):
+    """Four threads run softmax and batch_norm at once on handles of 3 threads, every pass split (PIECE_BYTES
+    = 1): whichever call holds the pool, the others run in their own threads, and every result has the
+    bits of the same call run alone."""
+    from kernels import BatchNormAttrs, SoftmaxAttrs, TensorShape, batch_norm, softmax
+
+    monkeypatch.setattr(cpu, "PIECE_BYTES", 1)
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal((2, 8, 96, 96)).astype(np.float32) for _ in range(4)]
+    bn_attrs, sm_attrs = BatchNormAttrs(eps=1e-3, momentum=0.03, activation="SILU"), SoftmaxAttrs(-1)
+
+    def run(x):
+        handle, stream = kernels.cpu_handle(3), kernels.cpu_stream()
+        shape = TensorShape(x.shape, np.float32)
+        bn, sm = batch_norm.init_kernel(handle, bn_attrs, shape, shape), softmax.init_kernel(handle, sm_attrs, shape, shape)
+        y, z = np.full_like(x, np.nan), np.full_like(x, np.nan)
+        for _ in range(5):
+            batch_norm.forward_kernel(stream, handle, bn, bn_attrs, x, np.ones(8, np.float32), np.zeros(8, np.float32), y)
+            softmax.forward_kernel(stream, handle, sm, sm_attrs, y, z)
+        return y.tobytes() + z.tobytes()
+
+    alone = [run(x) for x in inputs]
+    together = [None] * 4
+
+    def worker(i):
+        together[i] = run(inputs[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert together == alone
