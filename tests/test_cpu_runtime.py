@@ -329,3 +329,18 @@ def test_kernels_called_from_several_threads_at_once_give_their_one_thread_resul
     for thread in threads:
         thread.join(60)
     assert together == alone
+
+
+def test_the_at_fork_handler_gives_a_new_pool_and_clears_the_busy_flag(monkeypatch):
+    """What a forked child runs (in the child, which coverage does not follow): a new pool without the
+    parent's threads, and this thread no longer marked as running a part."""
+    _in_kernel(2, lambda: cpu.cpu_parallel(lambda first, last: None, 2))
+    parents = cpu._POOL
+    monkeypatch.setattr(cpu, "_POOL", parents)  # restored after the test
+    assert parents.workers
+    cpu._CPU_WORKER.busy = True
+    try:
+        cpu._new_pool()
+        assert cpu._POOL is not parents and cpu._POOL.workers == [] and not cpu._CPU_WORKER.busy
+    finally:
+        cpu._CPU_WORKER.busy = False
