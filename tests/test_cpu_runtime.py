@@ -344,3 +344,31 @@ def test_the_at_fork_handler_gives_a_new_pool_and_clears_the_busy_flag(monkeypat
         assert cpu._POOL is not parents and cpu._POOL.workers == [] and not cpu._CPU_WORKER.busy
     finally:
         cpu._CPU_WORKER.busy = False
+
+
+@pytest.mark.parametrize("dims, dim", [
+    ((4, 16, 4, 3000), 1),  # one thread: parts of inner; beside others: whole (16, 12000) slices
+    ((3, 5, 400, 400), -1),
+    ((2, 7, 50, 700), 2),
+    ((5, 3, 90000), 1),
+    ((700, 300), 0),
+])
+def test_softmax_blocks_change_no_bit_on_any_thread_count(monkeypatch, dims, dim):
+    """softmax's blocks differ with the parts (cache-sized alone, PARALLEL_BLOCK_ELEMENTS beside others),
+    and the cut along inner or over whole slices with them: forward and backward keep their bits on 1, 2,
+    3 and 5 threads, every pass split (PIECE_BYTES = 1)."""
+    from kernels import SoftmaxAttrs, TensorShape, softmax
+
+    monkeypatch.setattr(cpu, "PIECE_BYTES", 1)
+    rng = np.random.default_rng(3)
+    x, g = (rng.standard_normal(dims) * 4).astype(np.float32), rng.standard_normal(dims).astype(np.float32)
+    results = []
+    for threads in (1, 2, 3, 5):
+        handle, stream, attrs = kernels.cpu_handle(threads), kernels.cpu_stream(), SoftmaxAttrs(dim)
+        state = softmax.init_kernel(handle, attrs, TensorShape(dims, np.float32), TensorShape(dims, np.float32))
+        y, dx = np.full(dims, np.nan, np.float32), np.full(dims, np.nan, np.float32)
+        softmax.forward_kernel(stream, handle, state, attrs, x, y)
+        softmax.backward_kernel(stream, handle, state, attrs, y, g, None, dx)
+        assert not np.isnan(y).any() and not np.isnan(dx).any()
+        results.append(y.tobytes() + dx.tobytes())
+    assert all(result == results[0] for result in results)
