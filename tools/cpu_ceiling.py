@@ -173,24 +173,23 @@ class Split:
     a part (part 0 in the calling thread), its pool threads made before the first timed call."""
 
     def __init__(self, parts: int):
-        self.parts = parts
-        self.run([lambda: None] * parts)
-
-    def run(self, jobs: list[Call]) -> None:
-        """Every job, one a part, jobs[0] in the calling thread; returns when all are done."""
+        self.handle, self.jobs = cpu.cpu_handle(parts), [lambda: None] * parts
 
         @cpu.cpu_kernel
         def split(stream: Any, handle: Any) -> None:
-            cpu.cpu_parallel(lambda first, last: [job() for job in jobs[first:last]], len(jobs))
+            cpu.cpu_parallel(self._part, len(self.jobs))
 
-        split(None, self.handle)
+        self._split = split
+        self._split(None, self.handle)  # the pool's threads, made now
 
-    @functools.cached_property
-    def handle(self) -> Any:
-        return cpu.cpu_handle(self.parts)
+    def _part(self, first: int, last: int) -> None:
+        for job in self.jobs[first:last]:
+            job()
 
-    def close(self) -> None:
-        pass
+    def run(self, jobs: list[Call]) -> None:
+        """Every job, one a part, jobs[0] in the calling thread; returns when all are done."""
+        self.jobs = jobs
+        self._split(None, self.handle)
 
 
 def _seconds(call: Call) -> float:
@@ -234,7 +233,6 @@ def numpy_cells(buffers: Buffers, threads: list[int], block: int) -> list[Cell]:
             reference = first_bits.setdefault(name, out.copy())
             if np.isnan(out).any() or not np.array_equal(out, reference):
                 raise AssertionError(f"numpy {name} on {p} threads differs from 1 thread")
-        split.close()
     return cells
 
 
@@ -245,7 +243,6 @@ def empty_cells(threads: list[int]) -> list[Cell]:
         split = Split(p)
         jobs: list[Call] = [lambda: None] * p
         cells.append(make_cell("empty", 0, p, "numpy", functools.partial(split.run, jobs)))
-        split.close()
     return cells
 
 
