@@ -13,10 +13,16 @@ CPU threads: ours run on a handle of $KERNELS_BENCH_THREADS threads and PyTorch 
 CPU rows take the median of 5 rounds, or of $KERNELS_BENCH_CPU_ROUNDS: on a shared host, where one
 round can take half again as long as the next, more rounds make the medians of two runs agree.
 The summary's header line says what each side used.
+
+$KERNELS_BENCH_SET sets int constants of the kernels' modules for the run, for sweeps of the CPU's
+part counts and block lengths: "cpu.PIECE_BYTES=1,softmax.PARALLEL_BLOCK_ELEMENTS=262144" (each
+name a module under kernels and its constant; one part a thread where PIECE_BYTES is 1). The header
+line says what was set.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from pathlib import Path
@@ -36,11 +42,42 @@ THREADS = int(os.environ["KERNELS_BENCH_THREADS"]) if os.environ.get("KERNELS_BE
 CPU_ROUNDS = int(os.environ.get("KERNELS_BENCH_CPU_ROUNDS") or 5)
 
 
+def set_constants(text: str) -> dict[str, int]:
+    """Set each "module.NAME=value" of a comma-separated list (a module under kernels, an int constant
+    of it); what was set, by name. Anything else is refused (pytest.UsageError), before any row runs."""
+    done = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, value = item.partition("=")
+        module_name, _, attribute = name.strip().rpartition(".")
+        try:
+            module = importlib.import_module(f"kernels.{module_name}") if module_name else None
+            current = getattr(module, attribute)
+            number = int(value)
+        except (ImportError, AttributeError, ValueError):
+            module = current = None
+        if not equals or module is None or type(current) is not int:
+            raise pytest.UsageError(f"$KERNELS_BENCH_SET: {item!r} is not MODULE.NAME=INT for an int constant "
+                                    "of a module under kernels (for example cpu.PIECE_BYTES=1)")
+        setattr(module, attribute, number)
+        done[name.strip()] = number
+    return done
+
+
+# The constants this run sets ($KERNELS_BENCH_SET), set when pytest loads this file (pytest_configure).
+SET: dict[str, int] = {}
+
+
+def pytest_configure(config):
+    SET.update(set_constants(os.environ.get("KERNELS_BENCH_SET", "")))
+
+
 def cpu_threads_used() -> dict:
     """What each side runs on: our handle's threads, NumPy's BLAS (threadpoolctl), PyTorch's threads."""
     used = {"ours": kernels.cpu_handle(THREADS).threads, "cores": kernels.cpu.available_cores(),
             "blas": [{k: info.get(k) for k in ("internal_api", "version", "num_threads")}
                      for info in kernels.cpu.blas_info()]}
+    if SET:
+        used["set"] = dict(SET)
     try:
         import torch
     except ImportError:  # the summary says so; the torch rows skip

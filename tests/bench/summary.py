@@ -187,11 +187,15 @@ def format_markdown(summaries: list[OpSummary]) -> list[str]:
 
 def threads_line(threads: dict) -> str:
     """The header line saying how many CPU threads each side ran on: ours (the handle's count, and
-    NumPy's BLAS as threadpoolctl reports it) and PyTorch's (torch.get_num_threads())."""
+    NumPy's BLAS as threadpoolctl reports it) and PyTorch's (torch.get_num_threads()); and the
+    kernels' constants the run set ($KERNELS_BENCH_SET), if any."""
     blas = ", ".join(f"{b.get('internal_api', '?')} {b.get('version', '?')}, {b.get('num_threads', '?')} by default"
                      for b in threads.get("blas", [])) or "not found"
-    return (f"CPU threads: ours {threads.get('ours', '?')}, GEMMs included (NumPy's BLAS: {blas}); "
+    line = (f"CPU threads: ours {threads.get('ours', '?')}, GEMMs included (NumPy's BLAS: {blas}); "
             f"PyTorch {threads.get('torch', '?')}; {threads.get('cores', '?')} cores available")
+    if threads.get("set"):  # $KERNELS_BENCH_SET
+        line += "; set: " + ", ".join(f"{name}={value}" for name, value in threads["set"].items())
+    return line
 
 
 def to_json(records: list[Record], threads: dict | None = None) -> dict:
