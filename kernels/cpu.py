@@ -219,6 +219,17 @@ def parallel_parts(nbytes: int | None = None) -> int:
     return threads if nbytes is None else min(threads, parts_for(nbytes))
 
 
+def block_length(nbytes: int, elements: int, alone: int, beside: int) -> int:
+    """The elements of a block of a pass over `elements` elements that reads and writes `nbytes` bytes:
+    `alone` where the pass runs in one part (cache-sized); where its parts run beside each other, up to
+    `beside` (fewer, longer NumPy calls: each takes the GIL to begin and to end, which the other parts
+    wait for), and short enough to leave a block for every part, never under `alone`."""
+    parts = parallel_parts(nbytes)
+    if parts < 2:
+        return alone
+    return max(alone, min(beside, elements // parts))
+
+
 def cpu_parallel(function: Callable[[int, int], None], count: int, nbytes: int | None = None) -> None:
     """Call function(first, last) on contiguous parts [first, last) of range(count), one part per
     thread (cpu_threads; with nbytes, the bytes the call reads and writes, at most parts_for(nbytes)

@@ -78,8 +78,9 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
     dims = state.shapes["input_shape"].dims
     axis = _axis(state)
     outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
-    ways = cpu.parallel_parts(sum(a.nbytes for a in arrays))
-    length = CPU_BLOCK_ELEMENTS if ways < 2 else PARALLEL_BLOCK_ELEMENTS
+    nbytes = sum(a.nbytes for a in arrays)
+    ways = cpu.parallel_parts(nbytes)
+    length = cpu.block_length(nbytes, outer * size * inner, CPU_BLOCK_ELEMENTS, PARALLEL_BLOCK_ELEMENTS)
 
     def even(count: int, most: int) -> int:
         """Parts of about `most` items each, their number a multiple of the parts that run (balanced)."""
@@ -108,7 +109,7 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
         for block in blocks[first:last]:
             function(*(view[block] for view in views))
 
-    cpu.cpu_parallel(run, len(blocks), sum(a.nbytes for a in arrays))
+    cpu.cpu_parallel(run, len(blocks), nbytes)
 
 
 def _cpu_forward_block(x: np.ndarray, y: np.ndarray) -> None:

@@ -372,3 +372,22 @@ def test_softmax_blocks_change_no_bit_on_any_thread_count(monkeypatch, dims, dim
         assert not np.isnan(y).any() and not np.isnan(dx).any()
         results.append(y.tobytes() + dx.tobytes())
     assert all(result == results[0] for result in results)
+
+
+def test_block_length_is_cache_sized_alone_and_longer_beside_others_with_a_block_for_every_part(monkeypatch):
+    """cpu.block_length, which batch_norm and softmax cut their passes by: `alone` on one part; on several,
+    `beside` at most, the elements over the parts where that is shorter, `alone` at least."""
+    mb = 1 << 20
+
+    @cpu.cpu_kernel
+    def lengths(stream, handle, elements, nbytes):
+        return cpu.block_length(nbytes, elements, 1 << 16, 1 << 18)
+
+    def at(threads, elements, nbytes):
+        return lengths(kernels.cpu_stream(), kernels.cpu_handle(threads), elements, nbytes)
+
+    assert at(1, 1 << 24, 256 * mb) == 1 << 16  # one thread: one part
+    assert at(16, 1 << 24, 3 * mb) == 1 << 16  # worth one part (parts_for)
+    assert at(16, 1 << 24, 256 * mb) == 1 << 18  # 16 parts of 2^20: capped at `beside`
+    assert at(2, 3 << 17, 32 * mb) == 3 << 16  # 2 parts of 3 * 2^16: a block for each
+    assert at(5, 200_000, 32 * mb) == 1 << 16  # 40000 a part is under `alone`: `alone`

@@ -91,12 +91,10 @@ def _run(layout: Layout, blocks: list[Block], function: Callable[[Block], None])
 
 
 def _length(layout: Layout) -> int:
-    """The length of a block: CPU_BLOCK_ELEMENTS where a pass runs in one part; where its parts run
-    beside each other, up to PARALLEL_BLOCK_ELEMENTS, short enough to leave a block for every part."""
-    parts = cpu_runtime.parallel_parts(_pass_bytes(layout))
-    if parts < 2:
-        return CPU_BLOCK_ELEMENTS
-    return max(CPU_BLOCK_ELEMENTS, min(PARALLEL_BLOCK_ELEMENTS, layout.outer * layout.stats * layout.inner // parts))
+    """The length of a block (cpu.block_length): CPU_BLOCK_ELEMENTS where a pass runs in one part, up to
+    PARALLEL_BLOCK_ELEMENTS where its parts run beside each other."""
+    return cpu_runtime.block_length(_pass_bytes(layout), layout.outer * layout.stats * layout.inner,
+                                    CPU_BLOCK_ELEMENTS, PARALLEL_BLOCK_ELEMENTS)
 
 
 def _sum_blocks(layout: Layout) -> tuple[list[Block], int]:
