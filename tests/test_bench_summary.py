@@ -169,6 +169,20 @@ def test_threads_line_says_what_each_side_ran_on():
     assert threads_line({**THREADS, "set": {"cpu.PIECE_BYTES": 1, "softmax.PARALLEL_BLOCK_ELEMENTS": 262144}}) == (
         "CPU threads: ours 16, GEMMs included (NumPy's BLAS: openblas 0.3.31, 16 by default); PyTorch 16; "
         "16 cores available; set: cpu.PIECE_BYTES=1, softmax.PARALLEL_BLOCK_ELEMENTS=262144")
+    assert threads_line({**THREADS, "environment": {"OPENBLAS_THREAD_TIMEOUT": "4"}}) == (
+        "CPU threads: ours 16, GEMMs included (NumPy's BLAS: openblas 0.3.31, 16 by default); PyTorch 16; "
+        "16 cores available; environment: OPENBLAS_THREAD_TIMEOUT=4")
+
+
+def test_the_threads_used_name_the_thread_pools_environment(monkeypatch):
+    from tests.bench import conftest
+
+    monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "4")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert conftest.cpu_threads_used()["environment"] == {"OPENBLAS_THREAD_TIMEOUT": "4"}
+    monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT")
+    assert "environment" not in conftest.cpu_threads_used()
 
 
 def test_bench_set_sets_the_kernels_int_constants_and_refuses_anything_else(monkeypatch):

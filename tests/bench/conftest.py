@@ -71,13 +71,25 @@ def pytest_configure(config):
     SET.update(set_constants(os.environ.get("KERNELS_BENCH_SET", "")))
 
 
+# The environment variables that change how the thread pools of either side wait or how many threads
+# they make (read when the libraries load): the header line names those set. OpenBLAS's idle threads
+# spin for 2^OPENBLAS_THREAD_TIMEOUT cycles (2^28 unset) after each GEMM they ran, beside whatever runs
+# next: PyTorch's rows and ours (docs/api.md, CPU threads).
+THREAD_ENVIRONMENT = ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                      "GOMP_SPINCOUNT")
+
+
 def cpu_threads_used() -> dict:
-    """What each side runs on: our handle's threads, NumPy's BLAS (threadpoolctl), PyTorch's threads."""
+    """What each side runs on: our handle's threads, NumPy's BLAS (threadpoolctl), PyTorch's threads,
+    and the thread pools' environment variables that are set."""
     used = {"ours": kernels.cpu_handle(THREADS).threads, "cores": kernels.cpu.available_cores(),
             "blas": [{k: info.get(k) for k in ("internal_api", "version", "num_threads")}
                      for info in kernels.cpu.blas_info()]}
     if SET:
         used["set"] = dict(SET)
+    environment = {name: os.environ[name] for name in THREAD_ENVIRONMENT if name in os.environ}
+    if environment:
+        used["environment"] = environment
     try:
         import torch
     except ImportError:  # the summary says so; the torch rows skip

@@ -187,14 +187,16 @@ def format_markdown(summaries: list[OpSummary]) -> list[str]:
 
 def threads_line(threads: dict) -> str:
     """The header line saying how many CPU threads each side ran on: ours (the handle's count, and
-    NumPy's BLAS as threadpoolctl reports it) and PyTorch's (torch.get_num_threads()); and the
-    kernels' constants the run set ($KERNELS_BENCH_SET), if any."""
+    NumPy's BLAS as threadpoolctl reports it) and PyTorch's (torch.get_num_threads()); the kernels'
+    constants the run set ($KERNELS_BENCH_SET), and the thread pools' environment variables set, if any."""
     blas = ", ".join(f"{b.get('internal_api', '?')} {b.get('version', '?')}, {b.get('num_threads', '?')} by default"
                      for b in threads.get("blas", [])) or "not found"
     line = (f"CPU threads: ours {threads.get('ours', '?')}, GEMMs included (NumPy's BLAS: {blas}); "
             f"PyTorch {threads.get('torch', '?')}; {threads.get('cores', '?')} cores available")
     if threads.get("set"):  # $KERNELS_BENCH_SET
         line += "; set: " + ", ".join(f"{name}={value}" for name, value in threads["set"].items())
+    if threads.get("environment"):  # the thread pools' environment variables (conftest.THREAD_ENVIRONMENT)
+        line += "; environment: " + ", ".join(f"{name}={value}" for name, value in threads["environment"].items())
     return line
 
 
