@@ -212,31 +212,3 @@ def test_bench_table_opens_with_the_threads_line(tmp_path, capsys):
     assert tool.main(["bench_table.py", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [threads_line(THREADS), "", *format_markdown(summarize(RECORDS[:4]))]
-
-
-def test_a_cpu_row_waits_for_the_rows_before_it_to_settle(monkeypatch):
-    """OpenBLAS's threads spin for about 0.1 s after a GEMM: a CPU row's timing starts only after
-    SETTLE_S of sleep, so that it does not run beside the threads of the row before it (PyTorch's
-    stem convolution measured 4235 us just after ours, 268 us without the spinning). GPU rows and
-    runs with the benchmarks disabled do not wait."""
-    from tests.bench import conftest
-
-    events = []
-    monkeypatch.setattr(conftest.time, "sleep", lambda seconds: events.append(("sleep", seconds)))
-
-    class Benchmark:
-        def __init__(self, disabled):
-            self.disabled, self.extra_info = disabled, {}
-
-        def pedantic(self, call, rounds, iterations, warmup_rounds):
-            events.append(("timed", rounds))
-            call()
-
-    bench = conftest.Bench.__new__(conftest.Bench)
-    bench.impl, bench.device = "ours", "cpu"
-    bench.run(Benchmark(False), lambda: events.append(("call",)), 8, "group")
-    assert events == [("sleep", conftest.SETTLE_S), ("call",), ("timed", conftest.CPU_ROUNDS), ("call",)]
-    assert conftest.SETTLE_S >= 0.2, "longer than OpenBLAS's 2^28 cycles at 2.5 GHz and more"
-    events.clear()
-    bench.run(Benchmark(True), lambda: events.append(("call",)), 8, "group")
-    assert ("sleep", conftest.SETTLE_S) not in events

@@ -12,8 +12,6 @@ CPU threads: ours run on a handle of $KERNELS_BENCH_THREADS threads and PyTorch 
 (torch.set_num_threads); unset, each takes its default (ours: the cores this process may use).
 CPU rows take the median of 5 rounds, or of $KERNELS_BENCH_CPU_ROUNDS: on a shared host, where one
 round can take half again as long as the next, more rounds make the medians of two runs agree.
-Each CPU row first sleeps SETTLE_S, so that it does not run beside the threads the row before it left
-spinning (OpenBLAS's, for about 0.1 s after a GEMM).
 The summary's header line says what each side used.
 
 $KERNELS_BENCH_SET sets int constants of the kernels' modules for the run, for sweeps of the CPU's
@@ -27,7 +25,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +40,6 @@ from . import summary
 THREADS = int(os.environ["KERNELS_BENCH_THREADS"]) if os.environ.get("KERNELS_BENCH_THREADS") else None
 # The rounds of a CPU row ($KERNELS_BENCH_CPU_ROUNDS, default 5); a GPU row takes 20 rounds of 5 calls.
 CPU_ROUNDS = int(os.environ.get("KERNELS_BENCH_CPU_ROUNDS") or 5)
-# Seconds a CPU row sleeps before its first call, so that it does not run beside what the row before
-# it left spinning: OpenBLAS's threads spin for 2^28 cycles after a GEMM (about 0.1 s), and PyTorch's
-# stem convolution forward on the 16-core host took 4235 us just after ours against 268 us without it.
-SETTLE_S = 0.25
 
 
 def set_constants(text: str) -> dict[str, int]:
@@ -188,8 +181,6 @@ class Bench:
             function()
             self.sync()
 
-        if self.device == "cpu" and not benchmark.disabled:
-            time.sleep(SETTLE_S)  # the row before this one's spinning threads go to sleep
         call()  # compile, pick algorithms, fill caches: not timed
         benchmark.group = group
         benchmark.extra_info.update(bytes=int(bytes_moved), flops=int(flops), impl=self.impl, device=self.device)
