@@ -177,9 +177,9 @@ def test_threads_line_says_what_each_side_ran_on():
 def test_the_threads_used_name_the_thread_pools_environment(monkeypatch):
     from tests.bench import conftest
 
+    for name in conftest.THREAD_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", "4")
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     assert conftest.cpu_threads_used()["environment"] == {"OPENBLAS_THREAD_TIMEOUT": "4"}
     monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT")
     assert "environment" not in conftest.cpu_threads_used()
