@@ -1,9 +1,7 @@
 """The benchmark summary (tests/bench/summary.py) on synthetic records: rows, ratios, geomeans,
 the % of a device copy, full names, and tools/bench_table.py's Markdown from the JSON."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -19,6 +17,7 @@ from tests.bench.summary import (
     to_json,
     variant_of,
 )
+from tests.tools import load_tool
 
 LONG = "concat forward 4 inputs -> (1, 1024, 160, 160) axis 1 (a group name well past forty-four characters)"
 SOFTMAX_F, SOFTMAX_B = "softmax forward (1, 5, 400, 400) dim -1", "softmax backward (1, 5, 400, 400) dim -1"
@@ -147,9 +146,7 @@ def test_json_round_trip_and_bench_table(tmp_path, capsys):
                          for r in RECORDS]}
     assert records_from_benchmarks(pb["benchmarks"]) == RECORDS
 
-    spec = importlib.util.spec_from_file_location("bench_table", Path(__file__).parents[1] / "tools" / "bench_table.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("bench_table")
     assert tool.main(["bench_table.py", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == format_markdown(summarize(RECORDS))
@@ -206,9 +203,7 @@ def test_bench_table_opens_with_the_threads_line(tmp_path, capsys):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(to_json(RECORDS[:4], THREADS)))
     assert json.loads(path.read_text())["threads"] == THREADS
-    spec = importlib.util.spec_from_file_location("bench_table", Path(__file__).parents[1] / "tools" / "bench_table.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("bench_table")
     assert tool.main(["bench_table.py", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [threads_line(THREADS), "", *format_markdown(summarize(RECORDS[:4]))]

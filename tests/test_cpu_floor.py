@@ -1,13 +1,10 @@
 """tools/cpu_floor.py: the floor of a CPU row split into parts, and its table from three summaries."""
 
-import importlib.util
 import json
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("cpu_floor", os.path.join(ROOT, "tools", "cpu_floor.py"))
-cpu_floor = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu_floor)
+from .tools import load_tool
+
+cpu_floor = load_tool("cpu_floor")
 
 
 def test_floor_is_the_best_split_into_parts():

@@ -1,15 +1,12 @@
 """tools/cpu_gil.py: each kernel's NumPy call alone and in threads side by side."""
 
-import importlib.util
 import json
-import os
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("cpu_gil", os.path.join(ROOT, "tools", "cpu_gil.py"))
-cpu_gil = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu_gil)
+from .tools import load_tool
+
+cpu_gil = load_tool("cpu_gil")
 
 
 def test_every_call_is_timed_alone_and_side_by_side():

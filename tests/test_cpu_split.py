@@ -1,14 +1,10 @@
 """tools/cpu_split.py: each kernel forced to p parts, its cpu_parallel calls timed part by part."""
 
-import importlib.util
-import os
-
 from kernels import cpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location("cpu_split", os.path.join(ROOT, "tools", "cpu_split.py"))
-cpu_split = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cpu_split)
+from .tools import load_tool
+
+cpu_split = load_tool("cpu_split")
 
 
 def test_parts_are_forced_to_the_threads_and_timed_one_by_one():

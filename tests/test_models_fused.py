@@ -20,6 +20,8 @@ import pytest
 import kernels
 from kernels.models import YOLOv10
 
+from .tools import load_tool
+
 BOUND = {"float64": 1e-14, "float32": 5e-6}
 MEASURED: dict[str, float] = {}
 
@@ -185,11 +187,7 @@ def test_gpu_fused_graph_replay_equals_eager(dims):
 def test_every_call_knows_its_layer_for_the_profile(capsys):
     """Node.layer (what tools/yolov10_profile.py sums by): every forward call of an eval, fused and training
     plan is in one of ultralytics' layers model.0 .. model.23, in trace order; every backward call too."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("yolov10_profile", "tools/yolov10_profile.py")
-    profile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(profile)
+    profile = load_tool("yolov10_profile")
     with YOLOv10("n") as model:
         x = np.random.default_rng(2).standard_normal((2, 3, 64, 64)).astype(np.float32)
         for plan in (model.eval().plan(x.shape), model.fuse().plan(x.shape), model.train().plan(x.shape)):
