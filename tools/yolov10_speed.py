@@ -134,11 +134,11 @@ def theirs(variant, batch, runs, train, dtype="float32"):
         row["train_step"] = median_ms(step, sync, max(3, runs // 4))
         # Ours is deterministic (bit-identical runs, the library's contract); PyTorch's default cuDNN
         # algorithms need not be. The train_det row times PyTorch's step with deterministic ones.
-        torch.backends.cudnn.deterministic = True
+        deterministic, torch.backends.cudnn.deterministic = torch.backends.cudnn.deterministic, True
         try:
             row["train_det"] = median_ms(step, sync, max(3, runs // 4))
         finally:
-            torch.backends.cudnn.deterministic = False
+            torch.backends.cudnn.deterministic = deterministic
     model = None
     torch.cuda.empty_cache()
     return row
