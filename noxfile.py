@@ -1,0 +1,65 @@
+"""The tests under each end of the declared dependency ranges: `nox` runs both sessions.
+
+- `lowest`: every requirement of pyproject.toml (the runtime ones and the `dev` extra) pinned to
+  the floor it declares, so a floor that is too low fails here rather than on a user's machine.
+- `newest`: the newest releases the same ranges allow, under coverage.py, with the branch
+  coverage report of the kernels' CPU code (below 100% it fails).
+
+Arguments after `--` go to pytest (`nox -s lowest -- tests/test_golden.py`). The floors are read
+from pyproject.toml, so they are declared once; docs/architecture.md#tested-dependency-ranges
+says which versions and interpreters are tested.
+"""
+
+import pathlib
+import tomllib
+
+import nox
+from packaging.requirements import Requirement
+
+nox.options.sessions = ["lowest", "newest"]
+nox.options.error_on_missing_interpreters = True
+
+# The one interpreter the sessions are tested on (PyTorch's pinned wheel exists for it on this project's machines).
+PYTHON = "3.11"
+PYPROJECT = pathlib.Path(__file__).parent / "pyproject.toml"
+
+
+def requirements() -> list[Requirement]:
+    """The runtime requirements and the `dev` extra's, as pyproject.toml declares them."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    return [Requirement(text) for text in project["dependencies"] + project["optional-dependencies"]["dev"]]
+
+
+def floor_pins(declared: list[Requirement]) -> list[str]:
+    """`name==floor` for each requirement: its `>=` (or `==`) bound. A requirement without one has no
+    lowest version to test, so it is refused rather than left to float."""
+    pins = []
+    for requirement in declared:
+        floors = [spec.version for spec in requirement.specifier if spec.operator in (">=", "==")]
+        if len(floors) != 1:
+            raise ValueError(f"pyproject.toml: {requirement}: expected one '>=' or '==' bound to pin, found {len(floors)}")
+        pins.append(f"{requirement.name}=={floors[0]}")
+    return pins
+
+
+def pytest_args(session: nox.Session) -> list[str]:
+    # Benchmarks run once each as smoke tests, untimed, as in every other run of the suite here.
+    return ["-q", "--benchmark-disable", *session.posargs]
+
+
+@nox.session(python=PYTHON)
+def lowest(session: nox.Session) -> None:
+    """The suite with every declared requirement at its floor."""
+    session.install("-e", ".[dev]", *floor_pins(requirements()))
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    session.run("python", "-m", "pytest", *pytest_args(session))
+
+
+@nox.session(python=PYTHON)
+def newest(session: nox.Session) -> None:
+    """The suite with the newest releases the declared ranges allow, and the coverage report."""
+    session.install("--upgrade", "-e", ".[dev]")
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    session.run("coverage", "erase")
+    session.run("coverage", "run", "-m", "pytest", *pytest_args(session))
+    session.run("coverage", "report")
