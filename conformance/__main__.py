@@ -20,7 +20,7 @@ from kernels import gpu_paths
 
 from .case import Case
 from .cases import CASE_MODULES, all_cases
-from .golden import GoldenStore, find_goldens, golden_candidates
+from .golden import GoldenFileError, GoldenStore, find_goldens, golden_candidates
 from .harness import SCHEDULES, device_unavailable, release_gpu_memory
 from .runner import DEVICES, Result, run_case
 from .spread import run_spread, visible_gpus
@@ -33,7 +33,7 @@ each failure with where it differs.
 
 Exit status: 0 when no case failed; 1 when one did; 2 when the run could not
 start (a bad option, an unknown op, a device asked for that cannot run here, a
-missing or stale golden file)."""
+missing, stale or damaged golden file)."""
 
 EPILOG = f"""\
 devices:
@@ -177,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     path, why_not = _golden_path(arguments.goldens)
     if path is None:
         return _error(why_not)
-    store = GoldenStore(path)
+    try:
+        store = GoldenStore(path)
+    except GoldenFileError as error:
+        return _error(str(error))
     cases = [c for c in all_cases() if not ops or c.op in ops]
     for op in sorted({c.op for c in cases}):
         stale = store.staleness(op)

@@ -10,6 +10,9 @@ Layout::
 
 HDF5 has no bfloat16: a bfloat16 tensor is stored as its 16-bit patterns (uint16) with
 the dataset attribute dtype = "bfloat16", and read back as ml_dtypes' bfloat16.
+
+Every dataset carries a sha256 attribute (see checksum), checked when the file is read:
+a damaged file raises GoldenFileError instead of handing a wrong expected value to a case.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from kernels.core import BFLOAT16
 from .case import Case, Golden
 from .cases import CASE_MODULES, all_cases
 
-SCHEMA_VERSION = 2  # 2: bfloat16 datasets (uint16 bits + a dtype attribute)
+SCHEMA_VERSION = 3  # 2: bfloat16 datasets (uint16 bits + a dtype attribute); 3: a sha256 attribute per dataset
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The one committed copy, at the root of a checkout; the generator writes it.
 DEFAULT_PATH = os.path.join(ROOT, "goldens.h5")
@@ -126,12 +129,68 @@ def _dataset(group: Any, name: str, array: np.ndarray) -> None:
         group[name].attrs["dtype"] = "bfloat16"
     else:
         group.create_dataset(name, data=array, track_times=False)
+    seal(group[name])
 
 
-def _read(dataset: Any) -> np.ndarray:
-    """A stored tensor as written: bfloat16 datasets back from their bit patterns."""
-    array = dataset[()]
+class GoldenFileError(Exception):
+    """A golden file that cannot be trusted: not HDF5, truncated, missing a group, or a dataset that does
+    not match its checksum. `path` is the file, `datasets` the HDF5 names of the damaged datasets (may be
+    empty). Damage is never a kernel's failure, so the CLI exits 2 on it and the tests fail naming it."""
+
+    def __init__(self, path: str, what: str, datasets: Iterable[str] = ()):
+        self.path = str(path)
+        self.datasets = tuple(datasets)
+        super().__init__(f"damaged golden file {self.path}: {what}; replace it with a good copy or regenerate "
+                         "it with `python generate_goldens.py`")
+
+
+def checksum(array: np.ndarray) -> str:
+    """SHA-256 over a tensor's dtype name, shape and values (little-endian bytes, so the byte order a
+    reader happens to get does not count): a dataset's `sha256` attribute."""
+    if array.dtype == BFLOAT16:
+        data = array.view(np.uint16).astype("<u2")  # a dtype of ml_dtypes has no byte-order variants
+    else:
+        data = array.astype(array.dtype.newbyteorder("<"))
+    digest = hashlib.sha256(f"{array.dtype.name}|{tuple(array.shape)}|".encode())
+    digest.update(np.ascontiguousarray(data).tobytes())
+    return digest.hexdigest()
+
+
+def _stored(dataset: Any) -> np.ndarray:
+    """A dataset's tensor as written, bfloat16 back from its bit patterns, unverified."""
+    array = np.asarray(dataset[()])
     return array.view(BFLOAT16) if dataset.attrs.get("dtype") == "bfloat16" else array
+
+
+def stored_checksum(dataset: Any) -> str:
+    """The checksum of what a dataset holds now (its dtype attribute included)."""
+    return checksum(_stored(dataset))
+
+
+def seal(dataset: Any) -> None:
+    """Store a dataset's checksum: the generator does it for each dataset it writes, and a test that
+    edits a golden on purpose (to show a real failure) does it after the edit."""
+    dataset.attrs["sha256"] = stored_checksum(dataset)
+
+
+def _damage(dataset: Any, array: np.ndarray) -> str | None:
+    """What is wrong with a dataset whose tensor (_stored) is `array`, or None when its checksum matches."""
+    sealed = dataset.attrs.get("sha256")
+    if sealed is None:
+        return "has no sha256 checksum"
+    if sealed != checksum(array):
+        return "does not match its sha256 checksum"
+    return None
+
+
+def _read(dataset: Any, verify: bool = True) -> np.ndarray:
+    """A stored tensor as written, bfloat16 datasets back from their bit patterns; with `verify`, a
+    dataset that does not match its checksum raises GoldenFileError."""
+    array = _stored(dataset)
+    damage = _damage(dataset, array) if verify else None
+    if damage is not None:
+        raise GoldenFileError(dataset.file.filename, f"dataset {dataset.name} {damage}", [dataset.name])
+    return array
 
 
 # ATen's float64 transcendentals (tanh, erf, pow, exp) come from SIMD code chosen by the CPU it
@@ -188,7 +247,8 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None) ->
 
 
 class GoldenStore:
-    """Read access to goldens.h5, loaded once (by default the one find_goldens finds)."""
+    """Read access to goldens.h5, loaded once (by default the one find_goldens finds). A file that is
+    there but damaged raises GoldenFileError; one that is missing or stale loads, and staleness says why."""
 
     def __init__(self, path: str | None = None):
         import h5py
@@ -201,16 +261,48 @@ class GoldenStore:
         self.op_digests: dict[str, str] = {}
         if not os.path.exists(path):
             return
-        with h5py.File(path, "r") as store:
+        try:
+            store = h5py.File(path, "r")
+        except OSError as error:  # not HDF5, truncated, empty: h5py says which
+            raise GoldenFileError(path, f"not a readable HDF5 file ({error})") from None
+        with store:
+            self._load(store)
+
+    def _load(self, store: Any) -> None:
+        """Every case's tensors, each dataset checked against its checksum; every damaged one is named."""
+        where = "/"
+        damaged: list[tuple[str, str]] = []  # (dataset, what is wrong)
+        try:
             self.attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in store.attrs.items()}
+            # A file of an older schema has no checksums to check: staleness() says to regenerate it.
+            verify = self.attrs.get("schema_version") == SCHEMA_VERSION
             for op in store:
+                where = f"/{op}"
                 self.op_digests[op] = store[op].attrs.get("cases_digest")
                 for name in store[op]:
+                    where = f"/{op}/{name}"
                     group = store[op][name]
-                    self.goldens[f"{op}/{name}"] = Golden(
-                        inputs={k: _read(group["inputs"][k]) for k in group["inputs"]},
-                        expected={k: _read(group["expected"][k]) for k in group["expected"]},
-                    )
+                    tensors: dict[str, dict[str, np.ndarray]] = {"inputs": {}, "expected": {}}
+                    for part, read in tensors.items():
+                        if part not in group:
+                            raise GoldenFileError(self.path, f"{group.name} has no group {part}")
+                        for key in group[part]:
+                            where = f"/{op}/{name}/{part}/{key}"
+                            dataset = group[part][key]
+                            read[key] = _stored(dataset)
+                            damage = _damage(dataset, read[key]) if verify else None
+                            if damage is not None:
+                                damaged.append((dataset.name, damage))
+                    self.goldens[f"{op}/{name}"] = Golden(**tensors)
+        except (OSError, KeyError, RuntimeError, ValueError) as error:  # HDF5 metadata that does not parse
+            raise GoldenFileError(self.path, f"{where} cannot be read ({error})") from None
+        names = [name for name, _ in damaged]
+        if len(damaged) == 1:
+            raise GoldenFileError(self.path, f"dataset {names[0]} {damaged[0][1]}", names)
+        if damaged:
+            named = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            raise GoldenFileError(self.path, f"{len(names)} datasets do not match their sha256 checksums ({named})",
+                                  names)
 
     def staleness(self, op: str | None = None) -> str | None:
         """Why the file does not match the declarations, of every op or of one (None when it does)."""
@@ -220,6 +312,8 @@ class GoldenStore:
         if self.attrs.get("schema_version") != SCHEMA_VERSION:
             return f"{self.path} has schema {self.attrs.get('schema_version')}, expected {SCHEMA_VERSION}: {hint}"
         if op is not None:
+            if op not in self.op_digests:
+                return f"{self.path} has no group {op}: {hint}"
             if self.op_digests.get(op) != cases_digest({op: CASE_MODULES[op]}):
                 return f"{self.path} is older than the case declarations of {op} (its cases_digest differs): {hint}"
         elif self.attrs.get("cases_digest") != cases_digest():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kernels
-from conformance.golden import GoldenStore
+from conformance.golden import GoldenFileError, GoldenStore
 from conformance.harness import device_unavailable
 
 DEVICE_PARAMS = [
@@ -14,9 +14,18 @@ DEVICE_PARAMS = [
 ]
 
 
+def load_store(path=None):
+    """The golden store; a damaged file fails the test that asked for it with the file and dataset named
+    (a plain message: the trace into h5py would say nothing more)."""
+    try:
+        return GoldenStore(path)
+    except GoldenFileError as error:
+        pytest.fail(str(error), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def store():
-    return GoldenStore()
+    return load_store()
 
 
 def require(device):

@@ -147,7 +147,8 @@ def test_default_devices_skip_the_gpu_with_the_reason(capsys, tmp_path):
 
 @pytest.fixture
 def tampered_goldens(tmp_path):
-    """A copy of goldens.h5 whose transpose/2d_3x5 output is wrong in one element."""
+    """A copy of goldens.h5 whose transpose/2d_3x5 output is wrong in one element, checksum and all
+    (as a wrong golden would be): the kernel fails against it."""
     path = tmp_path / "goldens.h5"
     shutil.copyfile(DEFAULT_PATH, path)
     with h5py.File(path, "r+") as store:
@@ -155,6 +156,7 @@ def tampered_goldens(tmp_path):
         values = dataset[()]
         values[1, 2] += 1
         dataset[...] = values
+        golden.seal(dataset)
     return str(path)
 
 

@@ -17,18 +17,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_every_declared_case_is_stored(store):
     missing = [c.key for c in all_cases() if c.key not in store.goldens]
-    assert not missing, f"declared but not in goldens.h5: {missing}; run `python generate_goldens.py`"
+    assert not missing, f"declared but not in {store.path}: {missing}; run `python generate_goldens.py`"
 
 
 def test_no_stored_case_is_undeclared(store):
     declared = {c.key for c in all_cases()}
     extra = sorted(set(store.goldens) - declared)
-    assert not extra, f"in goldens.h5 but not declared: {extra}; run `python generate_goldens.py`"
+    assert not extra, f"in {store.path} but not declared: {extra}; run `python generate_goldens.py`"
 
 
 def test_digest_matches_declarations(store):
     assert store.attrs.get("cases_digest") == cases_digest(), (
-        "goldens.h5 is older than the case declarations; run `python generate_goldens.py`")
+        f"{store.path} is older than the case declarations; run `python generate_goldens.py`")
 
 
 def test_every_op_has_cases():
