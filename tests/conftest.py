@@ -1,5 +1,7 @@
 """Shared fixtures: the golden store, and devices as parameters (GPU ones marked
-`gpu` and skipped with the reason where there is no CUDA device or no CuPy)."""
+`gpu` and skipped with the reason where there is no CUDA device or no CuPy). Every test marked
+`gpu` runs with CuPy's current stream held back by a spin (tests/held_stream.py), so that work a
+test leaves unordered with the kernels' stream fails every time."""
 
 import numpy as np
 import pytest
@@ -7,6 +9,8 @@ import pytest
 import kernels
 from conformance.golden import GoldenFileError, GoldenStore
 from conformance.harness import device_unavailable
+
+from .held_stream import held_current_stream  # noqa: F401 (autouse: every GPU test on a held-back current stream)
 
 DEVICE_PARAMS = [
     pytest.param("cpu", id="cpu"),
