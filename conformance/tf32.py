@@ -18,6 +18,7 @@ shapes, where TF32 shows (a float32 GEMM's error is about 2^-24 K S at most, TF3
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,18 @@ PROBLEMS = (
 )
 
 
+def _on(stream: Any, xp: Any) -> Any:
+    """The block in which a problem's arrays are made: on the GPU, inside the kernels' stream, so that the
+    uploads and the pool's memory are ordered with the kernels (made on CuPy's current stream instead, an
+    upload may land after a kernel has read it: it did on a busy H200)."""
+    return contextlib.nullcontext() if xp is np else stream
+
+
+def _host(stream: Any, xp: Any, array: Any) -> np.ndarray:
+    """A host copy of a result, read on the kernels' stream (after its synchronization)."""
+    return array if xp is np else xp.asnumpy(array, stream=stream.cupy_stream)
+
+
 def _conv(handle: Any, stream: Any, xp: Any, problem: Problem, input: np.ndarray, filter: np.ndarray,
           grad: np.ndarray) -> dict[str, np.ndarray]:
     """forward and backward of a conv_2d problem (no bias) on (handle, stream); the results on the host."""
@@ -65,9 +78,10 @@ def _conv(handle: Any, stream: Any, xp: Any, problem: Problem, input: np.ndarray
     out_dims = conv_2d.output_dims(attrs, input.shape)
     dtype = input.dtype
     state = conv_2d.init_kernel(handle, attrs, TensorShape(input.shape, dtype), TensorShape(out_dims, dtype))
-    arrays = {name: xp.asarray(value) for name, value in (("input", input), ("filter", filter), ("grad", grad))}
-    output = xp.empty(out_dims, dtype)
-    input_grad, filter_grad = xp.empty(input.shape, dtype), xp.empty(filter.shape, dtype)
+    with _on(stream, xp):
+        arrays = {name: xp.asarray(value) for name, value in (("input", input), ("filter", filter), ("grad", grad))}
+        output = xp.empty(out_dims, dtype)
+        input_grad, filter_grad = xp.empty(input.shape, dtype), xp.empty(filter.shape, dtype)
     try:
         conv_2d.forward_kernel(stream, handle, state, attrs, arrays["input"], arrays["filter"], None, output)
         conv_2d.backward_kernel(stream, handle, state, attrs, output, arrays["grad"], arrays["input"], input_grad,
@@ -75,8 +89,8 @@ def _conv(handle: Any, stream: Any, xp: Any, problem: Problem, input: np.ndarray
         stream.synchronize()
     finally:
         conv_2d.cleanup_kernel(handle, state)
-    host = (lambda a: a) if xp is np else xp.asnumpy
-    return {"output": host(output), "input_grad": host(input_grad), "filter_grad": host(filter_grad)}
+    return {"output": _host(stream, xp, output), "input_grad": _host(stream, xp, input_grad),
+            "filter_grad": _host(stream, xp, filter_grad)}
 
 
 def _matmul(handle: Any, stream: Any, xp: Any, lhs: np.ndarray, rhs: np.ndarray,
@@ -86,16 +100,17 @@ def _matmul(handle: Any, stream: Any, xp: Any, lhs: np.ndarray, rhs: np.ndarray,
     dtype = lhs.dtype
     state = batch_matmul.init_kernel(handle, attrs, TensorShape(lhs.shape, dtype), TensorShape(rhs.shape, dtype),
                                      TensorShape(out_dims, dtype))
-    a, b, g = xp.asarray(lhs), xp.asarray(rhs), xp.asarray(grad)
-    output, lhs_grad, rhs_grad = xp.empty(out_dims, dtype), xp.empty(lhs.shape, dtype), xp.empty(rhs.shape, dtype)
+    with _on(stream, xp):
+        a, b, g = xp.asarray(lhs), xp.asarray(rhs), xp.asarray(grad)
+        output, lhs_grad, rhs_grad = xp.empty(out_dims, dtype), xp.empty(lhs.shape, dtype), xp.empty(rhs.shape, dtype)
     try:
         batch_matmul.forward_kernel(stream, handle, state, attrs, a, b, output)
         batch_matmul.backward_kernel(stream, handle, state, attrs, output, g, a, lhs_grad, b, rhs_grad)
         stream.synchronize()
     finally:
         batch_matmul.cleanup_kernel(handle, state)
-    host = (lambda x: x) if xp is np else xp.asnumpy
-    return {"output": host(output), "lhs_grad": host(lhs_grad), "rhs_grad": host(rhs_grad)}
+    return {"output": _host(stream, xp, output), "lhs_grad": _host(stream, xp, lhs_grad),
+            "rhs_grad": _host(stream, xp, rhs_grad)}
 
 
 def _sum_lengths(problem: Problem) -> dict[str, int]:
