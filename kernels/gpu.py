@@ -270,7 +270,15 @@ class GpuHandle:
         """Grow the workspace to at least `nbytes` now (init_kernel does, so that calls never allocate)."""
         if self._workspace is None or self._workspace.nbytes < nbytes:
             self._workspace = None  # freed first (cudaFree waits for the work that used it)
-            self._workspace = device_empty((max(int(nbytes), 1),), np.uint8, self.device)
+            workspace = device_empty((max(int(nbytes), 1),), np.uint8, self.device)
+            # cuDNN's half-precision layout conversions read workspace bytes its convolution never
+            # wrote (compute-sanitizer's initcheck names them); zeros make those reads defined, so a
+            # real uninitialized read can never hide among them. Done once, here at init: the memset
+            # runs on the legacy stream and is waited for, so no kernel stream can overtake it.
+            with cupy.cuda.Device(self.device):
+                cupy.cuda.runtime.memsetAsync(workspace.data.ptr, 0, workspace.nbytes, 0)
+                cupy.cuda.runtime.streamSynchronize(0)
+            self._workspace = workspace
 
     def workspace(self, nbytes: int) -> Any:
         """The workspace: a device buffer of at least `nbytes`, kept across calls."""
