@@ -16,7 +16,8 @@ spins end: a spin starts no earlier than it is enqueued and lasts at least its l
 stream (``cupy.asnumpy`` without a stream) waits for at most 1.5 HOLD_NS.
 
 KERNELS_GPU_TEST_HOLD_MS sets the hold in milliseconds (default 5; 0 turns it off). A test that must run
-on CuPy's own default stream says so with ``@pytest.mark.default_stream`` (none does today).
+on CuPy's own default stream says so with ``@pytest.mark.default_stream`` (none does today). Benchmarks
+(tests/bench) run unheld.
 
 Nothing here imports CuPy unless a GPU test runs where CuPy and a CUDA device are present.
 """
@@ -49,10 +50,11 @@ def hold_ns(environ: Any = None) -> int:
     return int(milliseconds * 1e6)
 
 
-def wants_hold(node: Any, nanoseconds: int) -> bool:
-    """Whether a test runs on the held current stream: it is marked gpu, not default_stream, and the hold is on."""
+def wants_hold(node: Any, nanoseconds: int, fixtures: Any = ()) -> bool:
+    """Whether a test runs on the held current stream: it is marked gpu, not default_stream, it is not a
+    benchmark (timings are taken as a user calls, without the hooks' cost in them), and the hold is on."""
     return (nanoseconds > 0 and node.get_closest_marker("gpu") is not None
-            and node.get_closest_marker("default_stream") is None)
+            and node.get_closest_marker("default_stream") is None and "benchmark" not in fixtures)
 
 
 class _Device:
@@ -140,11 +142,11 @@ def held_streams(nanoseconds: int) -> HeldStreams:
 
 @pytest.fixture(autouse=True)
 def held_current_stream(request):
-    """For a test marked gpu (not default_stream) where CuPy and a CUDA device are present: the test runs
+    """For a test marked gpu (not default_stream, not a benchmark) where CuPy and a CUDA device are present: the test runs
     with CuPy's current stream held back (this module's docstring); the value is the HeldStreams. Else
     None, and nothing is done."""
     nanoseconds = hold_ns()
-    if not wants_hold(request.node, nanoseconds) or device_unavailable("gpu") is not None:
+    if not wants_hold(request.node, nanoseconds, request.fixturenames) or device_unavailable("gpu") is not None:
         yield None
         return
     with held_streams(nanoseconds).current() as held:

@@ -34,6 +34,8 @@ def test_only_gpu_tests_that_do_not_opt_out_are_held():
     assert not wants_hold(Node("large"), 5_000_000)
     assert not wants_hold(Node("gpu", "default_stream"), 5_000_000)
     assert not wants_hold(Node("gpu"), 0)  # KERNELS_GPU_TEST_HOLD_MS=0 turns it off
+    assert wants_hold(Node("gpu"), 5_000_000, ["dev", "store"])
+    assert not wants_hold(Node("gpu"), 5_000_000, ["bench", "benchmark"])  # timed as a user calls
 
 
 def test_the_hold_length_comes_from_the_environment():

@@ -160,12 +160,18 @@ class Bench:
             else:
                 tensor = self.torch.from_numpy(host)
             return tensor.cuda() if self.device == "gpu" else tensor
+        if self.device == "gpu":
+            with self.stream:  # the upload ordered before the kernels that read it, on their stream
+                return self.xp.asarray(host)
         return self.xp.asarray(host)
 
     def empty(self, dims, dtype=np.float32):
         if self.impl == "torch":
             return self.torch.empty(dims, dtype=getattr(self.torch, np.dtype(dtype).name),
                                     device="cuda" if self.device == "gpu" else "cpu")
+        if self.device == "gpu":
+            with self.stream:  # pool memory tied to the kernels' stream, which writes it
+                return self.xp.empty(dims, dtype=dtype)
         return self.xp.empty(dims, dtype=dtype)
 
     def sync(self):
