@@ -320,7 +320,7 @@ def test_misaligned_views_on_gpu(offset):
     for piece, value in zip(pieces, host):
         piece[...] = cupy.asarray(value)
     output = cupy.full((2, 9, 8), np.nan, dtype=np.float32)
-    cupy.cuda.runtime.deviceSynchronize()  # the fills ran on the default stream, not on `stream`
+    cupy.cuda.runtime.deviceSynchronize()  # the fills ran on CuPy's current stream, not on `stream`
     attrs = ConcatAttrs(axis=1, num_inputs=3)
     state = concat_op.init_kernel(handle, attrs, [TensorShape(d, np.float32) for d in dims], TensorShape((2, 9, 8), np.float32))
     concat_op.forward_kernel(stream, handle, state, attrs, pieces, output)

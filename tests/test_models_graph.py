@@ -103,7 +103,9 @@ def test_later_runs_equal_the_checked_first_run_also_on_a_delayed_stream(mode):
                 out = model(x, detections=False) if mode == "eval" else model(x)
                 arrays = [a for key in ("one2many", "one2one") for a in out[key]]
                 if mode == "train":
-                    model.backward({k: [cupy.ones_like(a) for a in out[k]] for k in ("one2many", "one2one")})
+                    with model.stream:  # the gradients filled on the stream that backward reads them on
+                        grads = {k: [cupy.ones_like(a) for a in out[k]] for k in ("one2many", "one2one")}
+                    model.backward(grads)
                     arrays += [model.grads[n] for n in sorted(model.grads)]
             runs.append(_host(model, arrays))
         assert all(np.isfinite(a).all() for a in runs[0])

@@ -217,9 +217,10 @@ def test_gpu_half_eval_fused_and_replay_at_640(dtype, variant):
     with YOLOv10(variant, num_classes=7, device="gpu", dtype=dtype) as g16, \
             YOLOv10(variant, num_classes=7, device="gpu") as g32:
         g16.init_random(3)
-        g16.stream.synchronize()  # init_random writes on g16's stream; asnumpy reads on the current one
+        weights = g16.state_dict()
+        g16.stream.synchronize()  # init_random and state_dict's counts write on g16's stream; asnumpy reads on the current one
         g32.load_state_dict({k: cupy.asnumpy(v).astype(np.float32) if v.dtype != np.int64 else cupy.asnumpy(v)
-                             for k, v in g16.state_dict().items()})
+                             for k, v in weights.items()})
         x = np.random.default_rng(1).random(dims).astype(dtype)
         with g16.stream:
             x16 = cupy.asarray(x)

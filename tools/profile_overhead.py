@@ -20,7 +20,8 @@ f32 = np.float32
 
 
 def rnd(*dims):
-    return cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(f32))
+    with stream:  # uploaded on the kernels' stream, so the calls below read it complete
+        return cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(f32))
 
 
 def setups():
