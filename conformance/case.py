@@ -64,6 +64,9 @@ class Case:
     does the same for expected tensors). `tolerance` is one Tolerance for every
     expected tensor, or a mapping from expected tensor name to Tolerance with
     `"*"` as the default.
+
+    Every input must be able to show a wrong stride (see `repeating_axis`); `repeats` names the
+    inputs that may repeat along an axis anyway, each with the reason (all ones, all zeros).
     """
 
     op: str
@@ -74,6 +77,7 @@ class Case:
     tolerance: Tolerance | Mapping[str, Tolerance] = EXACT
     description: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)  # op-specific settings of the harness
+    repeats: Mapping[str, str] = field(default_factory=dict)  # input name -> why it may repeat
 
     def __post_init__(self) -> None:
         dtype = np.dtype(self.dtype)
@@ -91,6 +95,31 @@ class Case:
                 array = converted
             cast[name] = array
         object.__setattr__(self, "inputs", cast)
+        self._check_strides_show()
+
+    def _check_strides_show(self) -> None:
+        """Refuse inputs whose values could hide a wrong stride, unless `repeats` says why they may."""
+        for name, reason in self.repeats.items():
+            if name not in self.inputs:
+                raise ValueError(f"{self.op}/{self.name}: repeats names {name!r}, which is not an input")
+            if not isinstance(reason, str) or not reason.strip():
+                raise ValueError(f"{self.op}/{self.name}: repeats[{name!r}] needs the reason the input may repeat")
+        for name, array in self.inputs.items():
+            found = repeating_axis(array)
+            if name in self.repeats:
+                if found is None:  # a stale opt-out would let the next edit of the values through unseen
+                    raise ValueError(f"{self.op}/{self.name}: input {name} is declared in repeats but does not "
+                                     "repeat along any axis; remove it from repeats")
+                continue
+            if found is not None:
+                axis, period = found
+                size = array.shape[axis]
+                what = "every slice is the same" if period == 1 else f"its slices repeat every {period}"
+                raise ValueError(
+                    f"{self.op}/{self.name}: input {name} {tuple(array.shape)} repeats along axis {axis} (size {size}): "
+                    f"{what}, so a wrong stride along that axis would read the same values. Change its values "
+                    "(another modulus or offset of pattern()), or, if it must repeat (all ones, all zeros), "
+                    "name it in repeats= with the reason")
 
     @property
     def key(self) -> str:
@@ -108,6 +137,33 @@ class Case:
 
     def attrs_json(self) -> str:
         return json.dumps(attrs_to_jsonable(self.attrs), sort_keys=True)
+
+
+def repeating_axis(array: np.ndarray) -> tuple[int, int] | None:
+    """The first (axis, period) along which `array` repeats, or None.
+
+    An axis of size n >= 2 repeats with period p (a divisor of n below n) when rolling the tensor
+    by p along it gives the same values: its slices then come back every p, and a kernel that
+    steps along that axis with a wrong stride (or reads the slice p further on) gets the same
+    values and cannot be caught. Period 1 is a tensor constant along the axis. Values compare as
+    the comparison does: NaN equals NaN, +0 equals -0. A tensor without values, or with no axis
+    of size 2 or more, has no stride to get wrong.
+    """
+    array = np.asarray(array)
+    if array.size == 0:
+        return None
+    # float64 holds every value a case declares (integers, bool, half dtypes) exactly.
+    values = array.astype(np.float64)
+    for axis, size in enumerate(values.shape):
+        for period in range(1, size):
+            if size % period:
+                continue
+            # Slices 0 and p differ in almost every tensor: the whole roll only where they do not.
+            if not np.array_equal(np.take(values, 0, axis), np.take(values, period, axis), equal_nan=True):
+                continue
+            if np.array_equal(np.roll(values, period, axis=axis), values, equal_nan=True):
+                return axis, period
+    return None
 
 
 def attrs_to_jsonable(attrs: Any) -> Any:
@@ -144,6 +200,23 @@ def pattern(shape: tuple[int, ...], modulus: int = 17, scale: float = 0.25, offs
     return (((index * 7 + offset) % modulus - modulus // 2) * scale).reshape(shape)
 
 
+def aperiodic(shape: tuple[int, ...], modulus: int = 5, scale: float = 1.0, offset: int = 0) -> np.ndarray:
+    """Few distinct values that never fall into a period: ((s(i) + offset) % modulus - modulus // 2) * scale,
+    s(i) the sum of the base-`modulus` digits of the flat index i.
+
+    pattern(modulus=m) repeats every m elements, so along any axis whose stride is a multiple of m
+    every slice is alike. The digit sum has no period (it steps by one inside each run of m and
+    jumps at carries), so it keeps pattern's many equal values (ties for pooling) without that.
+    """
+    count = int(np.prod(shape, dtype=np.int64))
+    index = np.arange(count, dtype=np.int64)
+    digits = np.zeros(count, dtype=np.int64)
+    while np.any(index):
+        digits += index % modulus
+        index //= modulus
+    return (((digits + offset) % modulus - modulus // 2) * scale).reshape(shape)
+
+
 def int_pattern(shape: tuple[int, ...], modulus: int = 23, offset: int = 0) -> np.ndarray:
     """Distinct small integers (non-negative, so every integer dtype holds them)."""
     count = int(np.prod(shape, dtype=np.int64))
@@ -159,12 +232,13 @@ class CaseTable:
 
     def add(self, name: str, attrs: Any, inputs: Mapping[str, Any], dtype: Any = np.float32,
             tolerance: Tolerance | Mapping[str, Tolerance] = EXACT, description: str = "",
-            **extra: Any) -> Case:
+            repeats: Mapping[str, str] | None = None, **extra: Any) -> Case:
         if any(c.name == name for c in self.cases):
             raise ValueError(f"{self.op}: duplicate case name {name!r}")
         if "/" in name:
             raise ValueError(f"{self.op}: case name {name!r} may not contain '/'")
-        case = Case(self.op, name, attrs, dict(inputs), dtype, tolerance, description, dict(extra))
+        case = Case(self.op, name, attrs, dict(inputs), dtype, tolerance, description, dict(extra),
+                    dict(repeats or {}))
         self.cases.append(case)
         return case
 

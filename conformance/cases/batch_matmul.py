@@ -78,11 +78,13 @@ _edge("f16_partial_sums_past_65504", _big_lhs, _big_rhs, np.array([[[200.0, -200
 _edge("f16_subnormal_results", pattern((2, 3, 4)) * 2.0 ** -8, pattern((2, 4, 3), modulus=13, offset=4) * 2.0 ** -8,
       pattern((2, 3, 3), modulus=11, offset=2) * 2.0 ** -8, np.float16,
       "float16: results below 2^-14 (subnormal), rounded to the subnormal spacing")
-# bfloat16 on a long reduction: K = 4096 terms of 1 * (1 or 1.25 or 1.5 or 1.75); the sum (about
-# 5600) needs 13 bits, is exact in float32 and rounded once to bfloat16 (8 bits); a bfloat16
-# accumulator would stop growing at 256 (256 + 1 rounds back to 256).
+# bfloat16 on a long reduction: K = 4096 terms of (1, 1.25 or 1.5) * (1, 1.25, ... or 2); the sum
+# (about 7000) needs 17 bits (products are sixteenths), is exact in float32 and rounded once to
+# bfloat16 (8 bits); a bfloat16 accumulator would stop growing at 256 (256 + 1 rounds back to 256).
+# The operands cycle with odd periods (3 and 5), which no stride of these power-of-two dims repeats.
 _K = 4096
-_edge("bf16_long_reduction_k4096", np.ones((1, 2, _K)), (1 + (np.arange(_K * 2) % 4) * 0.25).reshape(1, _K, 2),
+_edge("bf16_long_reduction_k4096", (1 + (np.arange(2 * _K) % 3) * 0.25).reshape(1, 2, _K),
+      (1 + (np.arange(_K * 2) % 5) * 0.25).reshape(1, _K, 2),
       np.array([[[1.0, 0.5], [0.25, 2.0]]]), BFLOAT16,
       "bfloat16: K = 4096, the float32 sum rounded once to bfloat16's 8-bit mantissa")
 # bfloat16 keeps float32's exponent range: values of 2^100 (and 2^-100), far outside float16's.

@@ -16,7 +16,8 @@ TABLE = CaseTable("concat")
 def _values(dims, dtype, offset):
     kind = np.dtype(dtype).kind
     if kind == "b":
-        return int_pattern(dims, modulus=3, offset=offset) % 2
+        # Period 11: no stride of these shapes is a multiple of it (modulus 3 repeated along rows of 3).
+        return int_pattern(dims, modulus=11, offset=offset) % 2
     return int_pattern(dims, offset=offset) if kind in "iu" else pattern(dims, offset=offset)
 
 

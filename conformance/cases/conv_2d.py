@@ -42,7 +42,7 @@ def _add(name, input_dims, attrs, dtype=np.float32, tolerance=EXACT, description
     output_dims = conv_2d.output_dims(attrs, input_dims)
     inputs = {
         "input": pattern(input_dims) if input is None else input,
-        "filter": pattern(filter_dims, modulus=9 if filter_scale < 0.25 else 17, scale=filter_scale, offset=2)
+        "filter": pattern(filter_dims, modulus=8 if filter_scale < 0.25 else 17, scale=filter_scale, offset=2)
         if filter is None else filter,
     }
     if attrs.use_bias:
@@ -117,7 +117,8 @@ _add("columns_k1_pad_1", (2, 3, 4, 3), _conv(2, (1, 1), padding=(1, 1), use_bias
 _add("zero_batch", (0, 3, 5, 4), _conv(2, (3, 3), (1, 1), (1, 1), use_bias=True),
      description="N = 0: nothing to compute; filter and bias gradients are zero")
 
-# Fused activations after the bias. Filters are eighths in [-0.5, 0.5] so that the
+# Fused activations after the bias. Filters are eighths in [-0.5, 0.375] (modulus 8: a period
+# that divides no stride of a 3x3 or 7x7 filter, where 9 made every plane alike) so that the
 # pre-activations stay in about [-4, 4], where every activation still bends; the
 # pre-activations themselves are exact, so RELU is exact. For the others every
 # activation value and derivative is a few ulps off in the case's dtype (NumPy's exp,
@@ -244,23 +245,28 @@ _half("inference_k3_s1_p1_bias_silu", (2, 3, 4, 5), _inference(4, (3, 3), paddin
 _half("inference_depthwise_k7_p3_bias_silu", (1, 4, 9, 10), _inference(4, (7, 7), padding=(3, 3), groups=4),
       filter_scale=0.125, description="fused inference: depthwise 7x7, bias, SILU")
 
-# float16's largest finite value is 65504. A 1x1 conv of 3 channels of 200 with filter (240, 240, -240):
-# partial sums 48000, 96000 (inf in a float16 accumulator), 48000; the bias -32 gives 47968 (exact).
-# The filter gradient sums over 3 pixels of gradients (200, 200, -200) times 200: 40000, 80000, 40000.
+# float16's largest finite value is 65504. A 1x1 conv of 3 channels of about 200 with filter (240, 240,
+# -240): at the 3 pixels partial sums 48000, 96000 (inf in a float16 accumulator), 48000; 49920, 96000,
+# 46080; 46080, 97920, 49920; the bias -32 gives 47968, 46048, 49888 (each exact in float16). The
+# filter gradient sums over the 3 pixels of gradients (200, 200, -200) times the input: partial sums
+# 40000, 81600, 43200; 40000, 78400, 35200; 40000, 81600, 41600.
 _add("f16_partial_sums_past_65504", (1, 3, 1, 3), _conv(1, (1, 1), use_bias=True), dtype=np.float16,
-     input=np.full((1, 3, 1, 3), 200.0), filter=np.array([240.0, 240.0, -240.0]).reshape(1, 3, 1, 1),
+     input=np.array([[200.0, 208.0, 192.0], [200.0, 192.0, 216.0], [200.0, 208.0, 200.0]]).reshape(1, 3, 1, 3),
+     filter=np.array([240.0, 240.0, -240.0]).reshape(1, 3, 1, 1),
      bias=np.array([-32.0]), output_grad=np.array([200.0, 200.0, -200.0]).reshape(1, 1, 1, 3),
      description="float16: partial sums past 65504 in the forward and the filter gradient, carried in float32")
 # float16's subnormals are below 2^-14: inputs, filters and output gradients of 2^-8 scale give
 # products of 2^-20 and sums around 2^-14, rounded to float16's subnormal spacing 2^-24.
 _add("f16_subnormal_results", (1, 3, 5, 4), _conv(2, (3, 3), (1, 1), (1, 1)), dtype=np.float16,
-     input=pattern((1, 3, 5, 4)) * 2.0 ** -8, filter=pattern((2, 3, 3, 3), modulus=9, offset=2) * 2.0 ** -8,
+     input=pattern((1, 3, 5, 4)) * 2.0 ** -8, filter=pattern((2, 3, 3, 3), modulus=8, offset=2) * 2.0 ** -8,
      output_grad=pattern((1, 2, 5, 4), modulus=11, offset=4) * 2.0 ** -8,
      description="float16: results below 2^-14 (subnormal) and just above")
-# bfloat16 on a long reduction: 512 channels of a 3x3 kernel, 4608 terms of 1 * (1, 1.25, 1.5 or 1.75) per
-# output (fewer at the border); the float32 sum (about 6000) needs 13 bits and is rounded once to 8.
+# bfloat16 on a long reduction: 512 channels of a 3x3 kernel, 4608 terms of (1, 1.25, ... or 2) * (1, 1.125,
+# ... or 1.75) per output (fewer at the border); the float32 sum (about 10000, in 32nds) needs 19 bits and
+# is rounded once to 8. Periods 5 and 7 divide no stride of these dims (9 * 2^k, 3, 1).
 _add("bf16_long_reduction_c512_k3", (1, 512, 3, 3), _conv(2, (3, 3), padding=(1, 1)), dtype=BFLOAT16,
-     input=np.ones((1, 512, 3, 3)), filter=(1 + (np.arange(2 * 512 * 9) % 4) * 0.25).reshape(2, 512, 3, 3),
+     input=(1 + (np.arange(512 * 9) % 5) * 0.25).reshape(1, 512, 3, 3),
+     filter=(1 + (np.arange(2 * 512 * 9) % 7) * 0.125).reshape(2, 512, 3, 3),
      description="bfloat16: 4608-term sums rounded once to the 8-bit mantissa")
 
 

@@ -36,7 +36,8 @@ LAYOUTS = {
 
 # Divisors: powers of two (every quotient exact) and other short dyadic values.
 _POW2 = [0.5, -2.0, 1.0, 4.0, -0.25, 2.0, -1.0, 0.125]
-_OTHER = [3.0, -5.0, 1.5, 7.0, -0.75, 6.0, 2.5, -3.5, 5.0, 1.25, -6.0, 0.75]
+# Thirteen of them: a cycle of 12 repeated along the 12-element stride of (2, 3, 4).
+_OTHER = [3.0, -5.0, 1.5, 7.0, -0.75, 6.0, 2.5, -3.5, 5.0, 1.25, -6.0, 0.75, -1.5]
 
 
 def _cycle(dims, values, offset=0):
@@ -51,8 +52,9 @@ def _out_dims(lhs_dims, rhs_dims):
 def _inputs(op, lhs_dims, rhs_dims, divisors=_POW2):
     out_dims = _out_dims(lhs_dims, rhs_dims)
     if op in (MAX, MIN):
-        # Values in {-1, -0.5, 0, 0.5, 1} on both sides: many ties, where each side gets g / 2.
-        lhs, rhs = pattern(lhs_dims, 5, 0.5, 0), pattern(rhs_dims, 5, 0.5, 2)
+        # lhs in {-1, -0.5, 0, 0.5, 1}, rhs in quarters of [-1, 1]: ties, where each side gets g / 2.
+        # (rhs's period 9: a period of 5 on both sides repeated along strides of 20 and 400.)
+        lhs, rhs = pattern(lhs_dims, 5, 0.5, 0), pattern(rhs_dims, 9, 0.25, 2)
     elif op is DIV:
         lhs, rhs = pattern(lhs_dims, 17, 0.25, 0), _cycle(rhs_dims, divisors, 3)
     else:
@@ -194,11 +196,11 @@ _BIG = np.array([[40000.0] * 4, [40000.0] * 4, [-40000.0] * 4, [-32768.0] * 4, [
 _add("add_bcast_sum_near_max_f16", ADD, (6, 4), (1, 4), F16,
      inputs={"lhs": pattern((6, 4)), "rhs": pattern((1, 4), offset=3), "output_grad": _BIG},
      description="rhs_grad sums columns through 80000 (beyond 65504): finite in float32, rounded once")
-# bfloat16: 256 + 1 + 1 + ... (one term 256, then 15 ones): a bfloat16 running sum stays at 256
-# (256 + 1 rounds back to 256), the float32 sum is 271 and rounds once to 272.
-_LONG = np.array([256.0] + [1.0] * 15).reshape(16, 1)
+# bfloat16: 256 + 1 + 1 + ... (one term 2 * 128, then 15 terms 1 * 1): a bfloat16 running sum stays at
+# 256 (256 + 1 rounds back to 256), the float32 sum is 271 and rounds once to 272.
+_LONG = np.array([128.0] + [1.0] * 15).reshape(16, 1)
 _add("mul_bcast_long_sum_bf16", MUL, (16, 1), (1, 1), BF16,
-     inputs={"lhs": _LONG, "rhs": np.ones((1, 1)), "output_grad": np.ones((16, 1))},
+     inputs={"lhs": _LONG, "rhs": np.ones((1, 1)), "output_grad": np.array([2.0] + [1.0] * 15).reshape(16, 1)},
      description="rhs_grad = sum(g * lhs) over 16 rows: 256 + 15 ones, 271 in float32 rounded once to 272")
 
 

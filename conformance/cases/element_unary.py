@@ -170,7 +170,8 @@ _add("scalar_multiply_subnormal_bf16", "SCALAR_MULTIPLY", 2.0 ** -130, BF16,
      description="bfloat16 subnormal outputs and gradients (the float32 scalar is itself subnormal): exact")
 # rsqrt of float16 subnormal powers of 4 (2^-24 .. 2^-16): 2^12 .. 2^8, exact; the derivative
 # -0.5 dy r^3 (r^3 up to 2^36, finite in float32) overflows to inf in float16, as the golden does.
-_add("rsqrt_subnormal_f16", "RSQRT", None, F16, input=[4.0 ** k for k in (-12, -11, -10, -9, -8)] * 2, shape=(10,),
+_add("rsqrt_subnormal_f16", "RSQRT", None, F16, input=[4.0 ** k for k in (-12, -11, -10, -9, -8, -8, -9, -10, -11, -12)],
+     shape=(10,),
      description="rsqrt of float16 subnormals: exact 2^k; the derivative overflows float16 to inf, as torch's")
 # exp near float16's maximum: exp(11) = 59874 is finite, exp(11.125) = 67846 overflows to inf.
 _add("exp_near_max_f16", "EXP", None, F16, input=[10.0, 10.5, 10.75, 11.0, 11.0625, 11.125, -11.0, 0.0], shape=(8,),

@@ -15,7 +15,7 @@ import numpy as np
 from kernels import Activation, Pool2DAttrs, PoolOp, pool_2d
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, pattern, ulp
+from ..case import EXACT, CaseTable, aperiodic, pattern, ulp
 from ..harness import run_unary
 
 TABLE = CaseTable("pool_2d")
@@ -25,8 +25,10 @@ NAN, INF = np.nan, np.inf
 
 
 def _ties(dims, offset=0):
-    """Integers in -2..2 (modulus 5): almost every window holds its maximum several times."""
-    return pattern(dims, modulus=5, scale=1.0, offset=offset)
+    """Integers in -2..2: almost every window holds its maximum several times. aperiodic(), not
+    pattern(modulus=5), whose period of 5 made every row of a 5-wide map (and every plane of a
+    5x7 one) alike."""
+    return aperiodic(dims, modulus=5, scale=1.0, offset=offset)
 
 
 def _add(name, dims, attrs, input=None, dtype=np.float32, tolerance=EXACT, description=""):
@@ -136,9 +138,9 @@ _NEAR_MAX = np.array([65280.0, 65024.0, 64768.0, 64512.0, 60160.0])  # exact in 
 
 
 def _near_max(dims):
-    """Values near the float16 maximum: a window sum overflows in half arithmetic, never in float32."""
-    count = int(np.prod(dims))
-    return _NEAR_MAX[(np.arange(count) * 3) % 5].reshape(dims)
+    """Values near the float16 maximum: a window sum overflows in half arithmetic, never in float32.
+    Picked by aperiodic() (a cycle of 5 made both channels of a 5x6 plane alike)."""
+    return _NEAR_MAX[aperiodic(dims, modulus=5).astype(np.int64) + 2]
 
 
 for _suffix, _dtype in _HALF.items():

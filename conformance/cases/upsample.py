@@ -94,11 +94,19 @@ def _add_half(name, dims, scale, mode, dtype, tolerance=EXACT, description="", o
 
 
 def _cancelling_near_max(dims):
-    """Blocks of 2x2 gradients (60160, 64512 / -65280, -58880): a left-to-right half sum overflows at its
-    first add, the float32 sum (512) does not."""
+    """Blocks of 2x2 gradients near 65504, two positive over two negative (block k: 60160 + 256 (k mod 5),
+    64512 - 256 (k mod 3) / -65280 + 256 (k mod 4), and the one that brings the sum to 256 (k mod 3)): a
+    left-to-right half sum overflows at its first add, the float32 sum (0, 256 or 512) does not. Each
+    block differs from its neighbours (one tiled block repeated along every axis). Multiples of 256
+    up to 65280: exact in float16 and bfloat16."""
     n, c, h, w = dims
-    block = np.array([[60160.0, 64512.0], [-65280.0, -58880.0]])
-    return np.tile(block, (n, c, h // 2, w // 2))
+    k = np.arange(n * c * (h // 2) * (w // 2)).reshape(n, c, h // 2, 1, w // 2, 1)
+    first = 60160.0 + 256.0 * (k % 5)
+    second = 64512.0 - 256.0 * (k % 3)
+    third = -65280.0 + 256.0 * (k % 4)
+    fourth = 256.0 * (k % 3) - first - second - third
+    blocks = np.concatenate([np.concatenate([first, second], axis=5), np.concatenate([third, fourth], axis=5)], axis=3)
+    return blocks.reshape(n, c, h, w)
 
 
 for _suffix, _dtype in _HALF.items():
