@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -204,6 +205,12 @@ class _Pair:
 HEADROOM = 16.0
 
 
+def gradient_limit(dtype: np.dtype) -> float:
+    """The largest gradient a step in `dtype` may reach: the dtype's largest value / HEADROOM."""
+    # ml_dtypes.finfo, not np.finfo: NumPy's refuses bfloat16 before ml_dtypes 0.7 (the floor is older).
+    return float(ml_dtypes.finfo(dtype).max) / HEADROOM
+
+
 def _reference_step_in_range(pair: _Pair, device: torch.device, image: np.ndarray,
                              output_grads: dict[str, list[np.ndarray]], dtype: np.dtype):
     """The reference's training step from the output gradients times a loss scale: 1, or for a dtype
@@ -212,7 +219,7 @@ def _reference_step_in_range(pair: _Pair, device: torch.device, image: np.ndarra
     mixed-precision training's loss scaling does (PyTorch's GradScaler backs off on an overflow too).
     Each try restores both reference models' buffers (the running statistics a training forward moves).
     Returns (the output gradients it used, scale, expected, spread)."""
-    limit = float(np.finfo(dtype).max) / HEADROOM
+    limit = gradient_limit(dtype)
     buffers = [{name: t.clone() for name, t in model.named_buffers()} for model in (pair.ref, pair.other)]
     scale = 1.0
     while True:
