@@ -75,7 +75,8 @@ def compare(got: np.ndarray, expected: np.ndarray, tolerance: Tolerance) -> str 
     lines = [f"{count} of {got.size} values differ ({tolerance}); max ulp distance {np.max(distance[bad]):.0f}"]
     for index in np.argwhere(bad)[:FIRST_FEW]:
         index = tuple(int(i) for i in index)
-        lines.append(f"  at {index}: got {got[index]!r}, expected {expected[index]!r}, ulp distance {distance[index]:.0f}")
+        # str, not repr: the same text on NumPy 1 and 2 (whose repr reads "np.float32(1.0)").
+        lines.append(f"  at {index}: got {got[index]}, expected {expected[index]}, ulp distance {distance[index]:.0f}")
     return "\n".join(lines)
 
 
