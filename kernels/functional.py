@@ -656,7 +656,11 @@ def _stat_view(env: _Env, name: str, given: Any) -> Any:
     if _is_torch(given) and given.requires_grad:
         given = given.detach()
     if env.device == "cpu":
-        return np.from_dlpack(given)
+        view = np.from_dlpack(given)
+        if not view.flags.writeable and _is_torch(given):
+            # NumPy before 2.2.5 imports every DLPack tensor read-only; torch's own view shares the memory writably.
+            view = given.numpy()
+        return view
     with env.stream:  # pragma: no cover - GPU: CuPy arrays
         return env.xp.from_dlpack(given)
 

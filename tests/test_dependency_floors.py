@@ -4,7 +4,12 @@ each behaviour that once needed a newer NumPy or ml_dtypes than the floor, pinne
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as TF
 
+import kernels.functional as F
+from conformance.case import ulp
+from conformance.compare import compare
 from conformance.models.session import HEADROOM, gradient_limit
 from kernels.core import BFLOAT16
 
@@ -20,3 +25,24 @@ def test_whole_network_gradient_limit_of_every_float_dtype(dtype, largest):
     # `python -m conformance.models yolov10n --dtype bfloat16` before its first step.
     assert gradient_limit(dtype) == largest / HEADROOM
     assert gradient_limit(np.dtype(ml_dtypes.bfloat16)) == gradient_limit(BFLOAT16)
+
+
+def test_torch_running_statistics_are_updated_in_place_when_dlpack_imports_are_read_only(monkeypatch):
+    # NumPy before 2.2.5 marks every array it imports through DLPack read-only, torch's writable
+    # tensors too; the functional layer's batch_norm must still write the caller's running statistics.
+    dlpack_import = np.from_dlpack
+
+    def read_only_import(obj, *args, **kwargs):
+        array = dlpack_import(obj, *args, **kwargs)
+        array.flags.writeable = False
+        return array
+
+    monkeypatch.setattr(np, "from_dlpack", read_only_import)
+    x = torch.tensor((np.arange(48.0).reshape(4, 3, 2, 2) * 7 % 17 - 8) / 4)
+    mean, var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    F.batch_norm(x, mean, var, training=True, momentum=0.5)
+    torch_mean, torch_var = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    TF.batch_norm(x, torch_mean, torch_var, training=True, momentum=0.5)
+    assert not np.array_equal(mean.numpy(), np.zeros(3))
+    assert compare(mean.numpy(), torch_mean.numpy(), ulp(1)) is None
+    assert compare(var.numpy(), torch_var.numpy(), ulp(1)) is None
