@@ -107,7 +107,8 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # what hypothesis prints for a falsifying example
-        shapes = {k: (v.shape if isinstance(v, np.ndarray) else [a.shape for a in v]) for k, v in self.inputs.items()}
+        shapes = {k: (v.shape if isinstance(v, np.ndarray) else None if v is None else [a.shape for a in v])
+                  for k, v in self.inputs.items()}
         return (f"Sample({self.op}, {self.attrs!r}, dtype={self.dtype.name}, dyadic={self.dyadic}, "
                 f"shapes={shapes}, extra={self.extra})")
 

@@ -46,3 +46,15 @@ def test_torch_running_statistics_are_updated_in_place_when_dlpack_imports_are_r
     assert not np.array_equal(mean.numpy(), np.zeros(3))
     assert compare(mean.numpy(), torch_mean.numpy(), ulp(1)) is None
     assert compare(var.numpy(), torch_var.numpy(), ulp(1)) is None
+
+
+def test_a_drawn_sample_without_an_optional_tensor_prints():
+    # hypothesis at its floor prints every drawn value's repr, not only a falsifying one's: a
+    # convolution drawn without a bias (None) must print too.
+    from .properties import Sample
+
+    sample = Sample("conv_2d", "attrs", {"input": np.zeros((1, 2, 3, 4)), "bias": None, "parts": [np.zeros(2), np.zeros(3)]},
+                    np.dtype(np.float64), dyadic=True)
+    assert repr(sample) == ("Sample(conv_2d, 'attrs', dtype=float64, dyadic=True, "
+                            "shapes={'input': (1, 2, 3, 4), 'bias': None, 'parts': [(2,), (3,)]}, extra={})")
+
