@@ -58,3 +58,17 @@ def test_a_drawn_sample_without_an_optional_tensor_prints():
     assert repr(sample) == ("Sample(conv_2d, 'attrs', dtype=float64, dyadic=True, "
                             "shapes={'input': (1, 2, 3, 4), 'bias': None, 'parts': [(2,), (3,)]}, extra={})")
 
+
+
+@pytest.mark.parametrize("stride", [(1, 2), (2, 1), (1, 1)])
+def test_a_convolution_of_an_empty_batch_over_wide_rows(stride):
+    # hypothesis at its floor drew this one (zero images, output rows 64 wide or more, im2col copied):
+    # zero-size tensors are legal and do nothing, and the filter's gradient over no images is zero.
+    x = np.zeros((0, 2, 3, 129), np.float32)
+    weight = np.ones((4, 2, 3, 3), np.float32)
+    ctx = F.Context()
+    y = F.conv2d(x, weight, padding=1, stride=stride, ctx=ctx)
+    assert y.shape == (0, 4, (3 - 1) // stride[0] + 1, (129 - 1) // stride[1] + 1)
+    grads = F.conv2d_backward(y, ctx)
+    assert grads.input.shape == x.shape
+    assert np.array_equal(grads.weight, np.zeros_like(weight))

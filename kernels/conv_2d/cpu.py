@@ -120,7 +120,8 @@ def _columns(padded: np.ndarray, attrs: Conv2DAttrs, out_h: int, out_w: int) -> 
     if _plain(attrs):
         return taps.reshape(shape)
     columns = _buffer("columns", taps.shape, taps.dtype)
-    cpu_runtime.cpu_copy(columns.reshape(n * groups, -1, *taps.shape[3:]), taps.reshape(n * groups, -1, *taps.shape[3:]))
+    by_channel = (n * groups, group_channels, *taps.shape[3:])  # no -1: NumPy cannot infer it for an empty batch
+    cpu_runtime.cpu_copy(columns.reshape(by_channel), taps.reshape(by_channel))
     return columns.reshape(shape)
 
 
