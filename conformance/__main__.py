@@ -50,6 +50,10 @@ GPU schedules (every GPU case runs under each, with both poisons):
             transfer and before every kernel call: work a kernel puts on any
             other stream runs out of order and the results show it
   foreign   delayed, and CuPy's current stream is another non-blocking stream
+  small     every launch planned as for a device of one SM, its grids capped
+            at two blocks (kernels.gpu.simulated_device): grid-stride loops go
+            round, unrolled and multi-block paths run on the small tensors
+            (aligned with both poisons, misaligned with random values)
 
 red zones (every tensor, every run): a view inside a larger allocation, with
   canary bytes (0xA5) around written tensors and NaN (integer maximum, True)
@@ -116,7 +120,8 @@ def _parser() -> argparse.ArgumentParser:
                              "else the copy installed with the package)")
     parser.add_argument("--schedule", action="append", choices=SCHEDULES["gpu"], metavar="SCHEDULE",
                         help="only this GPU schedule: plain, delayed (the kernels' stream held back before each "
-                             "call) or foreign (delayed, and another CuPy current stream) (repeatable; default: all)")
+                             "call), foreign (delayed, and another CuPy current stream) or small (launches planned "
+                             "for a one-SM device, grids of two blocks) (repeatable; default: all)")
     parser.add_argument("--shard", type=_shard, metavar="I/N",
                         help="only every N-th of the chosen cases, starting at the I-th (1 <= I <= N): N processes "
                              "with shards 1/N .. N/N run every case once (tools/sanitize.sh does)")

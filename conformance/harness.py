@@ -45,8 +45,15 @@ LAYOUTS = ("aligned", "misaligned", "staggered")
 # the harness, which reads results after synchronizing the kernels' stream only, reads before
 # such work is done). "foreign": delayed, and CuPy's current stream is another non-blocking stream
 # for the whole case, so a kernel that relies on CuPy's current stream lands on the wrong one.
-SCHEDULES = {"cpu": ("plain",), "gpu": ("plain", "delayed", "foreign")}
+# "small": plain streams, every launch planned as for a small device (kernels.gpu.simulated_device:
+# SMALL_DEVICE's one SM, grids of at most two blocks), so that the golden cases' small tensors, in
+# their red zones, run the grid-stride loops round, the unrolled bodies and the multi-block paths
+# that the real device's grids only run on large tensors.
+SCHEDULES = {"cpu": ("plain",), "gpu": ("plain", "delayed", "foreign", "small")}
 SPIN_NS = 2_000_000
+SMALL_DEVICE = {"sm_count": 1, "max_blocks": 2}
+# The schedules about streams (the rest are about launch geometry).
+_STREAM_SCHEDULES = ("plain", "delayed", "foreign")
 
 
 def runs(device: str) -> list[tuple[str, str, str]]:
@@ -56,14 +63,18 @@ def runs(device: str) -> list[tuple[str, str, str]]:
     addresses, the schedules about streams and the poisons about unwritten values: each new layout
     runs with each poison once, the misaligned one also under the device's strictest schedule
     (foreign on the GPU, where the element-wise paths' own work meets a held-back stream and a
-    foreign current stream), the rest plain, the cheapest. On the GPU: 10 runs, 4 of them new (3
-    plain); on the CPU: 6 runs, 4 new.
+    foreign current stream), the rest plain, the cheapest. On the GPU the small device runs too:
+    aligned with both poisons (the pack paths) and misaligned with random values (the element-wise
+    paths). On the GPU: 13 runs; on the CPU: 6 runs.
     """
     schedules = SCHEDULES[device_kind(device)]
-    strictest = schedules[-1]
-    result = [(schedule, "aligned", poison) for schedule in schedules for poison in POISONS]
+    streams = [schedule for schedule in schedules if schedule in _STREAM_SCHEDULES]
+    strictest = streams[-1]
+    result = [(schedule, "aligned", poison) for schedule in streams for poison in POISONS]
     result += [("plain", "misaligned", "random"), (strictest, "misaligned", "nan")]
     result += [("plain", "staggered", poison) for poison in POISONS]
+    if "small" in schedules:
+        result += [("small", "aligned", poison) for poison in POISONS] + [("small", "misaligned", "random")]
     return result
 
 
@@ -167,7 +178,7 @@ class Env:
             ordinal = device_ordinal(device)
             self.stream, self.handle = kernels.gpu_stream(ordinal), kernels.gpu_handle(ordinal)
             self.xp = cupy
-            if schedule != "plain":
+            if schedule in ("delayed", "foreign"):
                 spin(self.stream)  # every transfer of the case queues behind it
         self.reads: dict[str, Any] = {}
         self.writes: dict[str, Any] = {}
@@ -271,6 +282,10 @@ class Env:
         """The block (a case's run) under this Env's schedule."""
         if self.schedule == "plain":
             yield
+            return
+        if self.schedule == "small":  # the case's states are made inside: they keep the small plans
+            with kernels.gpu.simulated_device(**SMALL_DEVICE):
+                yield
             return
         import cupy
 

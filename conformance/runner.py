@@ -1,6 +1,6 @@
 """Running one case on one device against its golden: with both poisons, in red zones at aligned
 and misaligned offsets, and on the GPU under every schedule (plain, delayed stream, foreign
-current stream); harness.runs says which combinations run."""
+current stream, small device); harness.runs says which combinations run."""
 
 from __future__ import annotations
 

@@ -300,8 +300,9 @@ def plan_paths(direction: str, activation: Activation, aligned: bool) -> tuple[s
     return f"activation.{direction}.{activation.name.lower()}", f"activation.{direction}.{'packs' if aligned else 'scalars'}"
 
 
-# Launch plans by (direction, activation, dtype, count, aligned, device): (kernel, grid, count
-# argument, aligned flag, paths), made once, so that a call only looks one up. Bounded: cleared past _PLANS_LIMIT.
+# Launch plans by (direction, activation, dtype, count, aligned, device, simulated device): (kernel, grid,
+# count argument, aligned flag, paths), made once, so that a call only looks one up. Bounded: cleared past
+# _PLANS_LIMIT. The simulated device (gpu.simulated_device) is in the key: its grids are not the device's.
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_LIMIT = 4096
 
@@ -310,7 +311,7 @@ def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, 
           aligned: bool) -> tuple:  # pragma: no cover - GPU: launch plan
     if not isinstance(activation, Activation):
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
-    key = (direction, activation, dtype, count, aligned, stream.device)
+    key = (direction, activation, dtype, count, aligned, stream.device, gpu.simulated())
     plan = _PLANS.get(key)
     if plan is None:
         # 16-byte aligned arrays: the kernels move 16-byte packs, 16 // itemsize elements a thread.

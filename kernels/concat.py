@@ -145,7 +145,10 @@ def cpu_cut(layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
 # Kept switchable so that the benchmarks compare the methods.
 GPU_METHOD = "auto"
 MEMCPY2D_MAX_PIECES = 4
-MEMCPY2D_MIN_BYTES = 16 << 20  # whole bytes from which a one-row join is bandwidth-bound (see above)
+MEMCPY2D_MIN_BYTES = 16 << 20  # whole bytes from which a one-row join is bandwidth-bound on the H200 (see above)
+# The H200's SMs: a device's threshold is MEMCPY2D_MIN_BYTES in proportion to its SM count (a join
+# is bandwidth-bound once each SM has that share to move), so a small device takes memcpy2d sooner.
+MEMCPY2D_MEASURED_SMS = 132
 MAX_PIECES = gpu.MAX_RANK  # pieces per launch: as many as one `struct Ints` holds
 UNROLL = 4  # units a thread moves per round (concat.cu's CONCAT_UNROLL)
 # Resident blocks of 256 threads an SM holds: below that many blocks on the device a grid moves
@@ -156,7 +159,7 @@ _GRID_SPAN = UNROLL * 65536 * gpu.BLOCK
 
 # The GPU paths of the join/cut primitive (concat, and split, which runs it the other way round).
 gpu_paths.declare(OP, {
-    "memcpy2d": "one cudaMemcpy2DAsync per piece (auto: a join of one row, <= 4 pieces, >= 16 MiB of whole)",
+    "memcpy2d": "one cudaMemcpy2DAsync per piece (auto: a join of one row, <= 4 pieces, >= 16 MiB of whole on 132 SMs)",
     "kernel.join": "concat_copy<..., ToWhole=true>: pieces -> whole (concat forward, split backward)",
     "kernel.cut": "concat_copy<..., ToWhole=false>: whole -> pieces (split forward, concat backward)",
     **{f"kernel.unit{unit}": f"concat_copy moving {unit}-byte units (the widest that sizes and addresses allow)"
@@ -260,7 +263,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
     active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
     if method == "auto":
         memcpy = (to_whole and layout.outer == 1 and len(active) <= MEMCPY2D_MAX_PIECES
-                  and layout.row_bytes >= MEMCPY2D_MIN_BYTES)
+                  and layout.row_bytes * MEMCPY2D_MEASURED_SMS >= MEMCPY2D_MIN_BYTES * sm_count)
         method = "memcpy2d" if memcpy else "kernel"
     if method == "memcpy2d":
         return method, [(i, offsets[i], *((layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)),

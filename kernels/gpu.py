@@ -9,6 +9,8 @@ templated on dtype through `name_expressions`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import glob
 import hashlib
@@ -16,7 +18,7 @@ import json
 import math
 import os
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -42,10 +44,62 @@ BLOCK = 256
 MAX_RANK = 12  # dims one `struct Ints` (common.cuh) carries by value; reaches CUDA as KERNELS_MAX_RANK
 
 
-@functools.lru_cache(maxsize=None)
+# The most blocks grid_for gives a grid-stride kernel (the kernels stride past it).
+GRID_BLOCKS = 65536
+
+
 def sm_count(device: int) -> int:
-    """The device's number of streaming multiprocessors (132 on an H200), asked once."""
+    """The device's number of streaming multiprocessors (132 on an H200), asked once; a
+    simulated_device's count inside one."""
+    simulated = _SIMULATED.get()
+    if simulated is not None:
+        return simulated[0]
+    return _device_sm_count(device)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sm_count(device: int) -> int:
     return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+# (sm_count, max_blocks) of the simulated device in this thread and context, or None (see simulated_device).
+_SIMULATED: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("kernels_simulated_device",
+                                                                                    default=None)
+
+
+@contextlib.contextmanager
+def simulated_device(sm_count: int = 1, max_blocks: int = 2) -> Iterator[None]:
+    """Within the block (this thread and context only), plan GPU launches as for a small device:
+    sm_count() answers `sm_count`, and every grid dimension that its kernel strides over (grid_for,
+    capped) has at most `max_blocks` blocks. The same kernels run on the real device, with fewer
+    blocks: their grid-stride loops go round, their unrolled bodies and multi-block paths run on
+    small tensors. A correct kernel gives the same bits under any grid, so results never change.
+
+    Plans are made when a state is initialised or first called and kept in it: a state made inside
+    the block keeps the small device's plans after it, one made outside keeps the real device's.
+    The conformance suite's "small" schedule runs each case inside one (conformance.harness)."""
+    if int(sm_count) < 1 or int(max_blocks) < 1:
+        raise ValueError(f"simulated_device: sm_count and max_blocks must be >= 1, found {sm_count}, {max_blocks}")
+    token = _SIMULATED.set((int(sm_count), int(max_blocks)))
+    try:
+        yield
+    finally:
+        _SIMULATED.reset(token)
+
+
+def simulated() -> tuple[int, int] | None:
+    """(sm_count, max_blocks) of the simulated_device block around the caller, or None outside one:
+    a part of the key of launch plans cached outside a state."""
+    return _SIMULATED.get()
+
+
+def capped(blocks: int, limit: int) -> int:
+    """The blocks of one grid dimension that its kernel strides over: `blocks`, at least one, at most
+    `limit` (the hardware's or the plan's cap) and, inside simulated_device, at most its max_blocks."""
+    simulated = _SIMULATED.get()
+    if simulated is not None:
+        limit = min(limit, simulated[1])
+    return max(1, min(blocks, limit))
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -504,9 +558,9 @@ def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Seq
 
 
 def grid_for(count: int, block: int = BLOCK, per_thread: int = 1) -> int:
-    """Blocks for a grid-stride kernel covering `count` items: enough to fill the device, capped."""
-    blocks = -(-count // (block * per_thread))
-    return max(1, min(blocks, 65536))
+    """Blocks for a grid-stride kernel covering `count` items: enough to fill the device, capped
+    at GRID_BLOCKS (at the simulated device's max_blocks inside simulated_device)."""
+    return capped(-(-count // (block * per_thread)), GRID_BLOCKS)
 
 
 def stream_wait(waiter: Any, waited: Any, device: int) -> None:

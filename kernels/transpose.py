@@ -128,7 +128,7 @@ def gpu_plan(dims: tuple[int, ...], permutation: tuple[int, ...], dtype: np.dtyp
         tile = 32  # 16-byte elements (shared memory), or too few 64x64 tiles to fill the GPU (PSA: 70)
     tiles = -(-size_x // tile) * -(-size_a // tile)
     name = f"transpose_tiled<{gpu.bits_type(dtype)}, {index}, {tile}>"
-    return ("tiled", name, (tiles, min(batch_count, 65535)), (THREADS_X, THREADS_Y), args)
+    return ("tiled", name, (tiles, gpu.capped(batch_count, 65535)), (THREADS_X, THREADS_Y), args)
 
 
 gpu_paths.declare(OP, {

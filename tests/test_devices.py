@@ -27,7 +27,9 @@ def test_device_kind_and_ordinal(name, kind, ordinal):
 
 def test_every_gpu_device_runs_the_gpu_schedules():
     assert harness.runs("gpu:3") == harness.runs("gpu")
-    assert len(harness.runs("gpu:3")) == 10 and len(harness.runs("cpu")) == 6
+    assert len(harness.runs("gpu:3")) == 13 and len(harness.runs("cpu")) == 6
+    assert [run for run in harness.runs("gpu") if run[0] == "small"] == [
+        ("small", "aligned", "random"), ("small", "aligned", "nan"), ("small", "misaligned", "random")]
 
 
 @pytest.fixture

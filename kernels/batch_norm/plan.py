@@ -89,4 +89,4 @@ def inference_launch(plan: GpuPlan, itemsize: int) -> tuple[int, int, tuple[int,
 
 def grid2(blocks_x: int, rows: int) -> tuple[int, int]:
     """A two-dimensional grid: blocks along a row, rows; each within 65535 (the kernels stride past it)."""
-    return max(1, min(blocks_x, 65535)), max(1, min(rows, 65535))
+    return gpu.capped(blocks_x, 65535), gpu.capped(rows, 65535)

@@ -285,7 +285,7 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
     if which == "input":
         gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
     else:
-        gpu.launch(stream, kernel, min(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
+        gpu.launch(stream, kernel, gpu.capped(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
                    (grad, input, target) + sizes)
 
 
@@ -378,7 +378,7 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
     if bias_grad is not None and bias_grad.size:
         gpu_paths.reach("conv_2d.bias_grad")
         n, o, out_h, out_w = grad.shape
-        gpu.launch(stream, _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>"), min(o, 65535),
+        gpu.launch(stream, _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>"), gpu.capped(o, 65535),
                    CONV_BIAS_GRAD_BLOCK, (grad, bias_grad, np.int64(n), np.int64(o), np.int64(out_h * out_w)))
     wants_input = input_grad is not None and input_grad.size > 0
     wants_filter = filter_grad is not None and filter_grad.size > 0

@@ -211,14 +211,14 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
         paths = grad_paths(grad_plan_)
         if grad_plan_.kind == "warps":
             warps = kept_count * grad_plan_.chunks
-            grid = max(1, min(-(-warps // (gpu.BLOCK // 32)), 65535))
+            grid = gpu.capped(-(-warps // (gpu.BLOCK // 32)), 65535)
             steps.append((_function("binary_grad_warps", dtype, plan.index, written), grid, slots, tail, False, paths))
         else:
-            grid = (gpu.grid_for(kept_count), grad_plan_.chunks)
+            grid = (gpu.grid_for(kept_count), gpu.capped(grad_plan_.chunks, 65535))  # the kernel strides over chunks
             steps.append((_function("binary_grad_rows", dtype, plan.index, written), grid, slots, tail, False, paths))
         sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
         if grad_plan_.chunks > WARP_SUM_CHUNKS:
-            grid = max(1, min(-(-kept_count // (gpu.BLOCK // 32)), 65535))
+            grid = gpu.capped(-(-kept_count // (gpu.BLOCK // 32)), 65535)
             steps.append((_function("binary_sum_partials_warps", dtype, plan.index), grid, (destination, grad),
                           sum_tail, False, ()))
         elif grad_plan_.chunks > 1:

@@ -53,7 +53,7 @@ def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[
         if tile is not None:
             tile_h, tile_w, tiles_h, tiles_w, shared = tile
             scalars = (scalar(n * c),) + geometry + (np.int32(tile_h), np.int32(tile_w), np.int32(tiles_w))
-            return (_CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, min(n * c, 65535)),
+            return (_CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, gpu.capped(n * c, 65535)),
                     gpu.BLOCK, scalars, shared, plan_paths(attrs, direction, True))
         name = f"max_pool_{direction}{types}"
         scalars = (scalar(count),) + geometry
