@@ -34,7 +34,7 @@ class FakeDevice:
     id = 0  # the GPU ordinal check_call compares with the stream's
 
     def __init__(self, misalign: int):
-        self.memory = np.zeros(1 << 20, dtype=np.uint8)
+        self.memory = np.zeros(1 << 22, dtype=np.uint8)  # three runs of the largest case (1.5 MB)
         self.top, self.misalign = 256, misalign
         self.launches: list[str] = []
 

@@ -3,10 +3,12 @@ takes has a name, declared next to the code that takes it and counted when taken
 
 On the CPU: the registry is well formed, every name that the launch code records is declared
 (an AST scan of the kernels' sources, and the pure functions that compute names run over their
-inputs), recording is cheap and nests. On a GPU (marked gpu): every golden case under every
-schedule and layout of the conformance run, then every large differential case, run under
-recording, and every declared name must be reached; the table "path -> first case that reached
-it" is written to $KERNELS_GPU_PATHS_TABLE (or printed with -s) for the closing note.
+inputs), recording is cheap and nests, and the small device (gpu.simulated_device) caps the grids
+and plans the golden launch shapes as they are declared for. On a GPU (marked gpu): every golden
+case under every schedule (the small device's included) and layout of the conformance run, then
+every large differential case, run under recording; the golden cases alone must reach every declared
+name; the table "path -> first case that reached it" is written to $KERNELS_GPU_PATHS_TABLE (or
+printed with -s) for the closing note.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -30,6 +34,7 @@ from kernels import (
     activation,
     concat,
     element_unary,
+    gpu,
     gpu_paths,
     pool_2d,
     softmax,
@@ -252,6 +257,107 @@ def test_concat_kernel_paths(pieces, axis, to_whole, unit, expected):
     assert set(got) == {f"concat.kernel.{p}" for p in expected} and set(got) <= set(DECLARED)
 
 
+# --------------------------------------------------------------------------- the small device
+
+
+def test_simulated_device_caps_every_strided_grid_and_answers_its_sm_count():
+    """gpu.simulated_device: sm_count() answers the simulated count (CuPy is never asked), grid_for and
+    capped give at most max_blocks blocks, blocks nest, and another thread plans for the real device."""
+    assert gpu.simulated() is None
+    assert [gpu.grid_for(n) for n in (0, 1, 256, 257, 10**9)] == [1, 1, 1, 2, gpu.GRID_BLOCKS]
+    assert gpu.capped(70000, 65535) == 65535 and gpu.capped(0, 65535) == 1
+    with gpu.simulated_device(sm_count=1, max_blocks=2):
+        assert gpu.simulated() == (1, 2) and gpu.sm_count(0) == 1
+        assert [gpu.grid_for(n) for n in (0, 1, 256, 257, 513, 10**9)] == [1, 1, 1, 2, 2, 2]
+        assert gpu.grid_for(4 * 256 * 4, per_thread=4) == 2 and gpu.grid_for(1024, per_thread=4) == 1
+        assert [gpu.capped(n, 65535) for n in (1, 2, 3, 70000)] == [1, 2, 2, 2] and gpu.capped(5, 1) == 1
+        with gpu.simulated_device(sm_count=4, max_blocks=1):
+            assert gpu.sm_count(3) == 4 and gpu.grid_for(10**6) == 1 and gpu.capped(9, 65535) == 1
+        assert gpu.simulated() == (1, 2)
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(gpu.simulated()))
+        thread.start()
+        thread.join()
+        assert seen == [None]
+    assert gpu.simulated() is None and gpu.grid_for(10**9) == gpu.GRID_BLOCKS
+    for sm_count, max_blocks in ((0, 2), (1, 0)):
+        with pytest.raises(ValueError, match="must be >= 1"), gpu.simulated_device(sm_count, max_blocks):
+            pass
+
+
+def _golden(op, name):
+    from conformance.cases import all_cases
+
+    return next(case for case in all_cases() if case.op == op and case.name == name)
+
+
+def _small(function, *args, **kwargs):
+    with gpu.simulated_device(sm_count=1, max_blocks=2):
+        return function(*args, **kwargs)
+
+
+def test_small_device_plans_of_the_golden_launch_shapes():
+    """The golden cases declared for the small schedule (conformance/cases/*.py, "GPU launch shapes") take,
+    under gpu.simulated_device(1, 2), the launches they are there for, and not on the H200's 132 SMs."""
+    from kernels.conv_2d import plan as conv_plan
+    from kernels.pool_2d import plan as pool_plan
+
+    # pool_2d: tiles of 16 x 17 over 31 x 33 outputs, both last tiles partial; 3 planes over 2 plane blocks.
+    case = _golden("pool_2d", "max_3x3_s1_p1_partial_tiles_31x33")
+    tile_h, tile_w, tiles_h, tiles_w, _ = pool_plan.max_forward_tile(case.attrs, 31, 33, 4)
+    assert (tile_h, tile_w, tiles_h, tiles_w) == (16, 17, 2, 2) and 31 % tile_h and 33 % tile_w
+    assert case.inputs["input"].shape[1] == 3 and _small(gpu.capped, 3, 65535) == 2
+    # pool_2d: a window past 48 KB of shared memory even for a one-row tile: the direct forward, int taps.
+    case = _golden("pool_2d", "max_64x97_direct_f64")
+    assert pool_plan.max_forward_tile(case.attrs, 1, 2, 8) is None
+    assert pool_2d.plan_paths(case.attrs, "forward", False) == ("pool_2d.max.forward_direct", "pool_2d.max.taps_i32")
+    # concat: pieces longer than 3 strides of a 2-block grid run the unrolled copy, aligned and misaligned;
+    # on 132 SMs the grid covers them in one round.
+    case = _golden("concat", "rows_past_unrolled_small_device")
+    dims = [case.inputs[f"inputs.{i}"].shape for i in range(3)]
+    layout = _layout(dims, 1)
+    for unit in (16, 4):
+        small = _small(concat.kernel_paths, layout, True, unit, [0, 1, 2], sm_count=1)
+        assert {"concat.kernel.unrolled", "concat.kernel.tail"} <= set(small)
+        assert "concat.kernel.unrolled" not in concat.kernel_paths(layout, True, unit, [0, 1, 2], sm_count=132)
+    # concat: a one-row join of 128000 bytes takes memcpy2d on one SM (16 MiB x 1 / 132), the kernel on 132.
+    case = _golden("concat", "one_row_memcpy2d_small_device")
+    dims = [case.inputs[f"inputs.{i}"].shape for i in range(3)]
+    layout = _layout(dims, 1)
+    assert layout.outer == 1 and layout.row_bytes == 128000
+    method, steps, paths = _small(concat._gpu_move_plan, layout, True, "auto", 0b111, 0, 1)
+    assert method == "memcpy2d" and len(steps) == 3 and paths == ("concat.memcpy2d",)
+    cut = _small(concat.kernel_paths, layout, False, 16, [0, 1, 2], sm_count=1)
+    assert {"concat.kernel.cut", "concat.kernel.unrolled"} <= set(cut)
+    assert layout.row_bytes * concat.MEMCPY2D_MEASURED_SMS < concat.MEMCPY2D_MIN_BYTES * 132
+    # conv_2d: dilation 55: one output's 111 x 111 input region is past a tiled block's shared memory.
+    case = _golden("conv_2d", "depthwise_dilation_55_untiled")
+    state = types.SimpleNamespace(attrs=case.attrs, shapes={
+        "input_shape": TensorShape((1, 2, 111, 112), np.float32), "output_shape": TensorShape((1, 2, 1, 2), np.float32)})
+    assert conv_plan.depthwise(case.attrs, 2) and conv_plan.depthwise_tile(state) is None
+
+
+def test_small_device_grids_of_the_plans():
+    """Under the small device every plan that sizes a grid its kernel strides over gives at most two blocks,
+    and the plans that decide the order of sums (element_binary's chunks) do not move: the same bits."""
+    from kernels.batch_norm import plan as batch_norm_plan
+    from kernels.element_binary.plan import gpu_plan as binary_plan
+
+    assert batch_norm_plan.grid2(300, 7) == (300, 7) and _small(batch_norm_plan.grid2, 300, 7) == (2, 2)
+    assert softmax.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
+    assert _small(softmax.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
+    assert _small(softmax.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
+    plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
+    assert plan[1].endswith(", 32>") and plan[2] == (4, 5)  # too few 64 x 64 tiles for 132 SMs: 32 x 32 ones
+    with gpu.simulated_device(sm_count=1, max_blocks=2):
+        plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=gpu.sm_count(0))
+    assert transpose.plan_path(plan) == "transpose.tiled64" and plan[2] == (1, 2)  # 5 batches over 2 blocks
+    for lhs, rhs in (((300, 3), (1, 3)), ((6, 40), (6, 1)), ((4, 256, 40), (1,))):
+        out = tuple(np.broadcast_shapes(lhs, rhs))
+        assert _small(binary_plan, lhs, rhs, out) == binary_plan(lhs, rhs, out)
+    assert gpu.simulated() is None
+
+
 # --------------------------------------------------------------------------- on a GPU: every path reached
 
 
@@ -273,9 +379,10 @@ def _write_table(table: dict[str, str]) -> str:
 
 @pytest.mark.gpu
 def test_gpu_run_reaches_every_declared_path(store):
-    """Every golden case, as the conformance run runs it on the GPU (every schedule, layout and poison),
-    then every large differential case (expensive ones too: they reach the big-tensor paths; the GPU
-    side only, their comparisons are tests/test_large_cases.py's), under recording."""
+    """Every golden case, as the conformance run runs it on the GPU (every schedule, layout and poison, the
+    small device included), must reach every declared name by itself; then every large differential case
+    (expensive ones too; the GPU side only, their comparisons are tests/test_large_cases.py's) runs under
+    recording for the table, where a name the golden cases reach only under the small device shows so."""
     require("gpu")
     pytest.importorskip("torch")  # tests/properties.py's runners import it
     from conformance.cases import all_cases
@@ -294,6 +401,7 @@ def test_gpu_run_reaches_every_declared_path(store):
         if result.status == "failed":
             failed.append(result.key)
         _first_reach(table, recording, f"golden {case.op}/{case.name}")
+    golden_unreached = sorted(set(DECLARED) - set(table))
     device = Device("gpu")
     try:
         for case in LARGE.cases:
@@ -306,4 +414,7 @@ def test_gpu_run_reaches_every_declared_path(store):
     _write_table(table)
     unreached = sorted(set(DECLARED) - set(table))
     assert not unreached, "GPU paths no case reaches:\n" + "\n".join(f"  {name}: {DECLARED[name]}" for name in unreached)
+    assert not golden_unreached, ("GPU paths the conformance run (the golden cases) does not reach, only large "
+                                  "cases:\n" + "\n".join(f"  {name}: {DECLARED[name]} ({table[name]})"
+                                                          for name in golden_unreached))
     assert not failed, f"golden cases failed on the GPU (tests/test_conformance.py says how): {failed}"

@@ -70,6 +70,17 @@ _add("yolov10_head_last_axis_b2", [(2, 6, 16), (2, 6, 4), (2, 6, 1)], -1,
      description="detection head: (B, C, HW) of three scales concatenated on the last axis (small)")
 
 
+# --- GPU launch shapes (the "small" schedule: one SM, grids of at most two blocks; tests/test_gpu_paths.py).
+# A piece of 1560 16-byte units (6240 float32 over 2 rows) is more than 3 strides of a 2-block grid: the
+# copy's unrolled loop runs, then its tail; the same piece in 4-byte units (misaligned) too.
+_add("rows_past_unrolled_small_device", [(2, 5, 24, 26), (2, 2, 24, 26), (2, 3, 24, 26)], 1,
+     description="pieces of 2 rows longer than 3 grid strides of two blocks: unrolled copies, then the tail")
+# A one-row join of 3 pieces, 128000 bytes: past memcpy2d's threshold scaled to one SM (16 MiB x 1 / 132),
+# so the small device joins it with cudaMemcpy2DAsync; the backward's cut runs the unrolled kernel.
+_add("one_row_memcpy2d_small_device", [(1, 30, 400), (1, 20, 400), (1, 30, 400)], 1,
+     description="a one-row join past the memcpy2d threshold of a one-SM device")
+# --- end of GPU launch shapes
+
 def torch_program(case, tensors):
     import torch
 

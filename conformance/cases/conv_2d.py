@@ -270,6 +270,13 @@ _add("bf16_long_reduction_c512_k3", (1, 512, 3, 3), _conv(2, (3, 3), padding=(1,
      description="bfloat16: 4608-term sums rounded once to the 8-bit mantissa")
 
 
+# --- GPU launch shapes (tests/test_gpu_paths.py). Dilation 55 on a 3x3 kernel: one output's taps reach a
+# 111x111 input region, past the shared memory of a tiled depthwise block (conv_2d/plan.py
+# DEPTHWISE_SHARED_LIMIT), so the untiled depthwise forward runs (a thread an output).
+_add("depthwise_dilation_55_untiled", (1, 2, 111, 112), _conv(2, (3, 3), dilation=(55, 55), groups=2, use_bias=True),
+     description="a depthwise tap region past a block's shared memory: the untiled depthwise forward")
+# --- end of GPU launch shapes
+
 def _torch_activation(activation, value):
     import torch
     import torch.nn.functional as F

@@ -173,6 +173,18 @@ _add("avg_long_16x16_s8_bf16", (1, 2, 24, 32), _avg((16, 16), (8, 8), (0, 0), Tr
                  "the float32 sum is exact")
 
 
+# --- GPU launch shapes (the "small" schedule: one SM, grids of at most two blocks; tests/test_gpu_paths.py).
+# 31x33 outputs: the tiled MAX forward's tiles are 17 + 16 columns and 16 + 15 rows (partial last tiles
+# both ways), 4 tiles a plane, and 3 planes for a grid of 2 plane blocks (the plane loop goes round).
+_add("max_3x3_s1_p1_partial_tiles_31x33", (1, 3, 31, 33), _max((3, 3), (1, 1), (1, 1)),
+     description="MAX forward tiles of 17 x 16 over a 31x33 plane: the last tile of each row and column partial")
+# A 64x97 window of float64 and its 64x2 row maxima pass 48 KB of shared memory even for a tile of one
+# row: the direct MAX forward (a thread an output), with int argmax taps (6208 taps).
+_add("max_64x97_direct_f64", (1, 1, 64, 98), _max((64, 97), (1, 1), (0, 0)), dtype=np.float64,
+     input=pattern((1, 1, 64, 98), modulus=4093, scale=0.5),
+     description="a window past the tiled forward's shared memory: the direct MAX forward, int argmax taps")
+# --- end of GPU launch shapes
+
 def _torch_activation(activation, value):
     import torch
     import torch.nn.functional as F
