@@ -3,25 +3,24 @@ shards, and the step itself: averaged gradients equal to the one-process step (t
 SyncBatchNorm, the sum of the shards' steps with per-rank statistics), with ranks as threads and as
 processes on the CPU, and through NCCL on the GPU (skipped with the reason where it cannot run).
 
-Bounds (relative L2, ||ours - reference|| / ||reference||, per gradient tensor; measured with yolov10n,
-batch 4 of 64x64, 2 ranks, on the CPU):
-- float64, SyncBatchNorm: 1.6e-13 measured, bound 1e-12. The sums of the statistics are made in another
-  order (per shard, then across ranks) and the input gradient's batch-statistics terms are added after
-  the op's backward instead of inside it: rounding differences of float64, amplified through the network.
-  Running statistics: 3e-16 measured, bound 1e-14.
-- float64, per-rank statistics: 0 measured, asserted exact: each rank computes its shard's step as the
-  one-process step on that shard does, and the average of 2 ranks scaled by 2 is exact.
-- float32, SyncBatchNorm: 7.5e-5 measured, bound 2e-4 (the float32 step itself is 4e-2 away from the
-  float64 one on some tensors: the network amplifies rounding, and these bounds are far inside that).
-- Gradients that are zero in exact arithmetic (the bias of a batch norm whose output only reaches another
-  batch norm's normalization) are rounding noise on both sides (about 1e-15 of the whole gradient in
-  float64): their relative error means nothing, so every tensor is also measured against the whole
-  gradient, ||ours - reference|| / ||whole reference gradient||: float64 3.4e-14 measured, bound 1e-12;
-  float32 1.7e-5 measured, bound 1e-4. The per-tensor bound applies to tensors whose norm is at least
-  1e-4 of the whole gradient's (282 of yolov10n's 309 in the measurement above).
-- The training outputs of each rank against its shard of the one-process outputs, max |error| / max
-  |output|: float64 7.7e-14 measured, bound 5e-13; float32 3.3e-5 measured, bound 1e-4 (the forward's
-  batch statistics summed per shard, then across ranks).
+Bounds: derived from the computation on the data at hand, never from one host's measurement. The step under
+test and its reference (the one-process step) make the same sums in other orders (the batch statistics per
+shard then across ranks, the weight gradients per shard then all-reduced, against the whole batch at once).
+Each of the two carries the rounding error of its sums, amplified by the network: for a result, about its
+condition times the unit roundoff u of its dtype, summed over its terms. How much this network amplifies
+rounding on these inputs is measured by the same reference step in float32 against float64: that
+difference, e32 (per tensor), is the rounding error at u32 = 2^-24; the same sums with the same condition
+at u64 = 2^-53 give e32 * 2^-29. So each result of a float64 step is held to
+
+    |ours - reference| <= MARGIN * e32 * u(dtype) / u32,   MARGIN = 2 * 8
+
+(L2 norms per gradient tensor and per running statistic, max |error| per output tensor): 2 because both
+sides carry their own error, 8 because a sum of many rounding errors in one order is a few times larger
+than in another (e32 is one such order). A float32 step is held to the same with u(dtype) = u32. Host
+differences (BLAS kernels, thread counts, SIMD width) change the orders of the sums on both sides alike,
+and e32 with them. docs/models.md gives the measured ratios. With per-rank statistics the float64 step is
+exact: each rank computes its shard's step as the one-process step on that shard does, and the average of 2
+ranks scaled by 2 is exact.
 """
 
 import os
@@ -41,10 +40,8 @@ from tests.parallel_ranks import ThreadGroup, batch, output_grads_like
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-BOUNDS = {  # dtype -> (per tensor, against the whole gradient, running statistics, outputs); see the module docstring
-    "float64": (1e-12, 1e-12, 1e-14, 5e-13),
-    "float32": (2e-4, 1e-4, 1e-6, 1e-4),
-}
+UNIT = {"float64": 2.0 ** -53, "float32": 2.0 ** -24}  # unit roundoff
+MARGIN = 2 * 8  # both sides' errors, times one order of a sum's rounding against another's (module docstring)
 
 
 # --------------------------------------------------------------------------- the launcher's environment
@@ -221,48 +218,53 @@ def reference_per_shard(x, world, dtype):
     return grads, running
 
 
-def relative_errors(got, expected):
-    """Per tensor: (||d|| / ||expected||, ||d|| / ||whole expected gradient||, ||expected|| / ||whole||)."""
-    whole = np.sqrt(sum(float(np.sum(np.square(e, dtype=np.float64))) for e in expected.values()))
-    rows = {}
-    for name, e in expected.items():
-        d = float(np.linalg.norm(got[name].astype(np.float64) - e))
-        norm = float(np.linalg.norm(e.astype(np.float64)))
-        rows[name] = (d / norm if norm else (0.0 if d == 0 else np.inf), d / whole, norm / whole)
-    return rows
+def references(x):
+    """The whole-batch reference step on x (reference_whole_batch) in float32 and in float64, the inputs
+    rounded to float32 for both: (narrow, wide), each (gradients, running statistics, outputs)."""
+    x32 = x.astype(np.float32)
+    return reference_whole_batch(x32, "float32"), reference_whole_batch(x32.astype(np.float64), "float64")
 
 
-def check_gradients(got, expected, dtype):
-    per_tensor, against_whole = BOUNDS[dtype][:2]
-    rows = relative_errors(got, expected)
-    assert set(got) == set(expected)
-    worst = max(rows.items(), key=lambda kv: kv[1][1])
-    assert worst[1][1] <= against_whole, f"{worst[0]}: {worst[1][1]:.3e} of the whole gradient > {against_whole:g}"
-    scaled = {n: r for n, r in rows.items() if r[2] >= 1e-4}
-    worst = max(scaled.items(), key=lambda kv: kv[1][0])
-    assert worst[1][0] <= per_tensor, f"{worst[0]}: relative L2 {worst[1][0]:.3e} > {per_tensor:g}"
-    assert len(scaled) > 0.7 * len(rows)  # most tensors are held to the per-tensor bound
-    return rows
+def check_within(got, expected, narrow, wide, dtype, what):
+    """Every tensor of `got` against `expected` (the reference step in dtype), by the module docstring's bound:
+    ||got - expected|| <= MARGIN * ||narrow - wide|| * u(dtype) / u32 (L2 norms; narrow and wide: the
+    reference step in float32 and float64). Returns the worst ratio of error to bound and its tensor."""
+    scale = MARGIN * UNIT[dtype] / UNIT["float32"]
+    assert set(got) == set(expected) == set(narrow) == set(wide)
+    worst = (0.0, None)
+    for name, reference in expected.items():
+        error = float(np.linalg.norm(got[name].astype(np.float64) - reference))
+        e32 = float(np.linalg.norm(narrow[name].astype(np.float64) - wide[name]))
+        bound = scale * e32
+        assert error <= bound, (f"{what} {name}: ||ours - reference|| {error:.3e} > {bound:.3e} = {MARGIN} x "
+                                f"the float32 step's error {e32:.3e} x {UNIT[dtype] / UNIT['float32']:g}")
+        ratio = error / bound if bound else 0.0
+        if worst[1] is None or ratio > worst[0]:
+            worst = (ratio, name)
+    return worst
 
 
-def check_running(got, expected, dtype):
-    bound = BOUNDS[dtype][2]
-    for name, e in expected.items():
-        error = np.linalg.norm(got[name].astype(np.float64) - e) / np.linalg.norm(e)
-        assert error <= bound, f"{name}: relative L2 {error:.3e} > {bound:g}"
+def check_outputs(ours, rank, world, expected, narrow, wide, dtype):
+    """A rank's training outputs against its rows of the reference step's, by the module docstring's bound
+    with max |error| per output tensor."""
+    scale = MARGIN * UNIT[dtype] / UNIT["float32"]
+    for key in ("one2many", "one2one"):
+        for level, got in enumerate(ours[key]):
+            shard = [parallel.shard(outputs[key][level], rank, world) for outputs in (expected, narrow, wide)]
+            error = float(np.max(np.abs(got.astype(np.float64) - shard[0])))
+            bound = scale * float(np.max(np.abs(shard[1].astype(np.float64) - shard[2])))
+            assert error <= bound, f"rank {rank} output {key}[{level}]: max |ours - reference| {error:.3e} > {bound:.3e}"
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_sync_batch_norm_step_equals_the_whole_batch_step(dtype):
     results, x = run_threads(2, True, dtype)
-    grads, running, outputs = reference_whole_batch(x, dtype)
+    narrow, wide = references(x)
+    grads, running, outputs = narrow if dtype == "float32" else reference_whole_batch(x, dtype)
     for rank in range(2):
-        check_gradients(results[rank][0], grads, dtype)
-        check_running(results[rank][1], running, dtype)
-        for key in ("one2many", "one2one"):
-            for ours, whole in zip(results[rank][2][key], outputs[key]):
-                np.testing.assert_allclose(ours, parallel.shard(whole, rank, 2), rtol=0,
-                                           atol=BOUNDS[dtype][3] * float(np.abs(whole).max()))
+        check_within(results[rank][0], grads, narrow[0], wide[0], dtype, f"rank {rank} gradient")
+        check_within(results[rank][1], running, narrow[1], wide[1], dtype, f"rank {rank} running statistic")
+        check_outputs(results[rank][2], rank, 2, outputs, narrow[2], wide[2], dtype)
     for name in grads:  # every rank holds the same average, to the bit
         np.testing.assert_array_equal(results[0][0][name], results[1][0][name])
 
@@ -281,16 +283,19 @@ def test_per_rank_batch_norm_step_equals_the_shards_steps():
 def test_a_world_of_one_is_the_plain_step():
     """SingleProcess with SyncBatchNorm: the step of the model alone (the statistics through the sync path)."""
     x = batch(2, 64, "float64")
-    grads, running, _ = reference_whole_batch(x, "float64")
+    grads, _, _ = reference_whole_batch(x, "float64")
+    narrow, wide = references(x)
     with YOLOv10("n", dtype="float64") as model:
         trainer = parallel.DataParallel(model, parallel.SingleProcess(), sync_batch_norm=True)
         out = trainer(x)
         trainer.backward(_grads_for(out, 2))
+        got = {name: g.copy() for name, g in model.grads.items()}
         trainer(x)  # the same plan again: synchronized once
         assert len(trainer.synced) == 1 and len(trainer.synced[x.shape]) == len(model.plans[(x.shape, True)].bn_names)
-        check_gradients(model.grads, grads, "float64")
         trainer.eval()(x)  # inference: the model's own plan
         assert not model.training and trainer.train() is trainer and model.training
+    # Checked after every call above has run: what the test reaches does not depend on a bound holding.
+    check_within(got, grads, narrow[0], wide[0], "float64", "gradient")
 
 
 def test_refusals():
@@ -373,11 +378,13 @@ def test_two_processes_bootstrap_and_step_on_the_cpu(tmp_path):
     saved = launch_ranks(2, tmp_path, ["--sync", "--dtype", "float64"])
     assert [list(s["launch"]) for s in saved] == [[0, 2, 0], [1, 2, 1]]
     assert bytes(saved[0]["unique"]) == bytes(saved[1]["unique"])
-    grads, running, _ = reference_whole_batch(batch(4, 64, "float64"), "float64")
+    x = batch(4, 64, "float64")
+    grads, running, _ = reference_whole_batch(x, "float64")
+    narrow, wide = references(x)
     for s in saved:
         got_grads, got_running = split(s)
-        check_gradients(got_grads, grads, "float64")
-        check_running(got_running, running, "float64")
+        check_within(got_grads, grads, narrow[0], wide[0], "float64", "gradient")
+        check_within(got_running, running, narrow[1], wide[1], "float64", "running statistic")
 
 
 # --------------------------------------------------------------------------- the GPU
@@ -419,18 +426,17 @@ def test_two_processes_sharing_one_gpu(tmp_path, sync):
     _compare_with_one_gpu(saved, sync, 4, 64)
 
 
-def _compare_with_one_gpu(saved, sync, batch_size, size):
-    """The ranks' averaged gradients against the one-GPU step (the whole batch under sync, else the shards')."""
+def _one_gpu_step(x, sync, world, batch_size, dtype):
+    """The one-GPU step in dtype: the whole batch under sync (else each shard's step, their gradients summed):
+    (gradients in float64, running statistics per step)."""
     import cupy
 
-    world = len(saved)
-    x = batch(batch_size, size, "float32")
     expected_grads, expected_running = None, []
     for shard in ([x] if sync else [parallel.shard(x, r, world) for r in range(world)]):
         r = len(expected_running)
-        with YOLOv10("n", device="gpu", dtype="float32") as model:
+        with YOLOv10("n", device="gpu", dtype=dtype) as model:
             with model.stream:
-                out = model(cupy.asarray(np.ascontiguousarray(shard)))
+                out = model(cupy.asarray(np.ascontiguousarray(shard, dtype=dtype)))
                 full = _grads_for({k: [a.get() for a in v] for k, v in out.items() if k in ("one2many", "one2one")},
                                   batch_size)
                 if not sync:
@@ -441,13 +447,23 @@ def _compare_with_one_gpu(saved, sync, batch_size, size):
             expected_grads = grads if expected_grads is None else {n: expected_grads[n] + g for n, g in grads.items()}
             expected_running.append({n: np.array(a.get()) for n, a in model.state_dict().items()
                                      if n.endswith(("running_mean", "running_var"))})
+    return expected_grads, expected_running
+
+
+def _compare_with_one_gpu(saved, sync, batch_size, size):
+    """The ranks' averaged gradients (float32) against the one-GPU step (the whole batch under sync, else the
+    shards'), by the module docstring's bound, with the one-GPU step's float32 error against float64 as e32."""
+    world = len(saved)
+    x = batch(batch_size, size, "float32")
+    grads, running = _one_gpu_step(x, sync, world, batch_size, "float32")
+    wide_grads, wide_running = _one_gpu_step(x.astype(np.float64), sync, world, batch_size, "float64")
     for rank, s in enumerate(saved):
         got_grads, got_running = split(s)
-        rows = check_gradients(got_grads, expected_grads, "float32")
-        worst = max(r[0] for r in rows.values() if r[2] >= 1e-4)
-        print(f"rank {rank} {'sync' if sync else 'per-rank'}: worst relative L2 {worst:.3e}, "
-              f"worst against the whole gradient {max(r[1] for r in rows.values()):.3e}")
-        check_running(got_running, expected_running[0 if sync else rank], "float32")
+        ratio, name = check_within(got_grads, grads, grads, wide_grads, "float32", f"rank {rank} gradient")
+        print(f"rank {rank} {'sync' if sync else 'per-rank'}: worst gradient error {ratio:.2f} of its bound ({name})")
+        step = 0 if sync else rank
+        check_within(got_running, running[step], running[step], wide_running[step], "float32",
+                     f"rank {rank} running statistic")
 
 
 @pytest.mark.gpu
