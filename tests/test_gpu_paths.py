@@ -44,6 +44,7 @@ from kernels import (
 from kernels.core import KernelError, TensorShape
 
 from .conftest import require
+from .test_gpu_launch_plans import FakeArray, FakeStream, device  # noqa: F401 - device: the fixture
 
 KERNELS = pathlib.Path(kernels.__file__).parent
 DECLARED = gpu_paths.declared()
@@ -356,6 +357,94 @@ def test_small_device_grids_of_the_plans():
         out = tuple(np.broadcast_shapes(lhs, rhs))
         assert _small(binary_plan, lhs, rhs, out) == binary_plan(lhs, rhs, out)
     assert gpu.simulated() is None
+
+
+class _FakeEnv:
+    """A conformance Env on test_gpu_launch_plans' recording fake device: every tensor an address,
+    `misalign` elements past a 256-byte boundary."""
+
+    def __init__(self, recorder, case, golden, misalign):
+        self.recorder, self.case, self.golden, self.misalign = recorder, case, golden, misalign
+        self.attrs, self.stream = case.attrs, FakeStream()
+        self.handle, self.arrays = self.stream, {}
+
+    def _array(self, key, dims, dtype):
+        if key not in self.arrays:
+            self.arrays[key] = self.recorder.array(tuple(dims), dtype, self.misalign * np.dtype(dtype).itemsize)
+        return self.arrays[key]
+
+    def read(self, name):
+        value = self.golden.inputs[name]
+        return self._array(("read", name), value.shape, value.dtype)
+
+    def write(self, name, dims=None, dtype=None):
+        expected = self.golden.expected.get(name)
+        dims = expected.shape if dims is None else dims
+        dtype = (expected.dtype if expected is not None else self.case.dtype) if dtype is None else dtype
+        return self._array(("written", name), dims, dtype)
+
+    def reads_list(self, prefix):
+        return [self.read(f"{prefix}.{i}") for i in range(sum(k.startswith(prefix + ".") for k in self.golden.inputs))]
+
+    def writes_list(self, prefix):
+        return [self.write(f"{prefix}.{i}") for i in range(sum(k.startswith(prefix + ".") for k in self.golden.expected))]
+
+    def observe(self, name, array):
+        pass
+
+    def shape(self, name):
+        value = self.golden.inputs.get(name)
+        value = self.golden.expected[name] if value is None else value
+        return TensorShape(value.shape, value.dtype)
+
+
+def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(device, monkeypatch, store):
+    """The conformance run's small schedule, without a GPU: every golden case's run, aligned and
+    misaligned, on the recording fake device of tests/test_gpu_launch_plans.py inside the small device,
+    reaches every declared name of the ops the fake stands in for (conv_2d and batch_matmul call cuDNN
+    and cuBLAS: theirs are the GPU test's); on 132 SMs the golden cases leave the unrolled copy, memcpy2d
+    and the 64x64 transpose tiles out."""
+    from conformance.cases import CASE_MODULES, all_cases
+    from conformance.harness import SMALL_DEVICE
+
+    class Context:  # cupy.cuda.Device and Event, for batch_norm's state
+        done = True
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def record(self, *args):
+            pass
+
+    monkeypatch.setattr(gpu.cupy.cuda, "Device", Context, raising=False)
+    monkeypatch.setattr(gpu.cupy.cuda, "Event", Context, raising=False)
+    monkeypatch.setattr(gpu, "sm_count", lambda ordinal: (gpu.simulated() or (132,))[0])
+    monkeypatch.setattr(FakeArray, "fill", lambda self, value: None, raising=False)
+    monkeypatch.setattr(FakeArray, "__getitem__", lambda self, index: self, raising=False)  # a view: its address
+    faked = sorted({case.op for case in all_cases()} - {"conv_2d", "batch_matmul"})
+
+    def reached(simulated):
+        with gpu_paths.recording() as recording:
+            for case in all_cases():
+                if case.op in faked and "gpu" in case.extra.get("devices", ("gpu",)):
+                    for misalign in (0, 1):
+                        env = _FakeEnv(device, case, store.get(case), misalign)
+                        if simulated:
+                            with gpu.simulated_device(**SMALL_DEVICE):
+                                CASE_MODULES[case.op].run(case, env)
+                        else:
+                            CASE_MODULES[case.op].run(case, env)
+        return recording.reached
+
+    names = {name for name in DECLARED if name.split(".")[0] in faked + ["activation"]}
+    assert not names - reached(True)
+    assert names - reached(False) == {"concat.kernel.unrolled", "concat.memcpy2d", "transpose.tiled64"}
 
 
 # --------------------------------------------------------------------------- on a GPU: every path reached
