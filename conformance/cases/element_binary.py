@@ -104,15 +104,18 @@ _add("max_nan_bcast", MAX, (3, 1), (3, 4),
 #   measured (0 elsewhere, so exact).
 _DIV_ULPS = {
     "same": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
-    "bcast_both": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
+    # rhs_grad sums 8 rounded quotients: 3 ulps of the correctly rounded sum on the CPU.
+    "bcast_both": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(3)},
     "rank_mismatch": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
     "scalar_rhs": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(2)},
 }
 _DIV_ULPS_F64 = {
-    "same": EXACT,
-    "bcast_both": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
-    "rank_mismatch": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": EXACT},
-    "scalar_rhs": EXACT,
+    # -dy lhs / rhs^2 rounds three times: 1 ulp from the correctly rounded golden.
+    "same": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
+    # The broadcast gradients are sums of rounded quotients, 1 ulp from the correctly rounded sum.
+    "bcast_both": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
+    "rank_mismatch": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
+    "scalar_rhs": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
 }
 for _layout in _DIV_ULPS:
     _lhs, _rhs = LAYOUTS[_layout]
@@ -215,6 +218,27 @@ def torch_program(case, tensors):
     output = getattr(torch, _TORCH_OPS[case.attrs.op_type])(lhs, rhs)
     lhs_grad, rhs_grad = torch.autograd.grad(output, [lhs, rhs], tensors["output_grad"])
     return {"output": output, "lhs_grad": lhs_grad, "rhs_grad": rhs_grad}
+
+
+def exact_program(case, values):
+    """For DIV by values that are not powers of two, torch_program's math at high precision
+    (conformance.exact): the quotient, and the gradients dy / rhs and -dy lhs / rhs^2 summed
+    exactly over the broadcast axes, each rounded once. Every other op and divisor is exact in
+    float64 (no reference)."""
+    from .. import exact
+
+    lhs, rhs, output_grad = values["lhs"], values["rhs"], values["output_grad"]
+    if case.attrs.op_type is not DIV or all(exact.is_power_of_two(v) for v in rhs.reshape(-1)):
+        return {}
+
+    def reduce_to(gradient, shape):  # sums over the axes the operand was broadcast along
+        leading = gradient.ndim - len(shape)
+        gradient = exact.total(gradient, axis=tuple(range(leading))) if leading else gradient
+        axes = tuple(axis for axis, size in enumerate(shape) if size == 1 and gradient.shape[axis] != 1)
+        return exact.total(gradient, axis=axes, keepdims=True) if axes else gradient
+
+    return {"output": lhs / rhs, "lhs_grad": reduce_to(output_grad / rhs, lhs.shape),
+            "rhs_grad": reduce_to(-output_grad * lhs / (rhs * rhs), rhs.shape)}
 
 
 def run(case, env):

@@ -86,7 +86,8 @@ _add("avg_3x3_s1_p1_include_pad", (2, 2, 5, 7), _avg((3, 3), (1, 1), (1, 1), Tru
 _add("avg_3x3_s2_p1_exclude_pad", (1, 3, 7, 6), _avg((3, 3), (2, 2), (1, 1), False), tolerance=_AVG_TOLERANCE,
      description="count_include_pad false: edge windows divide by 4 or 6")
 _add("avg_5x5_s1_p2_exclude_pad_f64", (2, 1, 6, 5), _avg((5, 5), (1, 1), (2, 2), False), dtype=np.float64,
-     tolerance=_AVG_TOLERANCE, description="SPPF geometry, AVG, divisors from 9 to 25")
+     tolerance={"output": ulp(1), "input_grad": ulp(2)},  # input_grad: up to 25 rounded shares, 2 on the CPU
+     description="SPPF geometry, AVG, divisors from 9 to 25")
 _add("avg_3x2_s21_p11_include_pad", (2, 2, 5, 4), _avg((3, 2), (2, 1), (1, 1), True), tolerance=_AVG_TOLERANCE,
      description="asymmetric AVG with padding counted: divides by 6")
 
@@ -108,8 +109,8 @@ for _activation, _tolerance in _ACTIVATION_TOLERANCE.items():
          _max((3, 3), (1, 1), (1, 1), activation=_activation), input=_ACTIVATION_INPUT,
          tolerance=_tolerance, description=f"MAX then {_activation.name}")
 _add("avg_2x2_s2_silu_f64", (2, 1, 4, 6), _avg((2, 2), (2, 2), (0, 0), True, activation=Activation.SILU),
-     input=pattern((2, 1, 4, 6), modulus=9, scale=0.25), dtype=np.float64, tolerance=ulp(1),
-     description="AVG then SILU")  # measured 0 on the CPU, 1 on the H200
+     input=pattern((2, 1, 4, 6), modulus=9, scale=0.25), dtype=np.float64, tolerance=ulp(2),
+     description="AVG then SILU")  # against the correctly rounded golden: 2 on the CPU
 
 
 # --------------------------------------------------------------------------- float16 and bfloat16
@@ -212,6 +213,35 @@ def torch_program(case, tensors):
     output = _torch_activation(attrs.activation, pooled)
     (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
     return {"output": output, "input_grad": input_grad}
+
+
+def exact_program(case, values):
+    """For AVG pooling and every fused activation, torch_program's math at high precision
+    (conformance.exact): the pooling as the exact linear map it is at the case's input (PyTorch's
+    Jacobian: shares 1/count, or the maximum's selection), the activation and its derivative at
+    high precision, and the input gradient as exact sums, each rounded once. MAX pooling alone
+    moves values and sums short dyadic gradients: exact in float64 (no reference)."""
+    from .. import exact
+
+    attrs = case.attrs
+    if attrs.pool_type is PoolOp.MAX and attrs.activation is None:
+        return {}
+    import torch.nn.functional as F
+
+    kernel, stride = (attrs.kernel_h, attrs.kernel_w), (attrs.stride_h, attrs.stride_w)
+    padding = (attrs.padding_h, attrs.padding_w)
+
+    def pool(input):
+        if attrs.pool_type is PoolOp.MAX:
+            return F.max_pool2d(input, kernel, stride, padding)
+        return F.avg_pool2d(input, kernel, stride, padding, count_include_pad=attrs.count_include_pad)
+
+    (linear,) = exact.linear_maps(pool, [case.inputs["input"]])
+    pre = linear.forward(values["input"])
+    if attrs.activation is None:
+        return {"output": pre, "input_grad": linear.adjoint(values["output_grad"])}
+    output, derivative = exact.activation(attrs.activation.name, pre)
+    return {"output": output, "input_grad": linear.adjoint(values["output_grad"] * derivative)}
 
 
 def run(case, env):

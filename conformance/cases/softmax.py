@@ -169,5 +169,24 @@ def torch_program(case, tensors):
     return {"output": output, "input_grad": input_grad}
 
 
+def exact_program(case, values):
+    """The same math at high precision (conformance.exact): y = exp(x - max) / sum, and
+    y (g - sum(g y)), with the half cases' stored y as in torch_program; each rounded once."""
+    import mpmath
+
+    from .. import exact
+
+    x, g, dim = values["input"], values["output_grad"], case.attrs.dim
+    if x.size == 0:
+        return {"output": x.copy(), "input_grad": x.copy()}
+    shifted = x - exact.apply(lambda v: v, np.max(x, axis=dim, keepdims=True))
+    e = exact.apply(mpmath.exp, shifted)
+    y = e / exact.total(e, axis=dim, keepdims=True)
+    stored = y
+    if case.dtype in (F16, BF16):
+        stored = exact.hp(exact.round_to(y, case.dtype))
+    return {"output": y, "input_grad": stored * (g - exact.total(g * stored, axis=dim, keepdims=True))}
+
+
 def run(case, env):
     run_unary(softmax, case, env)

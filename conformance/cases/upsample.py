@@ -134,5 +134,24 @@ def torch_program(case, tensors):
     return {"output": output, "input_grad": input_grad}
 
 
+def exact_program(case, values):
+    """For BILINEAR at a scale that is not a power of two, torch_program's math at high precision
+    (conformance.exact): the interpolation as the exact linear map it is (PyTorch's Jacobian, whose
+    taps are ninths and thirds, as exact rationals), forward and adjoint, each result rounded once.
+    NEAREST moves values, and BILINEAR at scale 2 or 4 has dyadic taps: exact in float64."""
+    from .. import exact
+
+    scale = case.attrs.scale_factor
+    if case.attrs.mode is not BILINEAR or scale & (scale - 1) == 0:
+        return {}
+    import torch.nn.functional as F
+
+    def interpolate(input):
+        return F.interpolate(input, scale_factor=scale, mode="bilinear", align_corners=False)
+
+    (linear,) = exact.linear_maps(interpolate, [case.inputs["input"]])
+    return {"output": linear.forward(values["input"]), "input_grad": linear.adjoint(values["output_grad"])}
+
+
 def run(case, env):
     run_unary(upsample, case, env)
