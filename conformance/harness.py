@@ -29,6 +29,10 @@ from . import red_zones
 from .case import Case, Golden
 
 POISONS = ("random", "nan")
+# The guard around read-only tensors in each poison's runs (red_zones.GUARDS): NaN margins with NaN
+# poison, +-inf ones with random values, so every layout runs with both, and an out-of-bounds read
+# that feeds a max (which drops NaN) shows too.
+GUARD_OF = {"random": "inf", "nan": "nan"}
 
 # Where each tensor starts, in elements past a 256-byte boundary (red_zones.place). "aligned":
 # every tensor at 0, as a fresh allocation, so the GPU kernels' 16-byte-pack paths run.
@@ -204,12 +208,13 @@ class Env:
     def _place(self, name: str, values: np.ndarray, role: str) -> Any:
         """A device copy of `values` in a red zone (red_zones.place); the view, C-contiguous."""
         if self.device == "cpu":
-            zone, _ = red_zones.place(values, role, self._shift(), np.empty, self.address)
+            zone, _ = red_zones.place(values, role, self._shift(), np.empty, self.address, GUARD_OF[self.poison])
         else:
             # On the kernels' stream: a copy from pageable memory may still be in flight when the
             # call returns, and our non-blocking stream is not ordered after the legacy default stream.
             with self.stream:
-                zone, host = red_zones.place(values, role, self._shift(), self.xp.empty, self.address)
+                zone, host = red_zones.place(values, role, self._shift(), self.xp.empty, self.address,
+                                             GUARD_OF[self.poison])
                 zone.buffer.set(host, stream=self.stream.cupy_stream)
             zone.host = host
         self.zones[(role, name)] = zone

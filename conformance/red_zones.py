@@ -3,9 +3,13 @@ allocation of its dtype, with margins that show an access one element past eithe
 
 - Margins around a tensor the kernel writes hold a canary (CANARY repeated, byte for byte) and must
   be unchanged after the call: an out-of-bounds write fails the case.
-- Margins around a tensor the kernel only reads hold a guard value that poisons any result computed
-  from it (NaN for floats and complex, the dtype's maximum for integers, True for bool): an
-  out-of-bounds read shows in the output. They must be unchanged too.
+- Margins around a tensor the kernel only reads hold a guard that poisons any result computed from
+  it, and must be unchanged too. Two guards (GUARDS), one per poison of the runs (harness.GUARD_OF):
+  "nan" (NaN for floats and complex, the dtype's maximum for integers, True for bool) shows an
+  out-of-bounds read in a sum or a product; "inf" (+inf and -inf in turn, element by element; the
+  maximum and the minimum for integers) shows one in a max or a min, which drops NaN (fmax, or a
+  comparison that keeps its first operand). The turns count from the 256-byte boundary, so the
+  element right past either end has one sign in the aligned layout and the other in the misaligned one.
 
 Each margin is at least one 16-byte pack plus one row (the tensor's last dim) wide, so a pack or a
 row read or written past an edge still lands in it. The view starts `shift` elements past a
@@ -28,8 +32,11 @@ CANARY = 0xA5  # fills the margins of written tensors; as float32, -2.87e-16: a 
 FIRST_FEW = 5
 
 
+GUARDS = ("nan", "inf")  # what fills a read-only tensor's margins (see the module docstring)
+
+
 def guard_value(dtype: np.dtype) -> Any:
-    """What fills the margins of a read-only tensor: a value that poisons any result read from it."""
+    """The "nan" guard: a value that poisons any sum or product read from it."""
     if is_floating(dtype):  # bfloat16 too (its kind is "V")
         return np.nan
     if dtype.kind == "c":
@@ -37,6 +44,29 @@ def guard_value(dtype: np.dtype) -> Any:
     if dtype.kind == "b":
         return True
     return np.iinfo(dtype).max
+
+
+def guard_extremes(dtype: np.dtype) -> tuple[Any, Any]:
+    """The "inf" guard's two values, (high, low), taken in turn: a max that reads one shows high, a
+    min shows low (bool has one value: True)."""
+    if is_floating(dtype):
+        return np.inf, -np.inf
+    if dtype.kind == "c":
+        return complex(np.inf, np.inf), complex(-np.inf, -np.inf)
+    if dtype.kind == "b":
+        return True, True
+    info = np.iinfo(dtype)
+    return info.max, info.min
+
+
+def _fill_guard(host: np.ndarray, boundary: int, guard: str) -> None:
+    """Fill the whole buffer with `guard`; the "inf" turns begin with high at element `boundary`."""
+    if guard == "nan":
+        host[:] = guard_value(host.dtype)
+        return
+    high, low = guard_extremes(host.dtype)
+    host[boundary % 2::2] = high
+    host[1 - boundary % 2::2] = low
 
 
 def margin_bytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -92,15 +122,18 @@ class RedZone:
         return lines
 
 
-def place(values: np.ndarray, role: str, shift: int, empty: Any, address: Any) -> tuple[RedZone, np.ndarray]:
+def place(values: np.ndarray, role: str, shift: int, empty: Any, address: Any,
+          guard: str = "nan") -> tuple[RedZone, np.ndarray]:
     """Lay `values` out in a fresh 1-D allocation of its dtype, `shift` elements past a 256-byte
-    boundary, between margins (canary for a written tensor, guard for a read one).
+    boundary, between margins (canary for a written tensor, `guard` for a read one: GUARDS).
 
     `empty(n, dtype)` allocates on the device and `address(buffer)` gives its data pointer: the
     start is chosen from the real address, so the alignment holds on either device. Returns the
     zone and the host image of the whole buffer (on the CPU, the buffer itself), which the caller
     copies to the device where the buffer is not the host image.
     """
+    if guard not in GUARDS:
+        raise ValueError(f"unknown guard {guard!r}: expected one of {', '.join(GUARDS)}")
     dtype = values.dtype
     width = dtype.itemsize
     margin = margin_bytes(values.shape, dtype)
@@ -117,7 +150,7 @@ def place(values: np.ndarray, role: str, shift: int, empty: Any, address: Any) -
     if role == "written":
         host.view(np.uint8)[:] = CANARY
     else:
-        host[:] = guard_value(dtype)
+        _fill_guard(host, start - shift, guard)
     host[start:end] = values.reshape(-1)
     raw = host.view(np.uint8)
     zone = RedZone(buffer, start, tuple(values.shape), role,

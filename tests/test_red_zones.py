@@ -9,7 +9,7 @@ import pytest
 
 from conformance import red_zones
 from conformance.cases import CASE_MODULES
-from conformance.harness import LAYOUTS, POISONS, Env, runs
+from conformance.harness import GUARD_OF, LAYOUTS, POISONS, Env, runs
 from conformance.runner import run_case
 from kernels import transpose
 
@@ -71,16 +71,18 @@ def test_a_write_one_element_before_the_start_fails_with_a_canary_report(store, 
     assert "output (" not in result.message  # the forward was left alone
 
 
-@pytest.mark.parametrize("case_name, guard", [("2d_3x5", "nan"), ("4d_1032_int32", "2147483647")])
-def test_a_read_one_element_past_the_end_shows_the_guard_in_the_output(store, monkeypatch, case_name, guard):
+@pytest.mark.parametrize("case_name, guards", [("2d_3x5", ("-?inf", "nan")),
+                                                ("4d_1032_int32", ("(2147483647|-2147483648)", "2147483647"))])
+def test_a_read_one_element_past_the_end_shows_the_guard_in_the_output(store, monkeypatch, case_name, guards):
     def forward(stream, handle, state, attrs, input, output):
         ORIGINAL_FORWARD(stream, handle, state, attrs, input, output)
         output.reshape(-1)[-1] = _widened(input, after=1)[-1]  # the last element read from past the end
 
     result = _run(case_name, store, monkeypatch, forward=forward)
     assert result.status == "failed"
-    assert "output (poison random): 1 of " in result.message
-    assert re.search(rf"got (np\.\w+\()?{guard}\b", result.message), result.message
+    for poison, guard in zip(POISONS, guards):  # random: an infinity (an extreme), nan: NaN (the maximum)
+        report = re.search(rf"output \(poison {poison}\): 1 of .*?(?=\n\S)", result.message + "\nEND", re.S)
+        assert report and re.search(rf"got (np\.\w+\()?{guard}\b", report.group()), result.message
     assert "canary" not in result.message and "read-only margin" not in result.message
 
 
@@ -110,8 +112,8 @@ def test_margins_are_a_pack_and_a_row_wide_on_each_side_and_hold_their_patterns(
             assert zone.start * width >= least and raw.size - end >= least, (layout, name)
             if role == "written":
                 assert (raw[:zone.start * width] == red_zones.CANARY).all() and (raw[end:] == red_zones.CANARY).all()
-            else:
-                assert np.isnan(zone.buffer[:zone.start]).all() and np.isnan(zone.buffer[zone.start + zone.count:]).all()
+            else:  # poison random: +-inf margins (the nan poison's NaN ones: below)
+                assert np.isinf(zone.buffer[:zone.start]).all() and np.isinf(zone.buffer[zone.start + zone.count:]).all()
             view = zone.view
             assert view.flags.c_contiguous and view.base is not None
             offset = view.ctypes.data % red_zones.ALIGNMENT
@@ -162,12 +164,80 @@ def test_every_layout_runs_with_every_poison_on_every_device():
 
 
 def test_guard_values_poison_every_float_dtype_half_ones_included():
-    """A read-only tensor's margins hold NaN for every float dtype (bfloat16's kind is "V", not "f"),
-    the dtype's maximum for integers."""
+    """A read-only tensor's margins hold NaN, or +-inf, for every float dtype (bfloat16's kind is "V",
+    not "f"), the dtype's maximum (or the maximum and the minimum) for integers."""
     from kernels.core import BFLOAT16
 
     for dtype in (np.float16, BFLOAT16, np.float32, np.float64):
         filled = np.full(3, red_zones.guard_value(np.dtype(dtype)), dtype=dtype)
         assert np.isnan(filled.astype(np.float64)).all(), dtype
+        extremes = np.array(red_zones.guard_extremes(np.dtype(dtype)), dtype=dtype).astype(np.float64)
+        assert extremes.tolist() == [np.inf, -np.inf], dtype
     assert red_zones.guard_value(np.dtype(np.int16)) == 32767
     assert red_zones.guard_value(np.dtype(np.bool_)) is True
+
+
+# --------------------------------------------------------------------------- the guards of read margins
+
+
+def _margins(zone):
+    """The values of a read zone's margins: (before the tensor, after it), as placed."""
+    return zone.buffer[:zone.start], zone.buffer[zone.start + zone.count:]
+
+
+def test_each_poison_has_its_guard_nan_with_nan_and_alternating_infinities_with_random(store):
+    assert red_zones.GUARDS == ("nan", "inf")
+    assert {poison: GUARD_OF[poison] for poison in POISONS} == {"random": "inf", "nan": "nan"}
+    case = _case("2d_3x5")
+    for layout in LAYOUTS:
+        for poison in POISONS:
+            env = Env(case, store.get(case), "cpu", poison, layout=layout)
+            env.read("input")
+            before, after = _margins(env.zones[("read", "input")])
+            if poison == "nan":
+                assert np.isnan(before).all() and np.isnan(after).all(), layout
+            else:  # +inf and -inf in turn, element by element
+                for margin in (before, after):
+                    assert np.isinf(margin).all(), layout
+                    assert (np.diff(np.signbit(margin).astype(int)) != 0).all(), layout
+            env.close()
+
+
+def test_the_element_past_either_end_is_plus_inf_in_one_layout_and_minus_inf_in_the_other():
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    signs = {}
+    for shift in (0, 1):
+        zone, _ = red_zones.place(values, "read", shift, np.empty, lambda a: a.ctypes.data, guard="inf")
+        signs[shift] = (zone.buffer[zone.start - 1], zone.buffer[zone.start + zone.count])
+    assert {signs[0][0], signs[1][0]} == {np.inf, -np.inf}
+    assert {signs[0][1], signs[1][1]} == {np.inf, -np.inf}
+
+
+def test_integer_guards_alternate_the_maximum_and_the_minimum_bools_stay_true():
+    for dtype, high, low in ((np.int16, 32767, -32768), (np.uint8, 255, 0), (np.int64, 2**63 - 1, -2**63)):
+        zone, _ = red_zones.place(np.zeros(4, dtype), "read", 0, np.empty, lambda a: a.ctypes.data, guard="inf")
+        before, after = _margins(zone)
+        assert set(before.tolist()) == set(after.tolist()) == {high, low}, dtype
+        zone, _ = red_zones.place(np.zeros(4, dtype), "read", 0, np.empty, lambda a: a.ctypes.data, guard="nan")
+        assert set(np.concatenate(_margins(zone)).tolist()) == {high}, dtype
+    zone, _ = red_zones.place(np.zeros(4, bool), "read", 0, np.empty, lambda a: a.ctypes.data, guard="inf")
+    assert np.concatenate(_margins(zone)).all()
+    zone, _ = red_zones.place(np.zeros(4, np.complex64), "read", 1, np.empty, lambda a: a.ctypes.data, guard="inf")
+    assert np.isinf(np.concatenate(_margins(zone))).all()
+    with pytest.raises(ValueError, match="guard"):
+        red_zones.place(np.zeros(4, np.float32), "read", 0, np.empty, lambda a: a.ctypes.data, guard="zero")
+
+
+def test_a_read_past_the_end_that_feeds_a_max_is_caught(store, monkeypatch):
+    """A max drops NaN (fmax, or a comparison that keeps the first operand): a NaN margin alone
+    would let an out-of-bounds read into a max pass; +inf shows in the output."""
+    def forward(stream, handle, state, attrs, input, output):
+        ORIGINAL_FORWARD(stream, handle, state, attrs, input, output)
+        flat = output.reshape(-1)
+        flat[-1] = np.fmax(flat[-1], _widened(input, after=1)[-1])  # one element past the end into a max
+
+    result = _run("2d_3x5", store, monkeypatch, forward=forward)
+    assert result.status == "failed"
+    assert re.search(r"output \(poison random(, layout \w+)?\): 1 of .*got (np\.\w+\()?inf\b", result.message,
+                     re.S), result.message
+    assert "poison nan" not in result.message  # NaN margins: fmax drops them, the bug hides there
