@@ -16,14 +16,14 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 
-from kernels import gpu_paths
+from kernels import cpu_paths, gpu_paths
 
 from .case import Case
 from .cases import CASE_MODULES, all_cases
 from .golden import GoldenFileError, GoldenStore, find_goldens, golden_candidates
 from .harness import SCHEDULES, device_unavailable, release_gpu_memory
 from .runner import DEVICES, Result, run_case
-from .spread import run_spread, visible_gpus
+from .spread import run_spread, tally, visible_gpus
 
 DESCRIPTION = """\
 Run the conformance suite: every case that conformance/cases declares, checked
@@ -56,8 +56,9 @@ GPU schedules (every GPU case runs under each, with both poisons):
             (aligned with both poisons, misaligned with random values)
 
 red zones (every tensor, every run): a view inside a larger allocation, with
-  canary bytes (0xA5) around written tensors and NaN (integer maximum, True)
-  around read ones, checked unchanged. Layouts: aligned (each tensor at a
+  canary bytes (0xA5) around written tensors and, around read ones, NaN
+  (integer maximum, True) in the NaN-poison runs, +inf and -inf in turn
+  (integer maximum and minimum) in the random ones, checked unchanged. Layouts: aligned (each tensor at a
   256-byte boundary), misaligned (each one element past it), staggered (every
   other tensor one element past): on each device every layout with both
   poisons, aligned also under every schedule, misaligned also under foreign.
@@ -76,6 +77,8 @@ examples:
   python -m conformance --device gpu --jobs gpus  the GPU cases spread over every visible GPU
   python -m conformance --device gpu --gpu-paths paths.json
                                                  which named GPU paths the run reached
+  python -m conformance --device cpu --cpu-paths paths.json
+                                                 which size-gated CPU paths the run reached
 """
 
 
@@ -134,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-paths", metavar="FILE",
                         help="also write, as JSON, which named GPU paths (kernels.gpu_paths) the run reached, "
                              "each with the first case that did and its count, and which it did not")
+    parser.add_argument("--cpu-paths", metavar="FILE",
+                        help="also write, as JSON, which named size-gated CPU paths (kernels.cpu_paths) the run "
+                             "reached, each with the first case that did and its count, and which it did not")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
     return parser
 
@@ -201,13 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         cases = cases[index - 1::count]
 
     paths: dict[str, dict] = {}
+    cpu_seen: dict[str, dict] = {}
     if arguments.jobs > 1:
-        results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths)
+        results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths, cpu_seen)
         if arguments.verbose:
             for result in results:
                 _print_result(result)
     else:
-        results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths)
+        results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths, cpu_seen)
     release_gpu_memory()  # so that a leak check at exit sees only what is still held
     _print_summary(results)
     if arguments.junit_xml:
@@ -216,24 +223,29 @@ def main(argv: list[str] | None = None) -> int:
         write_json(arguments.json, results, path)
     if arguments.gpu_paths:
         write_gpu_paths(arguments.gpu_paths, paths)
+    if arguments.cpu_paths:
+        write_paths(arguments.cpu_paths, cpu_seen, cpu_paths.declared())
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
 def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: bool,
-         schedules: list[str] | None = None, paths: dict[str, dict] | None = None) -> tuple[list[Result], list[float]]:
+         schedules: list[str] | None = None, paths: dict[str, dict] | None = None,
+         cpu_seen: dict[str, dict] | None = None) -> tuple[list[Result], list[float]]:
     """Every case on every device, with progress on stderr; the results and each one's seconds. The
-    named GPU paths each case reaches are added to `paths` (name -> {"first": case key, "count"})."""
+    named GPU paths each case reaches are added to `paths` (name -> {"first": case key, "count"}), the
+    named CPU paths to `cpu_seen`."""
     paths = {} if paths is None else paths
+    cpu_seen = {} if cpu_seen is None else cpu_seen
     total = len(cases) * len(devices)
     results: list[Result] = []
     seconds: list[float] = []
     for device in devices:
         for case in cases:
             start = time.perf_counter()
-            with gpu_paths.recording() as recording:
+            with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
                 result = run_case(case, store.get(case), device, schedules)
-            for name, count in recording.counts.items():
-                paths.setdefault(name, {"first": result.key, "count": 0})["count"] += count
+            tally(paths, recording, result.key)
+            tally(cpu_seen, cpu_recording, result.key)
             seconds.append(time.perf_counter() - start)
             results.append(result)
             if sys.stderr.isatty():
@@ -318,7 +330,11 @@ def write_json(path: str, results: list[Result], goldens: str) -> None:
 def write_gpu_paths(path: str, paths: dict[str, dict]) -> None:
     """{"summary": {declared, reached}, "reached": {name: {first, count, description}}, "unreached":
     {name: description}}: the named GPU paths (kernels.gpu_paths) of the run."""
-    declared = gpu_paths.declared()
+    write_paths(path, paths, gpu_paths.declared())
+
+
+def write_paths(path: str, paths: dict[str, dict], declared: dict[str, str]) -> None:
+    """The report of write_gpu_paths for the names `declared` (gpu_paths' or cpu_paths')."""
     report = {
         "summary": {"declared": len(declared), "reached": sum(name in paths for name in declared)},
         "reached": {name: {**paths[name], "description": declared[name]} for name in declared if name in paths},

@@ -12,14 +12,14 @@ import sys
 import time
 from dataclasses import asdict
 
-from kernels import gpu_paths
+from kernels import cpu_paths, gpu_paths
 
 from .case import Case
 from .harness import release_gpu_memory
 from .runner import Result, run_case
 
 # (device, case index) -> (result, seconds) for each case a worker ran, and its named GPU paths.
-WorkerOutput = tuple[list[tuple[dict, float]], dict[str, dict]]
+WorkerOutput = tuple[list[tuple[dict, float]], dict[str, dict], dict[str, dict]]
 
 
 def visible_gpus() -> int:
@@ -59,46 +59,54 @@ def work(goldens: str, keys: list[str], devices: list[str], schedules: list[str]
     by_key = {case.key: case for case in all_cases()}
     outputs: list[tuple[dict, float]] = []
     paths: dict[str, dict] = {}
+    cpu_seen: dict[str, dict] = {}
     for device in devices:
         where = worker_device(device, worker, gpus)
         for key in keys:
             case = by_key[key]
             start = time.perf_counter()
-            with gpu_paths.recording() as recording:
+            with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
                 result = run_case(case, store.get(case), where, schedules)
             result.device = device
-            for name, count in recording.counts.items():
-                paths.setdefault(name, {"first": result.key, "count": 0})["count"] += count
+            tally(paths, recording, result.key)
+            tally(cpu_seen, cpu_recording, result.key)
             outputs.append((asdict(result), time.perf_counter() - start))
     release_gpu_memory()
-    return outputs, paths
+    return outputs, paths, cpu_seen
+
+
+def tally(seen: dict[str, dict], recording, key: str) -> None:
+    """Add a case's recording (gpu_paths' or cpu_paths') to `seen`: name -> {"first": case key, "count"}."""
+    for name, count in recording.counts.items():
+        seen.setdefault(name, {"first": key, "count": 0})["count"] += count
 
 
 def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, schedules: list[str] | None,
-               paths: dict[str, dict]) -> tuple[list[Result], list[float]]:
+               paths: dict[str, dict], cpu_seen: dict[str, dict] | None = None) -> tuple[list[Result], list[float]]:
     """Every case on every device over `jobs` worker processes (spawned: CUDA is never forked); the results
-    and seconds in the order of a run in one process (devices, then cases), the paths merged into `paths`
-    (each path's first case: the first in that order)."""
+    and seconds in the order of a run in one process (devices, then cases), the GPU paths merged into
+    `paths` and the CPU paths into `cpu_seen` (each path's first case: the first in that order)."""
+    cpu_seen = {} if cpu_seen is None else cpu_seen
     gpus = visible_gpus() if "gpu" in devices else 0
     index = {case.key: i for i, case in enumerate(cases)}
     shares = [[cases[i].key for i in share] for share in deal(len(cases), jobs)]
     context = multiprocessing.get_context("spawn")
     gathered: list[tuple[dict, float]] = []
-    found: list[dict[str, dict]] = []
+    found: list[tuple[dict[str, dict], dict[str, dict]]] = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = [pool.submit(work, goldens, share, devices, schedules, worker, gpus)
                    for worker, share in enumerate(shares) if share]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            outputs, worker_paths = future.result()
+            outputs, worker_paths, worker_cpu = future.result()
             gathered += outputs
-            found.append(worker_paths)
+            found += [(paths, worker_paths), (cpu_seen, worker_cpu)]
             print(f"[worker {done}/{len(futures)} done: {len(outputs)} results]", file=sys.stderr, flush=True)
     gathered.sort(key=lambda item: (devices.index(item[0]["device"]), index[f"{item[0]['op']}/{item[0]['case']}"]))
     results = [Result(**fields) for fields, _ in gathered]
     order = {result.key: n for n, result in enumerate(results)}
-    for worker_paths in found:
+    for into, worker_paths in found:
         for name, entry in worker_paths.items():
-            merged = paths.setdefault(name, {"first": entry["first"], "count": 0})
+            merged = into.setdefault(name, {"first": entry["first"], "count": 0})
             merged["count"] += entry["count"]
             if order[entry["first"]] < order[merged["first"]]:
                 merged["first"] = entry["first"]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu, gpu_paths
+from . import core, cpu, cpu_paths, gpu, gpu_paths
 from .core import AttrsError, fail
 
 
@@ -125,6 +125,12 @@ BLOCK_ELEMENTS = 1 << 17
 # scratch (up to two slots of this size), 16 MB of float64 a slot there.
 PARALLEL_BLOCK_ELEMENTS = 1 << 20
 
+# The size-gated paths of blockwise (kernels.cpu_paths).
+BLOCKS_PATH, BLOCKS_THREADS_PATH = cpu_paths.declare("activation", {
+    "blocks": "blockwise: a contiguous pass past BLOCK_ELEMENTS elements, in blocks of it",
+    "blocks.threads": "blockwise: the blocks shared out to the threads, a part's range in PARALLEL_BLOCK_ELEMENTS steps",
+})
+
 
 def blockwise(function: Any, *arrays: np.ndarray) -> None:
     """Call function(*blocks) on successive flat blocks of same-shaped C-contiguous arrays (any
@@ -140,8 +146,10 @@ def blockwise(function: Any, *arrays: np.ndarray) -> None:
         return
     flat = [a.reshape(-1) for a in arrays]  # views of contiguous arrays
     blocks = -(-count // BLOCK_ELEMENTS)
+    cpu_paths.reach(BLOCKS_PATH)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(BLOCKS_THREADS_PATH, first, last, blocks)
         step = BLOCK_ELEMENTS if last - first == blocks else PARALLEL_BLOCK_ELEMENTS  # one part, or one of several
         end = min(last * BLOCK_ELEMENTS, count)
         # The IEEE results are the contract (exp overflowing to inf, 1/0 = inf, sqrt(-1) = NaN, as torch):

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, cpu, gpu, gpu_paths
+from . import core, cpu, cpu_paths, gpu, gpu_paths
 from .core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "concat"
@@ -77,6 +77,14 @@ def _slices(layout: PieceLayout) -> list[tuple]:
     return slices
 
 
+# The size-gated paths of _cpu_move, for concat and split alike (kernels.cpu_paths).
+ROWS_PATH, PIECES_PATH, PIECES_THREADS_PATH = cpu_paths.declare(OP, {
+    "rows": "a whole past PARALLEL_MIN_BYTES with dims before the axis: parts of its rows, every piece's in each",
+    "pieces": "a whole past PARALLEL_MIN_BYTES without such dims (one image's channels): each piece cut along the axis",
+    "pieces.threads": "the pieces' cuts shared out to the threads",
+})
+
+
 def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: bool) -> None:
     """Copy each piece that is not None to (to_whole) or from its slice of whole along the axis. Shared out
     to the threads past cpu.PARALLEL_MIN_BYTES: where the dims before the axis hold at least as many rows
@@ -101,6 +109,8 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
     ways = cpu.parallel_parts(2 * whole.nbytes)
     outer_dims = whole.shape[:layout.axis]
     if any(size >= ways for size in outer_dims) or ways < 2:
+        cpu_paths.reach(ROWS_PATH)
+
         def rows(part: Any, *piece_parts: Any) -> None:
             for (_, offset), piece in zip(moves, piece_parts):
                 where = lead + (slice(offset, offset + piece.shape[layout.axis]),)
@@ -113,8 +123,10 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
         return
     tasks = [(slice(size * i // ways, size * (i + 1) // ways), piece, offset)
              for piece, offset in moves for size in (piece.shape[layout.axis],) for i in range(min(ways, size))]
+    cpu_paths.reach(PIECES_PATH)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(PIECES_THREADS_PATH, first, last, len(tasks))
         for task in tasks[first:last]:
             copy(*task)
 

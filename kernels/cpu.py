@@ -19,7 +19,18 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import cpu_paths
 from .core import AttrsError, fail
+
+# The size-gated paths of the runtime's passes (kernels.cpu_paths): the ops' own are declared beside them.
+PARTS_PATH, PIECES_PATH, PLANES_PATH, BESIDE_PATH = cpu_paths.declare("cpu", {
+    "parts.threads": "cpu_parts: an output past PARALLEL_MIN_BYTES cut along an axis, its parts (operands "
+                     "broadcast to it) shared out to the threads",
+    "parts.pieces.threads": "cpu_parts with skip_axis: a whole past PARALLEL_MIN_BYTES and its pieces (a "
+                            "concat's) cut alike, the parts shared out to the threads",
+    "planes.threads": "cpu_planes: (n, c) planes past PARALLEL_MIN_BYTES shared out to the threads",
+    "block_length.beside": "block_length: a pass worth two parts or more gets blocks up to `beside` long",
+})
 
 
 def available_cores() -> int:
@@ -227,6 +238,7 @@ def block_length(nbytes: int, elements: int, alone: int, beside: int) -> int:
     parts = parallel_parts(nbytes)
     if parts < 2:
         return alone
+    cpu_paths.reach(BESIDE_PATH)
     return max(alone, min(beside, elements // parts))
 
 
@@ -297,6 +309,7 @@ def cpu_parts(function: Callable[..., None], output: np.ndarray, *operands: np.n
     views = [np.broadcast_to(operand, shape) for operand in operands] if skip_axis is None else operands
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(PARTS_PATH if skip_axis is None else PIECES_PATH, first, last, shape[axis])
         index = (slice(None),) * axis + (slice(first, last),)
         function(output[index], *(view[index] for view in views))
 
@@ -313,8 +326,12 @@ def cpu_planes(function: Callable[..., None], *arrays: np.ndarray) -> None:
         function(*arrays)
         return
     views = [a.reshape(1, planes, *a.shape[2:]) for a in arrays]
-    cpu_parallel(lambda first, last: function(*(view[:, first:last] for view in views)), planes,
-                 sum(a.nbytes for a in arrays))
+
+    def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(PLANES_PATH, first, last, planes)
+        function(*(view[:, first:last] for view in views))
+
+    cpu_parallel(run, planes, sum(a.nbytes for a in arrays))
 
 
 def _copy(destination: np.ndarray, source: np.ndarray) -> None:

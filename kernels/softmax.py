@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu, gpu_paths
+from . import core, cpu, cpu_paths, gpu, gpu_paths
 from .core import ALL_FLOAT_DTYPES, TensorShape
 
 OP = "softmax"
@@ -69,6 +69,17 @@ CPU_BLOCK_ELEMENTS = 1 << 17
 # One part alone keeps the cache-sized blocks.
 PARALLEL_BLOCK_ELEMENTS = 1 << 18
 
+# The size-gated paths of _cpu_blocks (kernels.cpu_paths).
+ROWS_BLOCKS_PATH, ROWS_LONG_PATH, PLANES_BLOCKS_PATH, COLUMNS_PATH, WHOLE_INNER_PATH, THREADS_PATH = \
+    cpu_paths.declare(OP, {
+        "rows.blocks": "dim last: the rows past a block's length cut into blocks of several whole rows",
+        "rows.long": "dim last, a row longer than a block: a block a row",
+        "planes.blocks": "an inner dim: whole (dim, inner) planes past a block's length cut into blocks of them",
+        "inner_columns": "an inner dim, a plane longer than a block: parts of inner at least 4 columns wide",
+        "whole_inner": "an inner dim so long that 4 columns of it pass a block: a block a whole plane",
+        "threads": "the blocks shared out to the threads",
+    })
+
 
 def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> None:
     """Call function(*views) on cache-sized blocks of whole softmax rows, shared out to the cores
@@ -91,11 +102,14 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
         views = [a.reshape(outer, size) for a in arrays]
         rows = -(-outer // even(outer, length // size))
         blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
+        cpu_paths.reach_if(ROWS_BLOCKS_PATH, len(blocks) > 1 and size <= length)
+        cpu_paths.reach_if(ROWS_LONG_PATH, size > length)
     else:
         views = [a.reshape(outer, size, inner) for a in arrays]
         if size * inner <= length:
             rows = -(-outer // even(outer, length // (size * inner)))
             blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
+            cpu_paths.reach_if(PLANES_BLOCKS_PATH, len(blocks) > 1)
         else:
             # Parts of inner at least 2 wide (else width 1 would make the reduction NumPy's inner loop,
             # which sums in another order): the whole of inner when dim is too long for that.
@@ -104,8 +118,10 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
             bounds = [inner * i // parts for i in range(parts + 1)]
             blocks = [(slice(row, row + 1), slice(None), slice(bounds[i], bounds[i + 1]))
                       for row in range(outer) for i in range(parts)]
+            cpu_paths.reach(COLUMNS_PATH if parts > 1 else WHOLE_INNER_PATH)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
         for block in blocks[first:last]:
             function(*(view[block] for view in views))
 

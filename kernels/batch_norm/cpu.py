@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import activation as activations
 from .. import cpu as cpu_runtime
+from .. import cpu_paths
 from ..core import HALF_DTYPES
 from . import SavedForward
 from .plan import Layout
@@ -38,6 +39,13 @@ CPU_BLOCK_ELEMENTS = 1 << 16
 # 2-core VM with 2 threads: 10105 / 8317 (2^18), 7197 / 5806, 15827 / 12726; one thread alone keeps
 # the cache-sized blocks (2^18: 10685 -> 12618 us for the training forward).
 PARALLEL_BLOCK_ELEMENTS = 1 << 18
+
+# The size-gated paths of the passes (kernels.cpu_paths).
+INNER_PARTS_PATH, STAT_GROUPS_PATH, THREADS_PATH = cpu_paths.declare("batch_norm", {
+    "inner_parts": "a statistic's row (inner) as long as a block: cut into parts, each part's sums added in turn",
+    "stat_groups": "rows shorter than a block, all of them past it: blocks of as many statistics' rows as fit",
+    "threads": "a pass's blocks shared out to the threads",
+})
 
 _SCRATCH = threading.local()
 
@@ -68,8 +76,10 @@ def _blocks(layout: Layout, elements: int = CPU_BLOCK_ELEMENTS, row: int | None 
     row = elements if row is None else row
     if layout.inner >= row:
         stats_step, inner_step = max(1, elements // row), row
+        cpu_paths.reach(INNER_PARTS_PATH)
     else:
         stats_step, inner_step = max(1, elements // layout.inner), layout.inner
+        cpu_paths.reach_if(STAT_GROUPS_PATH, stats_step < layout.stats)
     inner_parts = -(-layout.inner // inner_step)
     blocks = [(o, slice(s, s + stats_step), slice(k * inner_step, (k + 1) * inner_step), k)
               for o in range(layout.outer) for s in range(0, layout.stats, stats_step) for k in range(inner_parts)]
@@ -83,6 +93,7 @@ def _pass_bytes(layout: Layout) -> int:
 
 def _run(layout: Layout, blocks: list[Block], function: Callable[[Block], None]) -> None:
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the contract, as torch's
             for block in blocks[first:last]:
                 function(block)

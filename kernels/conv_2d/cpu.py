@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import activation, core
 from .. import cpu as cpu_runtime
+from .. import cpu_paths
 
 if TYPE_CHECKING:
     from . import Conv2DAttrs, Conv2DState
@@ -27,6 +28,14 @@ if TYPE_CHECKING:
 # im2col of rows at least this long (output width) copies fast enough as a strided view; shorter
 # rows (SCDown's depthwise 40) go through the stride phases, one contiguous span a tap.
 WIDE_ROWS_BELOW = 64
+
+# The size-gated paths (kernels.cpu_paths).
+FORWARD_WIDE_PATH, BACKWARD_WIDE_PATH, CHANNELS_THREADS_PATH, GROUPS_THREADS_PATH = cpu_paths.declare("conv_2d", {
+    "forward.wide_rows": "forward: output rows WIDE_ROWS_BELOW wide or more, im2col as a strided view",
+    "backward.wide_rows": "filter gradient: output rows WIDE_ROWS_BELOW wide or more, im2col as a strided view",
+    "channels.threads": "im2col and col2im past PARALLEL_MIN_BYTES: the channels shared out to the threads",
+    "groups.threads": "a grouped product past PARALLEL_MIN_BYTES: the groups shared out to the threads",
+})
 
 
 _BUFFERS = threading.local()  # each thread's scratch buffers by name: {name: bytes}
@@ -54,7 +63,11 @@ def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) 
     if nbytes < cpu_runtime.PARALLEL_MIN_BYTES:
         function(slice(0, channels))
         return
-    cpu_runtime.cpu_parallel(lambda first, last: function(slice(first, last)), channels, 2 * nbytes)
+    def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(CHANNELS_THREADS_PATH, first, last, channels)
+        function(slice(first, last))
+
+    cpu_runtime.cpu_parallel(run, channels, 2 * nbytes)
 
 
 def _product_shape(function: Callable[..., np.ndarray], left: np.ndarray, right: np.ndarray) -> tuple[int, ...]:
@@ -76,6 +89,7 @@ def _by_groups(function: Callable[..., np.ndarray], left: np.ndarray, right: np.
         return out
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(GROUPS_THREADS_PATH, first, last, groups)
         part = slice(first, last)
         function(left[:, part] if image_left else left[part], right[:, part], out=out[:, part])
 
@@ -217,6 +231,7 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
     # The pre-activation: kept for a backward, or (no backward) the output itself, activated in place.
     target = np.empty_like(output) if attrs.activation is not None and attrs.backward else output
     if out_w >= WIDE_ROWS_BELOW or _plain(attrs):
+        cpu_paths.reach_if(FORWARD_WIDE_PATH, not _plain(attrs))
         columns = _columns(_padded(input, attrs), attrs, out_h, out_w)  # 1x1 s1 p0: the input
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
@@ -266,6 +281,7 @@ def backward(state: Conv2DState, attrs: Conv2DAttrs, output_grad: np.ndarray, in
         grad_wide = grad_wide.reshape(n, groups, o // groups, out_h * wide)
     if filter_grad is not None:
         if out_w >= WIDE_ROWS_BELOW or plain:
+            cpu_paths.reach_if(BACKWARD_WIDE_PATH, not plain)
             grad_rows, columns = _grouped(grad, groups), _columns(_padded(input, attrs), attrs,
                                                                   out_h, out_w)
         else:

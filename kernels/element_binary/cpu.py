@@ -9,9 +9,17 @@ import numpy as np
 
 from .. import core
 from .. import cpu as cpu_runtime
+from .. import cpu_paths
 from . import BinaryOpType
 
 _CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole call
+
+# The size-gated paths (kernels.cpu_paths).
+ELEMENTWISE_THREADS_PATH, REDUCE_THREADS_PATH = cpu_paths.declare("element_binary", {
+    "elementwise.threads": "forward (and a gradient with nothing to sum): the output cut along an axis, the parts "
+                           "shared out to the threads",
+    "reduce.threads": "a gradient summed over broadcast dims, cut along a dim it keeps, the parts shared out",
+})
 
 
 def elementwise(function: Callable[..., Any], output: np.ndarray, *operands: np.ndarray) -> None:
@@ -25,6 +33,7 @@ def elementwise(function: Callable[..., Any], output: np.ndarray, *operands: np.
     axis = next((i for i, size in enumerate(shape) if size >= parts), None)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(ELEMENTWISE_THREADS_PATH, first, last, shape[axis])
         index = (slice(None),) * axis + (slice(first, last),)
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) as torch gives them, without warnings
             function(*(view[index] for view in views), out=output[index])
@@ -139,6 +148,7 @@ def _reduced_grad(op: BinaryOpType, side: int, lhs: np.ndarray, rhs: np.ndarray,
     target = side_grad.reshape(dims)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(REDUCE_THREADS_PATH, first, last, shape[axis])
         index = (slice(None),) * axis + (slice(first, last),)
         part = output_grad[index]
         with np.errstate(all="ignore"):  # per thread: IEEE results as torch gives them, without warnings

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import activation, core, cpu
+from .. import activation, core, cpu, cpu_paths
 from . import Pool2DAttrs, PoolOp, _saved, tap_dtype
 
 
@@ -147,6 +147,17 @@ def _cpu_avg_forward(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray) 
 
 CPU_FORWARD_BLOCK = 1 << 16  # input elements a block of the CPU forward handles at once (whole planes)
 
+# The size-gated paths of the forward and the MAX backward (kernels.cpu_paths).
+(FORWARD_PLANES_PATH, FORWARD_ONE_PLANE_PATH, FORWARD_THREADS_PATH, BACKWARD_PLANES_PATH, BACKWARD_ONE_PLANE_PATH,
+ BACKWARD_THREADS_PATH) = cpu_paths.declare("pool_2d", {
+    "forward.planes": "forward: planes past CPU_FORWARD_BLOCK input elements in blocks of several whole planes",
+    "forward.one_plane": "forward: planes over half of CPU_FORWARD_BLOCK each, a block a plane",
+    "forward.threads": "forward: the blocks of planes shared out to the threads",
+    "max_backward.planes": "MAX backward: blocks of several whole planes, more than one block",
+    "max_backward.one_plane": "MAX backward: a plane with more outputs than CPU_BACKWARD_BLOCK, a block a plane",
+    "max_backward.threads": "MAX backward: the blocks of planes shared out to the threads",
+})
+
 
 def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray, taps: np.ndarray | None) -> None:
     """The forward over blocks of whole (n, c) planes, cache-sized, shared out to the threads: a window
@@ -155,8 +166,12 @@ def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarra
     planes = n * c
     per_block = max(1, CPU_FORWARD_BLOCK // max(height * width, 1))
     views = [None if a is None else a.reshape(1, planes, *a.shape[2:]) for a in (input, pooled, taps)]
+    blocks = -(-planes // per_block)
+    cpu_paths.reach_if(FORWARD_PLANES_PATH, per_block > 1 and blocks > 1)
+    cpu_paths.reach_if(FORWARD_ONE_PLANE_PATH, per_block == 1 and blocks > 1)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(FORWARD_THREADS_PATH, first, last, blocks)
         for start in range(first * per_block, min(last * per_block, planes), per_block):
             part = slice(start, start + per_block)
             x, y, t = (None if v is None else v[:, part] for v in views)
@@ -167,7 +182,7 @@ def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarra
             else:
                 _cpu_avg_forward(x, attrs, y)
 
-    cpu.cpu_parallel(run, -(-planes // per_block), input.nbytes * (3 if taps is not None else 2))
+    cpu.cpu_parallel(run, blocks, input.nbytes * (3 if taps is not None else 2))
 
 
 CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles at once
@@ -204,8 +219,12 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
     taps = taps.reshape(n * c, out_h, out_w)
     grad = grad.reshape(n * c, out_h * out_w)
     input_grad = input_grad.reshape(n * c, height * width)  # a view: input_grad is C-contiguous
+    blocks = -(-(n * c) // planes)
+    cpu_paths.reach_if(BACKWARD_PLANES_PATH, planes > 1 and blocks > 1)
+    cpu_paths.reach_if(BACKWARD_ONE_PLANE_PATH, out_h * out_w > CPU_BACKWARD_BLOCK and blocks > 1)
 
     def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(BACKWARD_THREADS_PATH, first, last, blocks)
         for start in range(first * planes, min(last * planes, n * c), planes):
             stop = min(start + planes, n * c)
             target = _targets((stop - start) * out_h * out_w).reshape(stop - start, out_h, out_w)
@@ -218,7 +237,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             block.fill(0)
             np.add.at(block, target.reshape(-1), grad[start:stop].reshape(-1))
 
-    cpu.cpu_parallel(run, -(-(n * c) // planes), nbytes)
+    cpu.cpu_parallel(run, blocks, nbytes)
 
 
 def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarray) -> None:
