@@ -150,12 +150,15 @@ __device__ __forceinline__ void bilinear_source(I o, int scale, I size, I& i0, I
     l0 = (T)(twice - remainder) / (T)twice;
 }
 
-// The weight that output coordinate o gives input pixel p along one axis.
+// The weight that output coordinate o gives input pixel p along one axis. zero_term: both of o's
+// taps are p and the second weighs 0; PyTorch's backward adds that term apart (0 * g, NaN where g is
+// not finite), so the caller adds it too (kernels/upsample.py: bilinear_zero_taps).
 template <typename T, typename I>
-__device__ __forceinline__ T bilinear_weight(I o, I p, int scale, I size) {
+__device__ __forceinline__ T bilinear_weight(I o, I p, int scale, I size, bool& zero_term) {
     I i0, i1;
     T l0, l1;
     bilinear_source<T, I>(o, scale, size, i0, i1, l0, l1);
+    zero_term = i0 == p && i1 == p && l1 == (T)0;
     return (i0 == p ? l0 : (T)0) + (i1 == p ? l1 : (T)0);
 }
 
@@ -185,7 +188,9 @@ __global__ void upsample_bilinear_forward(const T* __restrict__ input, T* __rest
 // One thread per input_grad element (y, x): the output pixels that read it have
 // coordinates y*s + ty and x*s + tx with ty, tx in [tap_low, tap_high] (2s taps per
 // axis). Summed separably, rows inside: sum over ty of w_y * (sum over tx of w_x * g),
-// both in ascending order, out-of-range taps skipped: the CPU twin's exact order.
+// both in ascending order, out-of-range taps skipped: the CPU twin's exact order. Pixel 1 starts at
+// tap -s: the coordinates clamped to pixel 0 (before its centre) give it weight 0, a term PyTorch's
+// backward adds (0 * inf is NaN); bilinear_weight's zero_term adds the other such term.
 template <typename T, typename I>
 __global__ void upsample_bilinear_backward(const T* __restrict__ output_grad, T* __restrict__ input_grad,
                                            I count, I height, I width, int scale) {
@@ -200,16 +205,22 @@ __global__ void upsample_bilinear_backward(const T* __restrict__ output_grad, T*
         using C = compute_t<T>;
         const T* base = output_grad + plane * out_height * out_width;
         C sum = (C)0;
-        for (int ty = tap_low; ty <= tap_high; ++ty) {
+        const int y_low = y == 1 ? -scale : tap_low, x_low = x == 1 ? -scale : tap_low;
+        for (int ty = y_low; ty <= tap_high; ++ty) {
             const I oy = y * scale + ty;
             if (oy < 0 || oy >= out_height) continue;
             C row = (C)0;
-            for (int tx = tap_low; tx <= tap_high; ++tx) {
+            for (int tx = x_low; tx <= tap_high; ++tx) {
                 const I ox = x * scale + tx;
                 if (ox < 0 || ox >= out_width) continue;
-                row += bilinear_weight<C, I>(ox, x, scale, width) * load(base[oy * out_width + ox]);
+                bool zero_x;
+                const C g = load(base[oy * out_width + ox]);
+                row += bilinear_weight<C, I>(ox, x, scale, width, zero_x) * g;
+                if (zero_x) row += (C)0 * g;
             }
-            sum += bilinear_weight<C, I>(oy, y, scale, height) * row;
+            bool zero_y;
+            sum += bilinear_weight<C, I>(oy, y, scale, height, zero_y) * row;
+            if (zero_y) sum += (C)0 * row;
         }
         input_grad[index] = store<T>(sum);
     }

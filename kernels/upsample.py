@@ -13,7 +13,10 @@ BILINEAR's weights, products and sums): each value widened once when read, each
 result rounded once when written.
 
 Both backwards are gathers: each input_grad element sums its sources in one
-fixed order, the same on the CPU and the GPU, with no atomics.
+fixed order, the same on the CPU and the GPU, with no atomics. BILINEAR's
+backward also adds the terms of weight 0 that PyTorch's scatter adds (each output
+coordinate's gradient goes to both its taps, whatever their weights): 0 times a
+finite gradient changes nothing, 0 times inf or NaN is NaN, as in PyTorch.
 """
 
 from __future__ import annotations
@@ -119,6 +122,24 @@ def bilinear_weights(size: int, scale: int, dtype: Any) -> np.ndarray:
     return np.where(inside, weights, zero).astype(dtype)
 
 
+def bilinear_zero_taps(size: int, scale: int) -> np.ndarray:
+    """(taps, size): True where output coordinate p*s + t has both its taps on pixel p, the second with
+    weight 0 (a coordinate on the last pixel's centre, or any clamped one when size is 1). Its weight
+    l0 + 0 has no zero in it, but PyTorch adds the 0 * g term apart, so the kernels add it too."""
+    i0, i1, _, l1 = bilinear_source(size, scale, np.float64)
+    pixels = np.arange(size)
+    coordinate = pixels[None, :] * scale + np.array(bilinear_taps(scale))[:, None]
+    inside = (coordinate >= 0) & (coordinate < size * scale)
+    o = np.where(inside, coordinate, 0)
+    return inside & (i0[o] == pixels) & (i1[o] == pixels) & (l1[o] == 0)
+
+
+def bilinear_clamped(size: int, scale: int) -> range:
+    """Output coordinates before pixel 0's centre (clamped to it) that pixel 1's taps do not reach: their
+    second tap is pixel 1 with weight 0, which PyTorch's backward still adds (none when size is 1)."""
+    return range(scale // 2 if size > 1 else 0)
+
+
 def _tap_range(size: int, scale: int, tap: int) -> tuple[int, int]:
     """Input pixels p with 0 <= p*s + tap < size*s, as [low, high)."""
     return max(0, -(tap // scale)), min(size, (size * scale - 1 - tap) // scale + 1)
@@ -169,22 +190,32 @@ def _cpu_bilinear_forward(input, output, scale) -> None:
 
 
 def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
-    # Separable gather, the GPU's order: along W into rows, then along H; taps ascending.
+    # Separable gather, the GPU's order: along W into rows, then along H; for pixel 1 the clamped
+    # coordinates first, then the taps ascending, each followed by its zero-weight term where it has one.
     n, c, h, w = input_grad.shape
     dtype = input_grad.dtype
     weights_y, weights_x = bilinear_weights(h, scale, dtype), bilinear_weights(w, scale, dtype)
+    zeros_y, zeros_x = bilinear_zero_taps(h, scale), bilinear_zero_taps(w, scale)
     rows = np.zeros((n, c, h * scale, w), dtype=dtype)
+    for o in bilinear_clamped(w, scale):
+        rows[..., 1] += output_grad[..., o] * dtype.type(0)
     for j, tap in enumerate(bilinear_taps(scale)):
         low, high = _tap_range(w, scale, tap)
         if low < high:
             sources = output_grad[..., low * scale + tap:(high - 1) * scale + tap + 1:scale]
             rows[..., low:high] += weights_x[j, low:high] * sources
+            for p in np.flatnonzero(zeros_x[j, low:high]):
+                rows[..., low + p] += sources[..., p] * dtype.type(0)
     input_grad.fill(0)
+    for o in bilinear_clamped(h, scale):
+        input_grad[:, :, 1, :] += rows[:, :, o, :] * dtype.type(0)
     for j, tap in enumerate(bilinear_taps(scale)):
         low, high = _tap_range(h, scale, tap)
         if low < high:
             sources = rows[:, :, low * scale + tap:(high - 1) * scale + tap + 1:scale, :]
             input_grad[:, :, low:high, :] += weights_y[j, low:high, None] * sources
+            for p in np.flatnonzero(zeros_y[j, low:high]):
+                input_grad[:, :, low + p, :] += sources[:, :, p, :] * dtype.type(0)
 
 
 @cpu.cpu_kernel
