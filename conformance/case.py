@@ -217,6 +217,16 @@ def aperiodic(shape: tuple[int, ...], modulus: int = 5, scale: float = 1.0, offs
     return (((digits + offset) % modulus - modulus // 2) * scale).reshape(shape)
 
 
+def nonfinite(values: np.ndarray, positions: Any) -> np.ndarray:
+    """A copy of `values` with NaN, +inf and -inf, in turn, at the given flat positions: output
+    gradients for the cases that check how a backward carries what is not a number."""
+    out = np.array(values, dtype=np.float64)
+    flat = out.reshape(-1)
+    for k, position in enumerate(positions):
+        flat[position] = (np.nan, np.inf, -np.inf)[k % 3]
+    return out
+
+
 def int_pattern(shape: tuple[int, ...], modulus: int = 23, offset: int = 0) -> np.ndarray:
     """Distinct small integers (non-negative, so every integer dtype holds them)."""
     count = int(np.prod(shape, dtype=np.int64))

@@ -21,7 +21,7 @@ import numpy as np
 from kernels import BatchMatmulAttrs, batch_matmul
 from kernels.core import BFLOAT16
 
-from ..case import CaseTable, pattern
+from ..case import CaseTable, nonfinite, pattern
 from ..harness import run_binary
 
 TABLE = CaseTable("batch_matmul")
@@ -91,6 +91,13 @@ _edge("bf16_long_reduction_k4096", (1 + (np.arange(2 * _K) % 3) * 0.25).reshape(
 _edge("bf16_wide_exponents", pattern((1, 3, 4)) * 2.0 ** 100, pattern((1, 4, 2), modulus=13, offset=4) * 2.0 ** -100,
       pattern((1, 3, 2), modulus=11, offset=2) * 2.0 ** 20, BFLOAT16,
       "bfloat16: operands of 2^100 and 2^-100 (float32's exponent range)")
+
+
+# NaN, +inf and -inf in output_grad: each lhs_grad row and rhs_grad column that sums one is NaN or
+# infinite (times a zero operand: NaN), in cuBLAS's GEMMs as in the CPU's.
+_edge("nonfinite_grad_rank3_2x3x4_4x5", pattern((2, 3, 4)), pattern((2, 4, 5), modulus=13, offset=4),
+      nonfinite(pattern((2, 3, 5), modulus=11, scale=0.5, offset=2), (0, 7, 19, 28)), np.float32,
+      "NaN, +inf and -inf in output_grad")
 
 
 def torch_program(case, tensors):

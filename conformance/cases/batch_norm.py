@@ -22,7 +22,7 @@ import numpy as np
 from kernels import BatchNormAttrs, BatchNormMode, batch_norm
 from kernels.core import BFLOAT16, HALF_DTYPES
 
-from ..case import EXACT, CaseTable, pattern, ulp
+from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 
 TABLE = CaseTable("batch_norm")
 
@@ -262,6 +262,30 @@ _add("subnormal_f16", (2, 2, 2, 4), affine=False, eps=1.0, dtype=np.float16,
 _add("subnormal_bf16", (2, 2, 2, 4), affine=False, eps=1.0, dtype=BFLOAT16,
      inputs=_subnormal_inputs((2, 2, 2, 4), 2.0 ** -133), tolerance=_half_tolerance("subnormal_bf16"),
      description="bfloat16 subnormal inputs (multiples of 2^-133) widened exactly; the outputs round to subnormals")
+
+
+# --------------------------------------------------------------------------- non-finite output gradients
+# NaN, +inf and -inf in output_grad. Training: input_grad sums g over its channel (or, PER_ACTIVATION,
+# over N), so a channel holding one is NaN throughout, and so are its gamma_grad and beta_grad; the other
+# channels are the finite cases'. Inference (the second step of steps (True, False)): g * gamma * invstd,
+# element by element.
+def _nonfinite_steps(dims, positions, positions_step2):
+    inputs = _steps_inputs(dims)
+    inputs["output_grad"] = nonfinite(inputs["output_grad"], positions)
+    inputs["output_grad_step2"] = nonfinite(inputs["output_grad_step2"], positions_step2)
+    return inputs
+
+
+_add("nonfinite_grad_spatial_2x3x2x4", (2, 3, 2, 4), inputs=_nonfinite_steps((2, 3, 2, 4), (1, 10), (18, 30, 33)),
+     description="a NaN in channel 0 and +inf in channel 1 (step 1), -inf and NaN in channel 2, +inf in channel 0 "
+                 "(step 2): channel 1 of step 2 stays finite")
+_add("nonfinite_grad_inference_after_training", (2, 3, 2, 4), eps=1e-3, momentum=0.03, steps=(True, False),
+     inputs=_nonfinite_steps((2, 3, 2, 4), (), (0, 9, 20, 35, 46)),
+     description="the inference gradient, element by element: NaN, +inf and -inf stay where they are")
+_add("nonfinite_grad_per_activation_silu", (4, 2, 2, 2), mode=PER_ACTIVATION, activation="SILU",
+     inputs=_nonfinite_steps((4, 2, 2, 2), (3, 12), (5, 22, 31)),
+     description="PER_ACTIVATION with SiLU: a feature's NaN or infinity reaches every sample of that feature")
+# --------------------------------------------------------------------------- end of non-finite output gradients
 
 
 _TORCH_ACTIVATIONS = {

@@ -8,7 +8,7 @@ import numpy as np
 from kernels import ConcatAttrs, concat
 from kernels.core import BFLOAT16
 
-from ..case import CaseTable, int_pattern, pattern
+from ..case import CaseTable, int_pattern, nonfinite, pattern
 
 TABLE = CaseTable("concat")
 
@@ -80,6 +80,14 @@ _add("rows_past_unrolled_small_device", [(2, 5, 24, 26), (2, 2, 24, 26), (2, 3, 
 _add("one_row_memcpy2d_small_device", [(1, 30, 400), (1, 20, 400), (1, 30, 400)], 1,
      description="a one-row join past the memcpy2d threshold of a one-SM device")
 # --- end of GPU launch shapes
+
+# Pure data movement carries NaN, +inf and -inf unchanged, forward and backward.
+TABLE.add("nonfinite_axis1_three", ConcatAttrs(axis=1, num_inputs=3),
+          {"inputs.0": nonfinite(pattern((2, 1, 3)), (1,)), "inputs.1": nonfinite(pattern((2, 2, 3), offset=5), (0, 7, 11)),
+           "inputs.2": pattern((2, 3, 3), offset=10),
+           "output_grad": nonfinite(pattern((2, 6, 3), offset=3), (0, 4, 17, 20, 35))},
+          description="NaN, +inf and -inf in inputs and output_grad, moved as they are", none_grads=())
+
 
 def torch_program(case, tensors):
     import torch

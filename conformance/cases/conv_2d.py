@@ -30,7 +30,7 @@ import numpy as np
 from kernels import Activation, Conv2DAttrs, conv_2d
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, pattern, ulp
+from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 
 TABLE = CaseTable("conv_2d")
 
@@ -277,6 +277,30 @@ _add("bf16_long_reduction_c512_k3", (1, 512, 3, 3), _conv(2, (3, 3), padding=(1,
 _add("depthwise_dilation_55_untiled", (1, 2, 111, 112), _conv(2, (3, 3), dilation=(55, 55), groups=2, use_bias=True),
      description="a depthwise tap region past a block's shared memory: the untiled depthwise forward")
 # --- end of GPU launch shapes
+
+# --------------------------------------------------------------------------- non-finite output gradients
+# NaN, +inf and -inf in output_grad, at border and inner outputs: every input, filter and bias gradient
+# that sums one of them is NaN or infinite (a zero filter or input value times inf is NaN), on each path
+# (direct, depthwise, pointwise, columns) and through an activation's derivative (relu'(x <= 0) = 0:
+# PyTorch's threshold_backward gives 0 there, not 0 * NaN). Finite elements as in the cases above.
+def _nonfinite_grad(attrs, input_dims, positions, positive=False):
+    values = pattern(conv_2d.output_dims(attrs, input_dims), modulus=11, offset=4) + (1.5 if positive else 0.0)
+    return nonfinite(values, positions)
+
+
+for _name, _dims, _attrs, _positions, _tolerance, _scale in (
+        ("k3_s2_p1_bias", (2, 3, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), use_bias=True), (0, 5, 17, 30, 47), EXACT, 0.25),
+        ("depthwise_k3_s2_p1", (1, 4, 7, 6), _conv(4, (3, 3), (2, 2), (1, 1), groups=4), (0, 13, 26, 40, 47), EXACT, 0.25),
+        ("pointwise_bias", (2, 5, 3, 4), _conv(3, (1, 1), use_bias=True), (1, 14, 30, 45, 71), EXACT, 0.25),
+        ("k3_s1_p1_bias_relu", (2, 3, 4, 5), _conv(4, (3, 3), (1, 1), (1, 1), use_bias=True, activation=Activation.RELU),
+         (0, 7, 22, 41, 66, 100, 159), EXACT, 0.125),
+        ("k3_s1_p1_bias_silu", (2, 3, 4, 5), _conv(4, (3, 3), (1, 1), (1, 1), use_bias=True, activation=Activation.SILU),
+         (0, 7, 22, 41, 66, 100, 159), ulp(2), 0.125)):
+    _add(f"nonfinite_grad_{_name}", _dims, _attrs, tolerance=_tolerance, filter_scale=_scale,
+         output_grad=_nonfinite_grad(_attrs, _dims, _positions, positive=_scale < 0.25),
+         description="NaN, +inf and -inf in output_grad")
+# --------------------------------------------------------------------------- end of non-finite output gradients
+
 
 def _torch_activation(activation, value):
     import torch

@@ -15,7 +15,7 @@ import numpy as np
 from kernels import BinaryOpType, ElementBinaryAttrs, element_binary
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, pattern, ulp
+from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 from ..harness import run_binary
 
 TABLE = CaseTable("element_binary")
@@ -205,6 +205,31 @@ _LONG = np.array([128.0] + [1.0] * 15).reshape(16, 1)
 _add("mul_bcast_long_sum_bf16", MUL, (16, 1), (1, 1), BF16,
      inputs={"lhs": _LONG, "rhs": np.ones((1, 1)), "output_grad": np.array([2.0] + [1.0] * 15).reshape(16, 1)},
      description="rhs_grad = sum(g * lhs) over 16 rows: 256 + 15 ones, 271 in float32 rounded once to 272")
+
+
+
+# --------------------------------------------------------------------------- non-finite output gradients
+# NaN, +inf and -inf in output_grad where it matters: at MAX/MIN ties (each side gets g / 2) and
+# where one side wins (the other gets 0, not 0 * NaN), at lhs = 0 (MUL's and DIV's rhs_grad multiply
+# by it: 0 * inf is NaN), and in the broadcast sums (inf + -inf). The finite elements are the plain
+# cases'; DIV by powers of two, so exact.
+def _nonfinite_inputs(op, lhs_dims, rhs_dims):
+    inputs = _inputs(op, lhs_dims, rhs_dims)
+    out_dims = _out_dims(lhs_dims, rhs_dims)
+    lhs = np.broadcast_to(inputs["lhs"], out_dims).reshape(-1)
+    rhs = np.broadcast_to(inputs["rhs"], out_dims).reshape(-1)
+    ties, zeros = np.flatnonzero(lhs == rhs), np.flatnonzero(lhs == 0)
+    positions = sorted(set(ties[:3]) | set(zeros[:3]) | {1, len(lhs) // 2, len(lhs) - 1})
+    inputs["output_grad"] = nonfinite(inputs["output_grad"], positions)
+    return inputs
+
+
+for _op in BinaryOpType:
+    for _layout in ("same", "bcast_both"):
+        _lhs, _rhs = LAYOUTS[_layout]
+        _add(f"nonfinite_grad_{_op.name.lower()}_{_layout}", _op, _lhs, _rhs, inputs=_nonfinite_inputs(_op, _lhs, _rhs),
+             description=f"{_op.name} {_lhs} with {_rhs}: NaN, +inf and -inf in output_grad")
+# --------------------------------------------------------------------------- end of non-finite output gradients
 
 
 _TORCH_OPS = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", MAX: "maximum", MIN: "minimum"}

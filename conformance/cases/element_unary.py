@@ -19,7 +19,7 @@ import numpy as np
 from kernels import ElementUnaryAttrs, UnaryOpType, element_unary
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, pattern, ulp
+from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 from ..harness import run_unary
 
 TABLE = CaseTable("element_unary")
@@ -179,6 +179,32 @@ _add("rsqrt_subnormal_f16", "RSQRT", None, F16, input=[4.0 ** k for k in (-12, -
 # exp near float16's maximum: exp(11) = 59874 is finite, exp(11.125) = 67846 overflows to inf.
 _add("exp_near_max_f16", "EXP", None, F16, input=[10.0, 10.5, 10.75, 11.0, 11.0625, 11.125, -11.0, 0.0], shape=(8,),
      description="exp up to float16's maximum (65504) and past it (inf)")
+
+
+# --------------------------------------------------------------------------- non-finite output gradients
+# NaN, +inf and -inf in output_grad, at x = 0 (relu'(0) = 0: PyTorch's threshold_backward gives 0 there,
+# not 0 * NaN) and at negative and positive x. The finite elements are the float32 cases' (same bounds).
+# SiLU with beta != 1 is left out: PyTorch has no such op, and its program here is a composition
+# (x * sigmoid(beta x)) whose autograd adds inf - inf where the kernels' g * f'(x) keeps inf (docs/ops.md).
+_NONFINITE_AT = (6, 23, 0, 12, 5, 19, 28)  # x = 0, 0, -2, 2, -1.75, 1.5, 0.25 in pattern(SHAPE)
+for _name, _op, _scalar, _input, _tolerance in (
+        ("relu", "RELU", None, None, EXACT), ("identity", "IDENTITY", None, None, EXACT),
+        ("sigmoid", "SIGMOID", None, None, ulp(2)), ("tanh", "TANH", None, None, ulp(1)),
+        ("gelu", "GELU", None, None, ulp(1)), ("silu", "SILU", None, None, ulp(1)),
+        ("elu_alpha_0p5", "ELU", 0.5, None, ulp(1)), ("exp", "EXP", None, None, ulp(2)),
+        ("sin", "SIN", None, WIDE, ulp(1)), ("cos", "COS", None, WIDE, ulp(1)),
+        ("rsqrt", "RSQRT", None, POSITIVE, ulp(1)), ("pow_2", "POW", 2.0, None, EXACT),
+        ("pow_0p5", "POW", 0.5, POSITIVE, ulp(1)), ("pow_minus_1", "POW", -1.0, POSITIVE - 2.125, ulp(1)),
+        ("pow_0", "POW", 0.0, None, EXACT), ("pow_1p5", "POW", 1.5, POSITIVE, ulp(1)),
+        ("scalar_multiply_minus_3", "SCALAR_MULTIPLY", -3.0, None, EXACT),
+        ("scalar_multiply_0", "SCALAR_MULTIPLY", 0.0, None, EXACT),
+        ("scalar_add_1p5", "SCALAR_ADD", 1.5, None, EXACT), ("scalar_sub_0p75", "SCALAR_SUB", 0.75, None, EXACT),
+        ("scalar_true_div_3", "SCALAR_TRUE_DIV", 3.0, None, EXACT)):
+    TABLE.add(f"nonfinite_grad_{_name}", ElementUnaryAttrs(UnaryOpType[_op], _scalar),
+              {"input": pattern(SHAPE) if _input is None else np.asarray(_input, np.float64).reshape(SHAPE),
+               "output_grad": nonfinite(_grad(SHAPE), _NONFINITE_AT)},
+              tolerance=_tolerance, description=f"{_op} backward with NaN, +inf and -inf in output_grad")
+# --------------------------------------------------------------------------- end of non-finite output gradients
 
 
 def torch_program(case, tensors):

@@ -15,7 +15,7 @@ import numpy as np
 from kernels import Activation, Pool2DAttrs, PoolOp, pool_2d
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, aperiodic, pattern, ulp
+from ..case import EXACT, CaseTable, aperiodic, nonfinite, pattern, ulp
 from ..harness import run_unary
 
 TABLE = CaseTable("pool_2d")
@@ -31,11 +31,11 @@ def _ties(dims, offset=0):
     return aperiodic(dims, modulus=5, scale=1.0, offset=offset)
 
 
-def _add(name, dims, attrs, input=None, dtype=np.float32, tolerance=EXACT, description=""):
+def _add(name, dims, attrs, input=None, dtype=np.float32, tolerance=EXACT, description="", output_grad=None):
     out_dims = pool_2d.output_dims(attrs, dims)
     TABLE.add(name, attrs,
               {"input": _ties(dims) if input is None else input,
-               "output_grad": pattern(out_dims, modulus=13, scale=0.25, offset=3)},
+               "output_grad": pattern(out_dims, modulus=13, scale=0.25, offset=3) if output_grad is None else output_grad},
               dtype=dtype, tolerance=tolerance, description=description)
 
 
@@ -185,6 +185,67 @@ _add("max_64x97_direct_f64", (1, 1, 64, 98), _max((64, 97), (1, 1), (0, 0)), dty
      input=pattern((1, 1, 64, 98), modulus=4093, scale=0.5),
      description="a window past the tiled forward's shared memory: the direct MAX forward, int argmax taps")
 # --- end of GPU launch shapes
+
+# --------------------------------------------------------------------------- NaN, infinities and borders
+# NaN at stride 2, alone and where windows overlap (a row or column two windows share), and twice in
+# one window (the last takes the gradient); NaN, +inf and -inf in output_grad, with inputs that are
+# the maximum of windows whose gradients are +inf and -inf (their sum is NaN); windows at a padded
+# border whose part inside the input is all -inf, in an input that is -inf but for a few values (the
+# output is -inf and the gradient goes to the window's first element inside the input, PyTorch's
+# rule); AVG at such borders with count_include_pad both ways (-inf and padding average to -inf,
+# +inf with -inf to NaN). A window wholly in the padding cannot occur: padding is at most half the kernel.
+def _with(values, points):
+    """A copy of `values` with the value of each (point, value) pair set at its (n, c, h, w) point."""
+    out = np.array(values, dtype=np.float64)
+    for point, value in points:
+        out[point] = value
+    return out
+
+
+def _nonfinite_grad(attrs, dims, positions):
+    return nonfinite(pattern(pool_2d.output_dims(attrs, dims), modulus=13, scale=0.25, offset=3), positions)
+
+
+def _neg_inf_but(dims, points):
+    """-inf everywhere but at the given points, which hold 1, 2, 3 ..."""
+    return _with(np.full(dims, -INF), [(point, float(k + 1)) for k, point in enumerate(points)])
+
+
+_add("max_nan_3x3_s2_p1_overlap", (1, 2, 7, 6), _max((3, 3), (2, 2), (1, 1)),
+     input=_with(_ties((1, 2, 7, 6)), [((0, 0, 1, 1), NAN), ((0, 0, 3, 4), NAN), ((0, 1, 5, 3), NAN),
+                                       ((0, 1, 0, 0), NAN), ((0, 0, 5, 0), NAN), ((0, 0, 6, 1), NAN)]),
+     description="NaN where two or four windows overlap (kernel 3, stride 2), at a padded corner, twice in a window")
+_add("max_nan_2x2_s2", (2, 1, 6, 8), _max((2, 2), (2, 2), (0, 0)),
+     input=_with(_ties((2, 1, 6, 8)), [((0, 0, 0, 1), NAN), ((0, 0, 3, 3), NAN), ((0, 0, 3, 2), NAN),
+                                       ((1, 0, 4, 7), NAN), ((1, 0, 2, 0), NAN)]),
+     description="NaN at stride 2 without overlap, and twice in one window")
+_add("max_nonfinite_grad_5x5_s1_p2", (1, 2, 6, 7), _max((5, 5), (1, 1), (2, 2)),
+     output_grad=_nonfinite_grad(_max((5, 5), (1, 1), (2, 2)), (1, 2, 6, 7), (0, 8, 9, 20, 44, 45, 46, 70)),
+     description="SPPF geometry: NaN, +inf and -inf gradients of windows that share their maximum")
+_add("max_nonfinite_grad_3x3_s2_p1", (2, 1, 7, 6), _max((3, 3), (2, 2), (1, 1)),
+     output_grad=_nonfinite_grad(_max((3, 3), (2, 2), (1, 1)), (2, 1, 7, 6), (0, 1, 5, 6, 13, 19, 22)),
+     description="stride 2 with overlap: NaN, +inf and -inf gradients, some meeting at one input")
+_add("max_neg_inf_border_2x2_s2_p1", (1, 2, 5, 6), _max((2, 2), (2, 2), (1, 1)),
+     input=_neg_inf_but((1, 2, 5, 6), [(0, 0, 2, 3), (0, 0, 3, 1), (0, 1, 1, 2), (0, 1, 4, 4), (0, 1, 2, 5)]),
+     description="-inf but for 5 values: border windows of -inf and padding give -inf and send the gradient "
+                 "to their first element inside the input")
+_add("max_neg_inf_border_3x3_s2_p1", (1, 1, 6, 7), _max((3, 3), (2, 2), (1, 1)),
+     input=_neg_inf_but((1, 1, 6, 7), [(0, 0, 2, 2), (0, 0, 3, 5)]),
+     description="-inf but for 2 values, kernel 3 stride 2: overlapping all -inf windows at every border")
+_BORDERS = _with(_ties((1, 2, 5, 6)), [((0, 0, 0, 0), -INF), ((0, 0, 4, 5), INF), ((0, 0, 3, 5), -INF),
+                                       ((0, 1, 0, 3), INF), ((0, 1, 0, 4), -INF), ((0, 1, 4, 0), -INF)])
+for _include in (True, False):
+    _suffix = "include_pad" if _include else "exclude_pad"
+    _attrs2, _attrs3 = _avg((2, 2), (2, 2), (1, 1), _include), _avg((3, 3), (2, 2), (1, 1), _include)
+    _add(f"avg_nonfinite_2x2_s2_p1_{_suffix}", (1, 2, 5, 6), _attrs2, input=_BORDERS,
+         output_grad=_nonfinite_grad(_attrs2, (1, 2, 5, 6), (0, 3, 11, 12, 23)),
+         description="infinities at the padded borders (a corner window holds one input element), divisors 4 "
+                     "or 1, 2: NaN, +inf and -inf in output_grad")
+    _add(f"avg_nonfinite_3x3_s2_p1_{_suffix}", (1, 2, 5, 6), _attrs3, input=_BORDERS, tolerance=_AVG_TOLERANCE,
+         output_grad=_nonfinite_grad(_attrs3, (1, 2, 5, 6), (0, 2, 5, 8, 13, 17)),
+         description="infinities at the padded borders, divisors 9 or 4, 6: NaN, +inf and -inf in output_grad")
+# --------------------------------------------------------------------------- end of NaN, infinities and borders
+
 
 def _torch_activation(activation, value):
     import torch

@@ -20,7 +20,7 @@ import numpy as np
 from kernels import SoftmaxAttrs, softmax
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, pattern, ulp
+from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 from ..harness import run_unary
 
 TABLE = CaseTable("softmax")
@@ -66,10 +66,10 @@ def _scores(dims):
     return ((index * (index + 3) // 2 % 19 - 9) * 0.25).reshape(dims)
 
 
-def _add(name, dims, dim, dtype=np.float32, description="", input=None):
+def _add(name, dims, dim, dtype=np.float32, description="", input=None, output_grad=None):
     TABLE.add(name, SoftmaxAttrs(dim),
               {"input": _scores(dims) if input is None else input,
-               "output_grad": pattern(dims, modulus=13, scale=0.5, offset=5)},
+               "output_grad": pattern(dims, modulus=13, scale=0.5, offset=5) if output_grad is None else output_grad},
               dtype=dtype, tolerance=ulp(MEASURED[name]), description=description)
 
 
@@ -149,6 +149,25 @@ _half("stable_near_max", (2, 4), -1, dtypes=(("f16", F16),),
       description="float16's extremes: x - max (to -131008) leaves float16's range but not float32's; no NaN")
 _half("stable_pm1024", (2, 4), -1, dtypes=(("bf16", BF16),), input=[[1024, -1024, 1016, 992], [-1024, -1020, -1016, 0]],
       description="bfloat16: exp without the max subtracted overflows; no inf or NaN allowed")
+
+
+# --------------------------------------------------------------------------- non-finite values
+# NaN, +inf and -inf in output_grad: input_grad = y (g - sum(g y)) is NaN along every row that holds
+# one (the sum carries it to the whole row). A row with a -inf input has y = 0 there, and 0 times an
+# infinite g - sum(g y) is NaN too. Rows without one are the finite cases' (bounds measured the same way).
+# Measured on the CPU (tools/measure_ulps.py); the H200 to be measured (the finite twins 3d_dim2 and
+# 3d_dim0 measured no more there than here).
+MEASURED.update({"nonfinite_grad_3d_dim2": 2, "nonfinite_grad_3d_dim0": 3, "nonfinite_grad_neg_inf_input": 1})
+_add("nonfinite_grad_3d_dim2", (3, 4, 5), 2, description="rows of 5: NaN, +inf, -inf in three rows' output_grad",
+     output_grad=nonfinite(pattern((3, 4, 5), modulus=13, scale=0.5, offset=5), (2, 13, 27, 29, 44)))
+_add("nonfinite_grad_3d_dim0", (3, 4, 5), 0, description="an outer dim: columns with NaN, +inf, -inf in output_grad",
+     output_grad=nonfinite(pattern((3, 4, 5), modulus=13, scale=0.5, offset=5), (2, 13, 27, 33, 59)))
+_NEG_INF_ROWS = _scores((3, 6))
+_NEG_INF_ROWS[0, 1] = _NEG_INF_ROWS[1, 4] = _NEG_INF_ROWS[2, 0] = -np.inf
+_add("nonfinite_grad_neg_inf_input", (3, 6), -1, input=_NEG_INF_ROWS,
+     output_grad=nonfinite(pattern((3, 6), modulus=13, scale=0.5, offset=5), (1, 9, 15)),
+     description="-inf inputs (y = 0) meeting NaN and infinite output gradients")
+# --------------------------------------------------------------------------- end of non-finite values
 
 
 def torch_program(case, tensors):

@@ -8,7 +8,7 @@ import numpy as np
 from kernels import SplitAttrs, split
 from kernels.core import BFLOAT16
 
-from ..case import CaseTable, int_pattern, pattern
+from ..case import CaseTable, int_pattern, nonfinite, pattern
 
 TABLE = CaseTable("split")
 
@@ -48,6 +48,15 @@ _add("yolov10_c2f_halves_1x8x5x3", (1, 8, 5, 3), (4, 4), 1,
      description="C2f: the 1x1 conv's output split in two on channels (small)")
 _add("yolov10_psa_qkv_1x2x8x6", (1, 2, 8, 6), (2, 2, 4), 2,
      description="PSA: (B, heads, 128, HW) split {32, 32, 64} on axis 2, at 1/16 the size")
+
+
+# Pure data movement carries NaN, +inf and -inf unchanged, forward and backward.
+TABLE.add("nonfinite_axis2_three", SplitAttrs(splits=(1, 3, 2), axis=2),
+          {"input": nonfinite(pattern((2, 3, 6)), (2, 13, 30)),
+           "output_grads.0": nonfinite(pattern((2, 3, 1), offset=3), (1,)),
+           "output_grads.1": nonfinite(pattern((2, 3, 3), offset=7), (0, 8, 16)),
+           "output_grads.2": nonfinite(pattern((2, 3, 2), offset=11), (5, 9))},
+          description="NaN, +inf and -inf in the input and the output gradients, moved as they are")
 
 
 def torch_program(case, tensors):

@@ -6,7 +6,7 @@ import numpy as np
 from kernels import TransposeAttrs, transpose
 from kernels.core import BFLOAT16
 
-from ..case import CaseTable, int_pattern, pattern
+from ..case import CaseTable, int_pattern, nonfinite, pattern
 from ..harness import run_unary
 
 TABLE = CaseTable("transpose")
@@ -38,6 +38,12 @@ _add("tile_edges_2x33x37", (2, 33, 37), (0, 2, 1), description="sizes not multip
 _add("tile_edges_1x66x65", (1, 66, 65), (0, 2, 1), description="sizes just over one 64x64 tile")
 _add("zero_size", (2, 0, 3), (2, 0, 1), description="zero-size tensor: nothing to do")
 _add("yolov10_psa_last_two", (1, 2, 8, 12), (0, 1, 3, 2), description="PSA: (B, heads, d, HW) -> (B, heads, HW, d), small")
+
+
+# Pure data movement carries NaN, +inf and -inf unchanged, forward and backward.
+TABLE.add("nonfinite_3d_cycle_201", TransposeAttrs((2, 0, 1)),
+          {"input": nonfinite(pattern((2, 3, 4)), (1, 11, 18)), "output_grad": nonfinite(pattern((4, 2, 3), offset=3), (0, 7, 23))},
+          description="NaN, +inf and -inf in input and output_grad, moved as they are")
 
 
 def torch_program(case, tensors):

@@ -7,7 +7,7 @@ import numpy as np
 from kernels import UpsampleAttrs, UpsampleMode, upsample
 from kernels.core import BFLOAT16
 
-from ..case import EXACT, CaseTable, int_pattern, pattern, ulp
+from ..case import EXACT, CaseTable, int_pattern, nonfinite, pattern, ulp
 from ..harness import run_unary
 
 TABLE = CaseTable("upsample")
@@ -120,6 +120,45 @@ for _suffix, _dtype in _HALF.items():
 _add_half("nearest_x2_subnormal_f16", (1, 2, 3, 4), 2, NEAREST, np.float16,
           output_grad=pattern((1, 2, 6, 8), modulus=13, scale=2.0 ** -24),
           description="float16 subnormal gradients (multiples of 2^-24): block sums exact")
+
+
+# --------------------------------------------------------------------------- non-finite output gradients
+# NaN, +inf and -inf in output_grad. NEAREST sums each block (+inf with -inf: NaN). BILINEAR follows
+# PyTorch's backward, which adds each output's gradient times its weight to both source pixels, a
+# zero weight too (0 * inf is NaN): output coordinates before the first source centre (clamped to 0)
+# give pixel 1 a zero weight, a coordinate on a pixel centre (odd scales) gives the next pixel one,
+# and at the last pixel, or a plane 1 wide, both taps land on one pixel, one of them with weight 0.
+def _nonfinite_points(out_dims, points):
+    return nonfinite(pattern(out_dims, modulus=13, offset=3, scale=0.5),
+                     [int(np.ravel_multi_index(point, out_dims)) for point in points])
+
+
+def _add_nonfinite(name, dims, scale, mode, points, tolerance=EXACT, description=""):
+    attrs = UpsampleAttrs(scale, mode)
+    out_dims = upsample.output_dims(attrs, dims)
+    _add(name, dims, scale, mode, tolerance=tolerance, description=description,
+         output_grad=_nonfinite_points(out_dims, points))
+
+
+_add_nonfinite("nearest_x2_nonfinite_grad", (2, 2, 3, 4), 2, NEAREST,
+               [(0, 0, 0, 0), (0, 0, 2, 3), (0, 1, 4, 5), (0, 1, 5, 5), (1, 0, 3, 7), (1, 1, 1, 2)],
+               description="NaN, +inf and -inf in output_grad; +inf and -inf in one block give NaN")
+_add_nonfinite("bilinear_x2_nonfinite_grad", (1, 2, 3, 4), 2, BILINEAR,
+               [(0, 0, 0, 3), (0, 0, 3, 0), (0, 0, 5, 7), (0, 1, 0, 0), (0, 1, 2, 6), (0, 1, 4, 3)],
+               description="row 0 and column 0 (clamped: a zero weight to pixel 1), the last row and column, inside")
+_add_nonfinite("bilinear_x3_nonfinite_grad", (1, 2, 3, 4), 3, BILINEAR,
+               [(0, 0, 1, 5), (0, 0, 7, 2), (0, 0, 4, 10), (0, 1, 0, 4), (0, 1, 8, 11), (0, 1, 3, 1)],
+               tolerance=ulp(2),  # measured 2 (the GPU: the same bits)
+               description="scale 3: rows and columns on a pixel centre (a zero weight to the next pixel, or at the "
+                           "last pixel to the same one), the clamped first ones, the last ones")
+_add_nonfinite("bilinear_x3_one_row_nonfinite_grad", (1, 2, 1, 4), 3, BILINEAR,
+               [(0, 0, 1, 4), (0, 0, 2, 7), (0, 1, 0, 10)], tolerance=ulp(1),  # measured 1 (the GPU: the same bits)
+               description="a plane 1 high: every output row's two taps land on row 0, one with weight 0 for "
+                           "rows 0 and 1")
+_add_nonfinite("bilinear_x2_one_column_nonfinite_grad", (1, 2, 3, 1), 2, BILINEAR,
+               [(0, 0, 1, 0), (0, 1, 4, 1), (0, 1, 0, 1)],
+               description="a plane 1 wide: both column taps on column 0, the clamped column 0 with weight 0")
+# --------------------------------------------------------------------------- end of non-finite output gradients
 
 
 def torch_program(case, tensors):
