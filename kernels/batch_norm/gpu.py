@@ -100,8 +100,8 @@ _CUDA = gpu.CudaModule("batch_norm.cu", [
 
 
 def init(state: BatchNormState, dtype: np.dtype) -> None:
-    """The state's plan and device memory: the running statistics (filled with 0 and 1 on CuPy's
-    current stream, an event recorded after), the saved statistics and the workspace."""
+    """The state's plan and device memory: the running statistics (filled with 0 and 1 on the legacy
+    stream and waited for), the saved statistics and the workspace."""
     cupy = gpu.cupy
     layout = state.layout
     plan = state.plan = gpu_plan(layout)
@@ -115,13 +115,16 @@ def init(state: BatchNormState, dtype: np.dtype) -> None:
     state.coef = gpu.device_empty((2 * stats,), np.float64, device)  # backward: grad_mean, k per statistic
     state.partials = gpu.device_empty((2 * stats * max(plan.parts, 1) if not plan.by_feature else 1,), np.float64,
                                       device)
-    with cupy.cuda.Device(device):
-        # init has no stream: the fills go on CuPy's current stream, and calls on this state wait
-        # for them through an event (until it is seen complete) rather than synchronizing the device.
+    with cupy.cuda.Device(device), cupy.cuda.Stream.null:
+        # init has no stream: the fills go on the legacy stream and init waits for them, so the
+        # statistics hold 0 and 1 for any stream that reads them next (a caller's copy, a kernel
+        # call), whatever CuPy's current stream is or however busy it is. The event stays for the
+        # calls' cheap check (seen complete at once).
         state.running_mean.fill(0)
         state.running_var.fill(1)
         ready = cupy.cuda.Event(disable_timing=True)
         ready.record()
+        ready.synchronize()
     state.ready = ready
 
 

@@ -174,7 +174,7 @@ __global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* _
 }
 
 // filter_grad[o, 0, i, j] = sum over n, oh, ow of grad[n, o, oh, ow] * input[n, o / multiplier,
-// oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 in the padding). One block per filter element
+// oh * sh - ph + i * dh, ow * sw - pw + j * dw] (0 in the padding, multiplied all the same). One block per filter element
 // (grid-stride over them): each thread sums a fixed strided subset of the output positions in
 // double (a float product is exact in double), then a fixed shared-memory tree adds the threads'
 // sums, rounded once to T. No atomics: the same bits every run.
@@ -199,8 +199,10 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
             for (I p = threadIdx.x; p < positions; p += blockDim.x) {
                 const I h = (p / out_w) * stride_h - pad_h + i * dilation_h;
                 const I w = (p % out_w) * stride_w - pad_w + j * dilation_w;
-                if (h >= 0 && h < height && w >= 0 && w < width)
-                    sum += (double)widen(plane[p]) * (double)widen(image[h * width + w]);
+                // A padding tap reads 0, and adds 0 * grad as PyTorch does: an infinite or NaN
+                // output gradient makes the filter gradient NaN, as it does there.
+                const double value = (h >= 0 && h < height && w >= 0 && w < width) ? (double)widen(image[h * width + w]) : 0.0;
+                sum += (double)widen(plane[p]) * value;
             }
         }
         partial[threadIdx.x] = sum;
