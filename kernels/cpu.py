@@ -397,10 +397,10 @@ def widened(function: Any) -> Any:
     the result computed into a float32 buffer and rounded once (to nearest even) into output, which
     may alias an input (each is read before output is written)."""
 
-    def run(*blocks: np.ndarray) -> None:
+    def run(*blocks: np.ndarray, **options: Any) -> None:
         *inputs, output = blocks
         wide = np.empty(output.shape, np.float32)
-        function(*(block.astype(np.float32) for block in inputs), wide)
+        function(*(block.astype(np.float32) for block in inputs), wide, **options)
         output[...] = wide
 
     return run

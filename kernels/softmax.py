@@ -10,6 +10,7 @@ dim, so `input` may be None.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +120,11 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
             blocks = [(slice(row, row + 1), slice(None), slice(bounds[i], bounds[i + 1]))
                       for row in range(outer) for i in range(parts)]
             cpu_paths.reach(COLUMNS_PATH if parts > 1 else WHOLE_INNER_PATH)
+            if parts == 1:
+                # Columns fewer than 4 wide: NumPy adds a long strided dim one row after another,
+                # and in float32 that sum drifts by hundreds of ulps over tens of thousands of
+                # terms; float64 sums keep it to the last bit or two.
+                function = functools.partial(function, accumulate=np.float64)
 
     def run(first: int, last: int) -> None:
         cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
@@ -128,15 +134,17 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
     cpu.cpu_parallel(run, len(blocks), nbytes)
 
 
-def _cpu_forward_block(x: np.ndarray, y: np.ndarray) -> None:
+def _cpu_forward_block(x: np.ndarray, y: np.ndarray, accumulate: Any = None) -> None:
+    """Softmax along axis 1 of a block; `accumulate`: the dtype of the sum (None: the block's)."""
     np.subtract(x, np.max(x, axis=1, keepdims=True), out=y)
     np.exp(y, out=y)
-    np.divide(y, np.sum(y, axis=1, keepdims=True), out=y)
+    np.divide(y, np.sum(y, axis=1, keepdims=True, dtype=accumulate), out=y)
 
 
-def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray) -> None:
+def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray, accumulate: Any = None) -> None:
+    """Softmax's gradient along axis 1 of a block; `accumulate`: the dtype of the dot (None: the block's)."""
     # einsum forms the dot along dim without a temporary of the block's size
-    dot = np.expand_dims(np.einsum("ab...,ab...->a...", g, y), 1)
+    dot = np.expand_dims(np.einsum("ab...,ab...->a...", g, y, dtype=accumulate), 1)
     np.subtract(g, dot, out=dx)
     np.multiply(y, dx, out=dx)
 
