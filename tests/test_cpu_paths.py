@@ -2,19 +2,23 @@
 take, each declared next to its code and counted when taken.
 
 The registry is well formed and cheap; every name the kernels reach is declared (an AST scan of
-their sources).
+their sources); and the default conformance run on the CPU (`python -m conformance --device cpu
+--cpu-paths FILE`) reaches every declared name, through the medium cases of conformance/cases,
+its report naming the first case that reached each one.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import pathlib
 import threading
 
 import pytest
 
 import kernels
-from kernels import cpu_paths
+from conformance.__main__ import main
+from kernels import cpu, cpu_paths
 from kernels.core import KernelError
 
 KERNELS = pathlib.Path(kernels.__file__).parent
@@ -121,3 +125,24 @@ def test_every_name_the_kernels_reach_is_declared_and_every_declared_one_is_reac
     reached = _reached_names()
     assert reached <= set(DECLARED), reached - set(DECLARED)
     assert set(DECLARED) <= reached, set(DECLARED) - reached
+
+
+# --------------------------------------------------------------------------- the conformance run
+
+
+def test_the_default_conformance_run_reaches_every_cpu_path(tmp_path, capsys):
+    """Done when: `python -m conformance` reaches every size-gated CPU path, and its report says so."""
+    if cpu.available_cores() < 2:
+        pytest.skip("the .threads paths need a CPU handle of two threads or more (the conformance run's "
+                    "handle has the available cores)")
+    report_path = tmp_path / "paths.json"
+    assert main(["--device", "cpu", "--cpu-paths", str(report_path)]) == 0, capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["unreached"] == {}
+    assert report["summary"] == {"declared": len(DECLARED), "reached": len(DECLARED)}
+    assert set(report["reached"]) == set(DECLARED)
+    for name, entry in report["reached"].items():
+        assert entry["count"] >= 1 and entry["description"] == DECLARED[name]
+        assert entry["first"].endswith("[cpu]"), entry
+    # The medium cases reach them: none of the small ones does.
+    assert all("/medium_" in entry["first"] for entry in report["reached"].values()), report["reached"]

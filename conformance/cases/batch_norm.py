@@ -51,9 +51,10 @@ SPATIAL, PER_ACTIVATION = BatchNormMode.SPATIAL, BatchNormMode.PER_ACTIVATION
 TOL = {"*": ulp(1), "beta_grad": EXACT, "beta_grad_step2": EXACT}
 TOL_ACTIVATION = {"*": ulp(1)}
 # float64 with SiLU: nothing rounds the math library's error away. Measured over every
-# tensor (tools/measure_ulps.py): 2 ulps on the CPU (beta_grad and the second step's
-# gradients, sums whose terms cancel), 2 on the H200 (gamma_grad_step2).
-TOL_ACTIVATION_F64 = {"*": ulp(2)}
+# tensor against the correctly rounded golden (tools/measure_ulps.py): 2 ulps on the CPU
+# (beta_grad and the second step's gradients, sums whose terms cancel), 3 on the H200
+# (gamma_grad_step2, a sum of 32 rounded terms in the GPU's order).
+TOL_ACTIVATION_F64 = {"*": ulp(2), "gamma_grad_step2": ulp(3)}
 
 
 def _steps_inputs(dims, offset=0):
@@ -291,6 +292,27 @@ _add("nonfinite_grad_per_activation_silu", (4, 2, 2, 2), mode=PER_ACTIVATION, ac
 _TORCH_ACTIVATIONS = {
     "RELU": "relu", "SIGMOID": "sigmoid", "TANH": "tanh", "GELU": "gelu", "SILU": "silu",
 }
+
+
+# --------------------------------------------------------------------------- medium cases
+# Past CPU_BLOCK_ELEMENTS (kernels.cpu_paths): rows of 65792 inner values cut into parts, in a pass worth
+# two parts (4 MB at 16 bytes an element); and 64 rows of 1147, blocks of 57 of them. One training step.
+# The second image is the first negated: every channel's mean is exactly 0 and its sum of squares
+# exact, so float64 holds the statistics of these long sums to an ulp.
+
+
+def _zero_mean(dims, **options):
+    half = pattern((1,) + dims[1:], **options)
+    return np.concatenate([half, -half])
+
+
+for _name, _dims, _what in (
+        ("medium_inner_parts_threads", (2, 2, 256, 257),
+         "SPATIAL, 131584 values a channel: inner in parts, the blocks shared out to the threads"),
+        ("medium_stat_groups", (2, 64, 31, 37), "SPATIAL, 64 channels of 2294: blocks of 57 channels' rows")):
+    _add(_name, _dims, eps=1e-3, momentum=0.03, steps=(True,), description=_what,
+         inputs={"input": _zero_mean(_dims, modulus=13, scale=0.5),
+                 "output_grad": pattern(_dims, modulus=11, scale=0.25, offset=3)})
 
 
 def torch_program(case, tensors):

@@ -69,7 +69,6 @@ _add("yolov10_upsample_concat_1x4x6x4_1x2x6x4", [(1, 4, 6, 4), (1, 2, 6, 4)], 1,
 _add("yolov10_head_last_axis_b2", [(2, 6, 16), (2, 6, 4), (2, 6, 1)], -1,
      description="detection head: (B, C, HW) of three scales concatenated on the last axis (small)")
 
-
 # --- GPU launch shapes (the "small" schedule: one SM, grids of at most two blocks; tests/test_gpu_paths.py).
 # A piece of 1560 16-byte units (6240 float32 over 2 rows) is more than 3 strides of a 2-block grid: the
 # copy's unrolled loop runs, then its tail; the same piece in 4-byte units (misaligned) too.
@@ -80,6 +79,21 @@ _add("rows_past_unrolled_small_device", [(2, 5, 24, 26), (2, 2, 24, 26), (2, 3, 
 _add("one_row_memcpy2d_small_device", [(1, 30, 400), (1, 20, 400), (1, 30, 400)], 1,
      description="a one-row join past the memcpy2d threshold of a one-SM device")
 # --- end of GPU launch shapes
+
+
+# --------------------------------------------------------------------------- medium cases
+# Wholes past cpu.PARALLEL_MIN_BYTES (kernels.cpu_paths): with a dim before the axis, parts of its
+# rows (cpu_parts with skip_axis); without one (an image's channels), each piece cut along the axis.
+for _name, _pieces, _axis, _what in (
+        ("medium_rows_threads", [(2, 13, 40, 71), (2, 29, 40, 71), (2, 53, 40, 71)], 1, "rows of both images"),
+        ("medium_pieces_threads", [(13, 80, 71), (29, 80, 71), (53, 80, 71)], 0, "each piece cut along the axis")):
+    _out = list(_pieces[0])
+    _out[_axis] = sum(p[_axis] for p in _pieces)
+    _tensors = {f"inputs.{i}": pattern(dims, modulus=251, scale=1 / 32, offset=37 * i) for i, dims in enumerate(_pieces)}
+    _tensors["output_grad"] = pattern(tuple(_out), modulus=241, scale=1 / 32, offset=3)
+    TABLE.add(_name, ConcatAttrs(axis=_axis, num_inputs=len(_pieces)), _tensors, none_grads=(),
+              description=f"a 2 MB join and cut of three pieces: {_what}, shared out to the threads")
+
 
 # Pure data movement carries NaN, +inf and -inf unchanged, forward and backward.
 TABLE.add("nonfinite_axis1_three", ConcatAttrs(axis=1, num_inputs=3),

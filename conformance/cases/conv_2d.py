@@ -270,13 +270,13 @@ _add("bf16_long_reduction_c512_k3", (1, 512, 3, 3), _conv(2, (3, 3), padding=(1,
      filter=(1 + (np.arange(2 * 512 * 9) % 7) * 0.125).reshape(2, 512, 3, 3),
      description="bfloat16: 4608-term sums rounded once to the 8-bit mantissa")
 
-
 # --- GPU launch shapes (tests/test_gpu_paths.py). Dilation 55 on a 3x3 kernel: one output's taps reach a
 # 111x111 input region, past the shared memory of a tiled depthwise block (conv_2d/plan.py
 # DEPTHWISE_SHARED_LIMIT), so the untiled depthwise forward runs (a thread an output).
 _add("depthwise_dilation_55_untiled", (1, 2, 111, 112), _conv(2, (3, 3), dilation=(55, 55), groups=2, use_bias=True),
      description="a depthwise tap region past a block's shared memory: the untiled depthwise forward")
 # --- end of GPU launch shapes
+
 
 # --------------------------------------------------------------------------- non-finite output gradients
 # NaN, +inf and -inf in output_grad, at border and inner outputs: every input, filter and bias gradient
@@ -312,6 +312,14 @@ def _torch_activation(activation, value):
         Activation.RELU: torch.relu, Activation.SIGMOID: torch.sigmoid, Activation.TANH: torch.tanh,
         Activation.GELU: F.gelu, Activation.SILU: F.silu,
     }[activation](value)
+
+
+# --------------------------------------------------------------------------- medium cases
+# Past the sizes the CPU code gates on (kernels.cpu_paths): output rows 140 wide (im2col as a strided
+# view, forward and filter gradient), a 4 MB im2col (its channels shared out to the threads) and two
+# groups of it (the grouped products shared out). No activation: every sum exact.
+_add("medium_wide_rows_groups2_threads", (1, 8, 100, 140), _conv(8, (3, 3), (1, 1), (1, 1), groups=2),
+     description="k3 s1 p1, 2 groups, 100x140 outputs: wide rows, channels and groups shared out")
 
 
 def torch_program(case, tensors):

@@ -104,8 +104,9 @@ _add("max_nan_bcast", MAX, (3, 1), (3, 4),
 #   measured (0 elsewhere, so exact).
 _DIV_ULPS = {
     "same": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(1)},
-    # rhs_grad sums 8 rounded quotients: 3 ulps of the correctly rounded sum on the CPU.
-    "bcast_both": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(3)},
+    # rhs_grad sums 8 rounded quotients: 3 ulps of the correctly rounded sum on the CPU, 7 on the
+    # H200 (its reduction adds them in another order).
+    "bcast_both": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(7)},
     "rank_mismatch": {"output": EXACT, "lhs_grad": ulp(1), "rhs_grad": ulp(1)},
     "scalar_rhs": {"output": EXACT, "lhs_grad": EXACT, "rhs_grad": ulp(2)},
 }
@@ -233,6 +234,16 @@ for _op in BinaryOpType:
 
 
 _TORCH_OPS = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", MAX: "maximum", MIN: "minimum"}
+
+
+# --------------------------------------------------------------------------- medium cases
+# Past _CPU_PARALLEL_MIN outputs and 4 MiB moved (kernels.cpu_paths): the forward and the gradient
+# with nothing to sum cut along an axis and shared out; the broadcast side's gradient summed in parts
+# along the axis it keeps. MUL of short dyadics: every product and every sum of 1750 exact.
+_add("medium_mul_broadcast_threads", MUL, (1, 300), (1750, 300),
+     inputs={"lhs": pattern((1, 300), modulus=13, offset=2), "rhs": pattern((1750, 300), modulus=251, scale=1 / 32),
+             "output_grad": pattern((1750, 300), modulus=241, scale=1 / 16, offset=7)},
+     description="element_binary on 525000 outputs: parts of rows (forward, rhs_grad), lhs_grad summed in parts")
 
 
 def torch_program(case, tensors):

@@ -173,7 +173,6 @@ _add("avg_long_16x16_s8_bf16", (1, 2, 24, 32), _avg((16, 16), (8, 8), (0, 0), Tr
      description="256-tap windows of 1 + k/128: a bfloat16 running sum would stall at 256 (8-bit mantissa); "
                  "the float32 sum is exact")
 
-
 # --- GPU launch shapes (the "small" schedule: one SM, grids of at most two blocks; tests/test_gpu_paths.py).
 # 31x33 outputs: the tiled MAX forward's tiles are 17 + 16 columns and 16 + 15 rows (partial last tiles
 # both ways), 4 tiles a plane, and 3 planes for a grid of 2 plane blocks (the plane loop goes round).
@@ -185,6 +184,7 @@ _add("max_64x97_direct_f64", (1, 1, 64, 98), _max((64, 97), (1, 1), (0, 0)), dty
      input=pattern((1, 1, 64, 98), modulus=4093, scale=0.5),
      description="a window past the tiled forward's shared memory: the direct MAX forward, int argmax taps")
 # --- end of GPU launch shapes
+
 
 # --------------------------------------------------------------------------- NaN, infinities and borders
 # NaN at stride 2, alone and where windows overlap (a row or column two windows share), and twice in
@@ -257,6 +257,20 @@ def _torch_activation(activation, value):
         Activation.RELU: torch.relu, Activation.SIGMOID: torch.sigmoid, Activation.TANH: torch.tanh,
         Activation.GELU: F.gelu, Activation.SILU: F.silu,
     }[activation](value)
+
+
+# --------------------------------------------------------------------------- medium cases
+# Past the block sizes of the CPU forward and MAX backward (kernels.cpu_paths): SPPF's 170 planes
+# of 20x20 in two blocks of several planes; planes of 342x343 outputs, a block each, shared out to the
+# threads (a 4 MB forward, a backward of 117306 outputs a plane).
+TABLE.add("medium_sppf_plane_blocks", _max((5, 5), (1, 1), (2, 2)),
+          {"input": pattern((1, 170, 20, 21), modulus=251, scale=1 / 32),
+           "output_grad": pattern((1, 170, 20, 21), modulus=241, scale=1 / 16, offset=3)},
+          description="SPPF over 170 planes: blocks of several whole planes, forward and MAX backward")
+TABLE.add("medium_max_one_plane_blocks_threads", _max((3, 3), (1, 1), (1, 1)),
+          {"input": pattern((1, 3, 342, 343), modulus=251, scale=1 / 32),
+           "output_grad": pattern((1, 3, 342, 343), modulus=241, scale=1 / 16, offset=3)},
+          description="planes past a block: a block a plane, shared out to the threads, forward and MAX backward")
 
 
 def torch_program(case, tensors):

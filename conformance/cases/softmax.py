@@ -151,6 +151,25 @@ _half("stable_pm1024", (2, 4), -1, dtypes=(("bf16", BF16),), input=[[1024, -1024
       description="bfloat16: exp without the max subtracted overflows; no inf or NaN allowed")
 
 
+# --------------------------------------------------------------------------- medium cases
+# Past CPU_BLOCK_ELEMENTS (kernels.cpu_paths): each way _cpu_blocks cuts a tensor, and a pass worth two
+# parts. Bounds: the larger of the ulps measured on the CPU and on the H200 (tools/measure_ulps.py, the
+# larger of output and input_grad). The rows of 131075 and the dim of 32769 are the H200's: its float32
+# block sums of that many terms come 4 and 6 ulps from the correctly rounded output, and the gradient's
+# dot 7 and 9 (the CPU, summing in float64 there, 1).
+MEDIUM_MEASURED = {"medium_rows_blocks_threads": 2, "medium_rows_long": 7, "medium_planes_blocks": 2,
+                   "medium_inner_columns": 2, "medium_whole_inner": 9}
+for _name, _dims, _dim, _what in (
+        ("medium_rows_blocks_threads", (875, 401), -1, "rows in blocks; the backward (4 MB) shared out"),
+        ("medium_rows_long", (2, 131075), -1, "rows longer than a block: a block a row"),
+        ("medium_planes_blocks", (5, 7, 4001), 1, "an inner dim: blocks of whole (dim, inner) planes"),
+        ("medium_inner_columns", (1, 16, 8193), 1, "a plane past a block: parts of inner"),
+        ("medium_whole_inner", (1, 32769, 4), 1, "a dim so long that 4 columns pass a block: whole planes")):
+    TABLE.add(_name, SoftmaxAttrs(_dim), {"input": _scores(_dims), "output_grad": pattern(_dims, modulus=13, scale=0.5,
+                                                                                         offset=5)},
+              tolerance=ulp(MEDIUM_MEASURED[_name]), description=_what)
+
+
 # --------------------------------------------------------------------------- non-finite values
 # NaN, +inf and -inf in output_grad: input_grad = y (g - sum(g y)) is NaN along every row that holds
 # one (the sum carries it to the whole row). A row with a -inf input has y = 0 there, and 0 times an

@@ -40,6 +40,14 @@ _add("zero_size", (2, 0, 3), (2, 0, 1), description="zero-size tensor: nothing t
 _add("yolov10_psa_last_two", (1, 2, 8, 12), (0, 1, 3, 2), description="PSA: (B, heads, d, HW) -> (B, heads, HW, d), small")
 
 
+# --------------------------------------------------------------------------- medium cases
+# A copy past cpu.PARALLEL_MIN_BYTES (kernels.cpu_paths): cpu_parts cuts the output, the parts shared out.
+TABLE.add("medium_copy_threads", TransposeAttrs((2, 0, 1)),
+          {"input": pattern((7, 293, 257), modulus=251, scale=1 / 32),
+           "output_grad": pattern((257, 7, 293), modulus=241, scale=1 / 32, offset=3)},
+          description="a 2 MB transpose: cpu_parts' parts of the output shared out to the threads")
+
+
 # Pure data movement carries NaN, +inf and -inf unchanged, forward and backward.
 TABLE.add("nonfinite_3d_cycle_201", TransposeAttrs((2, 0, 1)),
           {"input": nonfinite(pattern((2, 3, 4)), (1, 11, 18)), "output_grad": nonfinite(pattern((4, 2, 3), offset=3), (0, 7, 23))},

@@ -122,6 +122,14 @@ _add_half("nearest_x2_subnormal_f16", (1, 2, 3, 4), 2, NEAREST, np.float16,
           description="float16 subnormal gradients (multiples of 2^-24): block sums exact")
 
 
+# --------------------------------------------------------------------------- medium cases
+# Planes past cpu.PARALLEL_MIN_BYTES, 4 MiB moved (kernels.cpu_paths): cpu_planes shares them out.
+TABLE.add("medium_nearest_x2_planes_threads", UpsampleAttrs(2, NEAREST),
+          {"input": pattern((1, 5, 213, 199), modulus=251, scale=1 / 32),
+           "output_grad": pattern((1, 5, 426, 398), modulus=241, scale=1 / 32, offset=3)},
+          description="nearest x2 to 3.4 MB: cpu_planes' parts shared out to the threads, forward and backward")
+
+
 # --------------------------------------------------------------------------- non-finite output gradients
 # NaN, +inf and -inf in output_grad. NEAREST sums each block (+inf with -inf: NaN). BILINEAR follows
 # PyTorch's backward, which adds each output's gradient times its weight to both source pixels, a
