@@ -34,7 +34,7 @@ class FakeDevice:
     id = 0  # the GPU ordinal check_call compares with the stream's
 
     def __init__(self, misalign: int):
-        self.memory = np.zeros(1 << 22, dtype=np.uint8)  # three runs of the largest case (1.5 MB)
+        self.memory = np.zeros(1 << 22, dtype=np.uint8)  # grown by array() for the medium cases
         self.top, self.misalign = 256, misalign
         self.launches: list[str] = []
 
@@ -43,6 +43,8 @@ class FakeDevice:
         self.top = -(-self.top // 256) * 256 + self.misalign
         array = FakeArray(self, self.top, tuple(dims), dtype)
         self.top += array.nbytes + 256
+        if self.top > self.memory.size:  # every view is taken afresh from self.memory, so it may move
+            self.memory = np.concatenate([self.memory, np.zeros(2 * self.top - self.memory.size, np.uint8)])
         if value is not None:
             array.host()[...] = value
         return array
