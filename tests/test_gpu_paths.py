@@ -407,8 +407,9 @@ def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(d
     from conformance.cases import CASE_MODULES, all_cases
     from conformance.harness import SMALL_DEVICE
 
-    class Context:  # cupy.cuda.Device and Event, for batch_norm's state
+    class Context:  # cupy.cuda.Device, Stream.null and Event, for batch_norm's state
         done = True
+        null = None  # Stream.null, entered as a context
 
         def __init__(self, *args, **kwargs):
             pass
@@ -422,7 +423,12 @@ def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(d
         def record(self, *args):
             pass
 
+        def synchronize(self):
+            pass
+
+    Context.null = Context()
     monkeypatch.setattr(gpu.cupy.cuda, "Device", Context, raising=False)
+    monkeypatch.setattr(gpu.cupy.cuda, "Stream", Context, raising=False)
     monkeypatch.setattr(gpu.cupy.cuda, "Event", Context, raising=False)
     monkeypatch.setattr(gpu, "sm_count", lambda ordinal: (gpu.simulated() or (132,))[0])
     monkeypatch.setattr(FakeArray, "fill", lambda self, value: None, raising=False)
