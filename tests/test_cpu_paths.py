@@ -41,8 +41,8 @@ def test_every_name_is_well_formed_and_described():
 @pytest.fixture
 def registry(monkeypatch):
     """A scratch copy of the registry, so that the test's declarations do not stay."""
-    monkeypatch.setattr(cpu_paths, "_DESCRIPTIONS", dict(cpu_paths._DESCRIPTIONS))
-    monkeypatch.setattr(cpu_paths, "_COUNTS", dict(cpu_paths._COUNTS))
+    monkeypatch.setattr(cpu_paths.REGISTRY, "descriptions", dict(cpu_paths.REGISTRY.descriptions))
+    monkeypatch.setattr(cpu_paths.REGISTRY, "taken", dict(cpu_paths.REGISTRY.taken))
 
 
 @pytest.mark.parametrize("paths, message", [

@@ -93,7 +93,6 @@ def test_regeneration_is_the_same_under_every_cpu_capability_and_thread_count(tm
         if not filecmp.cmp(path, DEFAULT_PATH, shallow=False):
             different.append(f"{capability} on {threads} threads: {', '.join(_differing_datasets(path)[:8])}")
     assert not different, ("goldens.h5 depends on the host: regenerated under\n  " + "\n  ".join(different))
-    assert len(settings) >= 1
 
 
 def _differing_datasets(path: str) -> list[str]:

@@ -67,8 +67,8 @@ def test_every_name_is_well_formed_and_described():
 @pytest.fixture
 def registry(monkeypatch):
     """A scratch copy of the registry, so that the test's declarations do not stay."""
-    monkeypatch.setattr(gpu_paths, "_DESCRIPTIONS", dict(gpu_paths._DESCRIPTIONS))
-    monkeypatch.setattr(gpu_paths, "_COUNTS", dict(gpu_paths._COUNTS))
+    monkeypatch.setattr(gpu_paths.REGISTRY, "descriptions", dict(gpu_paths.REGISTRY.descriptions))
+    monkeypatch.setattr(gpu_paths.REGISTRY, "taken", dict(gpu_paths.REGISTRY.taken))
 
 
 @pytest.mark.parametrize("paths, message", [
