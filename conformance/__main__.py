@@ -16,7 +16,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 
-from kernels import cpu_paths, gpu_paths
+from kernels.runtime import cpu_paths, gpu_paths
 
 from .case import Case
 from .cases import CASE_MODULES, all_cases
@@ -51,7 +51,7 @@ GPU schedules (every GPU case runs under each, with both poisons):
             other stream runs out of order and the results show it
   foreign   delayed, and CuPy's current stream is another non-blocking stream
   small     every launch planned as for a device of one SM, its grids capped
-            at two blocks (kernels.gpu.simulated_device): grid-stride loops go
+            at two blocks (kernels.runtime.gpu.simulated_device): grid-stride loops go
             round, unrolled and multi-block paths run on the small tensors
             (aligned with both poisons, misaligned with random values)
 
@@ -135,10 +135,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
     parser.add_argument("--gpu-paths", metavar="FILE",
-                        help="also write, as JSON, which named GPU paths (kernels.gpu_paths) the run reached, "
+                        help="also write, as JSON, which named GPU paths (kernels.runtime.gpu_paths) the run reached, "
                              "each with the first case that did and its count, and which it did not")
     parser.add_argument("--cpu-paths", metavar="FILE",
-                        help="also write, as JSON, which named size-gated CPU paths (kernels.cpu_paths) the run "
+                        help="also write, as JSON, which named size-gated CPU paths (kernels.runtime.cpu_paths) the run "
                              "reached, each with the first case that did and its count, and which it did not")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every case's result")
     return parser
@@ -329,7 +329,7 @@ def write_json(path: str, results: list[Result], goldens: str) -> None:
 
 def write_gpu_paths(path: str, paths: dict[str, dict]) -> None:
     """{"summary": {declared, reached}, "reached": {name: {first, count, description}}, "unreached":
-    {name: description}}: the named GPU paths (kernels.gpu_paths) of the run."""
+    {name: description}}: the named GPU paths (kernels.runtime.gpu_paths) of the run."""
     write_paths(path, paths, gpu_paths.declared())
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from kernels.core import is_floating
+from kernels.runtime.core import is_floating
 
 # --------------------------------------------------------------------------- tolerances
 

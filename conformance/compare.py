@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from kernels.core import is_floating
+from kernels.runtime.core import is_floating
 
 from .case import Tolerance
 

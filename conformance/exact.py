@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mpmath
 import numpy as np
 
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 # Working precision of every reference: 256 bits leaves some 200 bits of margin over float64's 53
 # for the few hundred operations of a case, so rounding the reference once gives the correctly

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from kernels.core import BFLOAT16, is_floating
+from kernels.runtime.core import BFLOAT16, is_floating
 
 from .case import Case, Golden
 from .cases import CASE_MODULES, all_cases

@@ -23,7 +23,7 @@ import numpy as np
 
 import kernels
 from kernels import TensorShape
-from kernels.core import is_floating
+from kernels.runtime.core import is_floating
 
 from . import red_zones
 from .case import Case, Golden
@@ -49,7 +49,7 @@ LAYOUTS = ("aligned", "misaligned", "staggered")
 # the harness, which reads results after synchronizing the kernels' stream only, reads before
 # such work is done). "foreign": delayed, and CuPy's current stream is another non-blocking stream
 # for the whole case, so a kernel that relies on CuPy's current stream lands on the wrong one.
-# "small": plain streams, every launch planned as for a small device (kernels.gpu.simulated_device:
+# "small": plain streams, every launch planned as for a small device (kernels.runtime.gpu.simulated_device:
 # SMALL_DEVICE's one SM, grids of at most two blocks), so that the golden cases' small tensors, in
 # their red zones, run the grid-stride loops round, the unrolled bodies and the multi-block paths
 # that the real device's grids only run on large tensors.
@@ -289,13 +289,13 @@ class Env:
             yield
             return
         if self.schedule == "small":  # the case's states are made inside: they keep the small plans
-            with kernels.gpu.simulated_device(**SMALL_DEVICE):
+            with kernels.runtime.gpu.simulated_device(**SMALL_DEVICE):
                 yield
             return
         import cupy
 
         with contextlib.ExitStack() as stack:
-            stack.enter_context(kernels.core.before_gpu_call(spin))
+            stack.enter_context(kernels.runtime.core.before_gpu_call(spin))
             if self.schedule == "foreign":
                 with cupy.cuda.Device(self.stream.device):
                     foreign = cupy.cuda.Stream(non_blocking=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.core import is_floating
+from kernels.runtime.core import is_floating
 
 PACK_BYTES = 16  # the widest access the GPU kernels make: they check (ptr & 15) == 0 before it
 ALIGNMENT = 256  # where a fresh cudaMalloc'd (and CuPy pool) allocation starts

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from kernels import cpu_paths, gpu_paths
+from kernels.runtime import cpu_paths, gpu_paths
 
 from .case import Case
 from .harness import release_gpu_memory

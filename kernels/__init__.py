@@ -30,7 +30,12 @@ from .batch_matmul import BatchMatmulAttrs
 from .batch_norm import BatchNormAttrs, BatchNormMode
 from .concat import ConcatAttrs
 from .conv_2d import Conv2DAttrs
-from .core import (
+from .element_binary import BinaryOpType, ElementBinaryAttrs
+from .element_unary import ElementUnaryAttrs, UnaryOpType
+from .gradient_reduction import GradientReductionAttrs
+from .pool_2d import Pool2DAttrs, PoolOp
+from .reshape import ReshapeAttrs
+from .runtime.core import (
     AttrsError,
     CudaError,
     DeviceError,
@@ -40,13 +45,8 @@ from .core import (
     StateError,
     TensorShape,
 )
-from .cpu import cpu_handle, cpu_stream
-from .element_binary import BinaryOpType, ElementBinaryAttrs
-from .element_unary import ElementUnaryAttrs, UnaryOpType
-from .gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
-from .gradient_reduction import GradientReductionAttrs
-from .pool_2d import Pool2DAttrs, PoolOp
-from .reshape import ReshapeAttrs
+from .runtime.cpu import cpu_handle, cpu_stream
+from .runtime.gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
 from .softmax import SoftmaxAttrs
 from .split import SplitAttrs
 from .transpose import TransposeAttrs

@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import batch_matmul, concat, conv_2d, core, cpu, element_binary, element_unary, gpu, pool_2d
+from . import batch_matmul, concat, conv_2d, element_binary, element_unary, pool_2d
 from . import batch_norm as batch_norm_op
 from . import gradient_reduction as gradient_reduction_op
 from . import reshape as reshape_op
@@ -81,12 +81,13 @@ from .batch_matmul import BatchMatmulAttrs
 from .batch_norm import BatchNormAttrs, BatchNormMode
 from .concat import ConcatAttrs
 from .conv_2d import Conv2DAttrs
-from .core import AttrsError, DeviceError, ShapeError, StateError, TensorShape, fail
 from .element_binary import BinaryOpType, ElementBinaryAttrs
 from .element_unary import ElementUnaryAttrs, UnaryOpType
 from .gradient_reduction import GradientReductionAttrs
 from .pool_2d import Pool2DAttrs, PoolOp
 from .reshape import ReshapeAttrs
+from .runtime import core, cpu, gpu
+from .runtime.core import AttrsError, DeviceError, ShapeError, StateError, TensorShape, fail
 from .softmax import SoftmaxAttrs
 from .split import SplitAttrs
 from .transpose import TransposeAttrs

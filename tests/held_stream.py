@@ -10,7 +10,7 @@ it is enqueued, long after a kernel launched next on the kernels' stream has rea
 test fails every time.
 
 The hold is renewed before each pool allocation (so an upload or fill of a new array always starts held),
-before each GPU kernel call (kernels.core.before_gpu_call) and when the test begins: whenever less than
+before each GPU kernel call (kernels.runtime.core.before_gpu_call) and when the test begins: whenever less than
 half of HOLD_NS is left, another spin is queued behind the last. Host time is a safe estimate of where the
 spins end: a spin starts no earlier than it is enqueued and lasts at least its length. A read on the held
 stream (``cupy.asnumpy`` without a stream) waits for at most 1.5 HOLD_NS.
@@ -116,7 +116,7 @@ class HeldStreams:
                     with cupy.cuda.Device(held.device):  # CuPy enters a stream only on its own device
                         held.cupy_stream.__enter__()
                     stack.callback(self._leave, held)
-                stack.enter_context(kernels.core.before_gpu_call(lambda stream: self.renew()))
+                stack.enter_context(kernels.runtime.core.before_gpu_call(lambda stream: self.renew()))
                 stack.enter_context(self.memory_hook)
                 self.renew()
                 yield self

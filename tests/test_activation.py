@@ -96,14 +96,14 @@ def test_attr_activation():
 def test_codes_reach_every_cuda_module_as_options():
     """The activation codes are defined in Python only and reach every CUDA module as -D options
     (with KERNELS_MAX_RANK), so Python and CUDA cannot disagree; the header defines none itself."""
-    from kernels import gpu
+    from kernels.runtime import gpu
 
     expected = {f"-DKERNELS_ACTIVATION_{a.name}={int(activation.code(a))}" for a in Activation}
     expected |= {"-DKERNELS_ACTIVATION_NONE=-1", f"-DKERNELS_MAX_RANK={gpu.MAX_RANK}"}
     assert activation.code(None) == -1
     for module in gpu.MODULES:
         assert expected <= set(module.options), module.path
-    with open(os.path.join(os.path.dirname(activation.__file__), "activation.cuh")) as source:
+    with open(os.path.join(gpu._HERE, "activation.cuh")) as source:  # the shared headers: kernels/runtime
         assert not re.findall(r"#define KERNELS_ACTIVATION_\w+", source.read())
 
 

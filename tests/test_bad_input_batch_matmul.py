@@ -5,7 +5,7 @@ import pytest
 
 import kernels
 from kernels import BatchMatmulAttrs, DeviceError, DTypeError, ShapeError, StateError, TensorShape, batch_matmul
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require

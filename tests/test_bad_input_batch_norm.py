@@ -17,7 +17,7 @@ from kernels import (
     cpu_handle,
     softmax,
 )
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require

@@ -15,7 +15,7 @@ from kernels import (
     UpsampleMode,
     upsample,
 )
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .bad_input import Row, check_row, params, poisoned
 from .conftest import Dev, require

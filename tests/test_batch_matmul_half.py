@@ -9,7 +9,7 @@ import pytest
 from conformance.case import ulp
 from conformance.compare import compare
 from kernels import BatchMatmulAttrs, TensorShape, batch_matmul
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import Dev, require
 

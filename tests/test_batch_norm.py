@@ -9,7 +9,7 @@ import pytest
 from conformance.case import pattern, ulp
 from conformance.compare import compare
 from kernels import BatchNormAttrs, BatchNormMode, StateError, TensorShape, batch_norm
-from kernels.core import BFLOAT16, compute_dtype
+from kernels.runtime.core import BFLOAT16, compute_dtype
 
 from .conftest import DEVICE_PARAMS, Dev, require
 
@@ -376,7 +376,7 @@ def test_cpu_passes_run_longer_blocks_in_parts_beside_each_other(monkeypatch):
     import kernels
     from kernels.batch_norm import cpu as bn_cpu
 
-    monkeypatch.setattr(kernels.cpu, "PIECE_BYTES", 1)  # one part a thread
+    monkeypatch.setattr(kernels.runtime.cpu, "PIECE_BYTES", 1)  # one part a thread
     cuts, real = [], bn_cpu._blocks
 
     def spy(layout, elements=bn_cpu.CPU_BLOCK_ELEMENTS, row=None):
@@ -421,14 +421,14 @@ def test_cpu_long_blocks_leave_a_block_for_every_part(monkeypatch, dims, threads
     every part gets one: a tensor of a few such blocks is not run as one block in one part."""
     import kernels
 
-    monkeypatch.setattr(kernels.cpu, "PIECE_BYTES", 1)  # one part a thread
-    calls, real = [], kernels.cpu.cpu_parallel
+    monkeypatch.setattr(kernels.runtime.cpu, "PIECE_BYTES", 1)  # one part a thread
+    calls, real = [], kernels.runtime.cpu.cpu_parallel
 
     def spy(function, count, nbytes=None):
         calls.append(count)
         real(function, count, nbytes)
 
-    monkeypatch.setattr(kernels.cpu, "cpu_parallel", spy)
+    monkeypatch.setattr(kernels.runtime.cpu, "cpu_parallel", spy)
     attrs = BatchNormAttrs(eps=1e-3, momentum=0.03)
     handle, stream = kernels.cpu_handle(threads), kernels.cpu_stream()
     state = batch_norm.init_kernel(handle, attrs, _shape(dims), _shape(dims))

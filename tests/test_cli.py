@@ -355,10 +355,10 @@ def test_gpu_paths_report(capsys, tmp_path, monkeypatch):
     real = cli.run_case
 
     def run_case(case, golden, device, schedules=None):
-        kernels.gpu_paths.reach("transpose.tiled32")
+        kernels.runtime.gpu_paths.reach("transpose.tiled32")
         if case.name == "3d_cycle_201":
-            kernels.gpu_paths.reach("transpose.tiled32")
-            kernels.gpu_paths.reach("transpose.gather")
+            kernels.runtime.gpu_paths.reach("transpose.tiled32")
+            kernels.runtime.gpu_paths.reach("transpose.gather")
         return real(case, golden, device, schedules)
 
     monkeypatch.setattr(cli, "run_case", run_case)
@@ -370,7 +370,7 @@ def test_gpu_paths_report(capsys, tmp_path, monkeypatch):
     assert got["reached"]["transpose.tiled32"]["first"] == f"{cases[0].key}[cpu]"
     assert got["reached"]["transpose.tiled32"]["count"] == len(cases) + 1
     assert got["reached"]["transpose.gather"] == {"first": "transpose/3d_cycle_201[cpu]", "count": 1,
-                                                 "description": kernels.gpu_paths.declared()["transpose.gather"]}
-    declared = kernels.gpu_paths.declared()
+                                                 "description": kernels.runtime.gpu_paths.declared()["transpose.gather"]}
+    declared = kernels.runtime.gpu_paths.declared()
     assert got["summary"] == {"declared": len(declared), "reached": 2}
     assert set(got["unreached"]) == set(declared) - {"transpose.tiled32", "transpose.gather"}

@@ -23,7 +23,7 @@ def test_0d_matches_exactly_and_within_ulps():
 
 
 def test_half_dtypes_count_ulps_in_their_own_spacing():
-    from kernels.core import BFLOAT16
+    from kernels.runtime.core import BFLOAT16
 
     for dtype, step in ((np.dtype(np.float16), 2.0 ** -10), (BFLOAT16, 2.0 ** -7)):
         one = np.array([1.0, -1.0], dtype)
@@ -38,7 +38,7 @@ def test_half_dtypes_count_ulps_in_their_own_spacing():
 
 def test_poison_of_half_dtypes_is_nan_or_large_finite_values():
     from conformance.harness import poison_array
-    from kernels.core import BFLOAT16
+    from kernels.runtime.core import BFLOAT16
 
     for dtype in (np.dtype(np.float16), BFLOAT16):
         nan = poison_array((3, 4), dtype, "nan", seed=1)
@@ -51,7 +51,7 @@ def test_the_ulp_floor_at_a_dtypes_largest_value_is_finite():
     """At the largest finite value the spacing up is inf; the floor uses the spacing down, so an error
     of many ulps at 65504 (float16) still fails an ulp(1) bound."""
     from conformance.compare import ulp_of
-    from kernels.core import BFLOAT16
+    from kernels.runtime.core import BFLOAT16
 
     assert ulp_of(65504.0, np.dtype(np.float16)) == 32.0
     assert ulp_of(float(np.finfo(np.float32).max), np.dtype(np.float32)) == 2.0 ** 104

@@ -18,8 +18,9 @@ import pytest
 
 from conformance.cases import CASE_MODULES
 from conformance.runner import run_case
-from kernels import concat, core, gpu, gradient_reduction, split
-from kernels.core import BFLOAT16, TensorShape
+from kernels import concat, gradient_reduction, split
+from kernels.runtime import core, gpu
+from kernels.runtime.core import BFLOAT16, TensorShape
 
 from .conftest import require
 

@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from kernels import Activation, Conv2DAttrs, CudaError, StateError, TensorShape, conv_2d, cudnn
-from kernels.core import BFLOAT16
+from kernels import Activation, Conv2DAttrs, CudaError, StateError, TensorShape, conv_2d
+from kernels.runtime import cudnn
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import Dev, require
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kernels import Conv2DAttrs, TensorShape, conv_2d
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import Dev, require
 
@@ -451,7 +451,7 @@ def test_gpu_init_picks_the_paths_and_implicit_gemm(monkeypatch):
     the forward algorithm of the others is IMPLICIT_GEMM (cheapest per call on the H200) below
     IMPLICIT_GEMM_BELOW_FLOPS, cuDNN's heuristics' choice from it; the workspace holds a chunk's columns."""
     require("gpu")
-    from kernels import cudnn
+    from kernels.runtime import cudnn
 
     asked = []  # (direction, workspace limit, preferred) of each find_algorithm call
     find_algorithm = cudnn.find_algorithm

@@ -1,4 +1,4 @@
-"""The shared machinery in kernels.core and kernels.cpu that no op's table reaches on its own:
+"""The shared machinery in kernels.runtime.core and kernels.runtime.cpu that no op's table reaches on its own:
 TensorShape, the device checks of a GPU stream (on a fake CuPy, since CI has no device),
 entry_point's contract, the CPU stream and handle, and the version of a source tree."""
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import DeviceError, DTypeError, KernelError, ShapeError, TensorShape, core, transpose
+from kernels import DeviceError, DTypeError, KernelError, ShapeError, TensorShape, transpose
+from kernels.runtime import core
 
 
 def test_tensor_shape_refuses_negative_dims_and_non_dtypes():

@@ -1,4 +1,4 @@
-"""Named CPU paths (kernels/cpu_paths.py): the branches of the CPU code that only tensors past a size
+"""Named CPU paths (kernels/runtime/cpu_paths.py): the branches of the CPU code that only tensors past a size
 take, each declared next to its code and counted when taken.
 
 The registry is well formed and cheap; every name the kernels reach is declared (an AST scan of
@@ -18,8 +18,8 @@ import pytest
 
 import kernels
 from conformance.__main__ import main
-from kernels import cpu, cpu_paths
-from kernels.core import KernelError
+from kernels.runtime import cpu, cpu_paths
+from kernels.runtime.core import KernelError
 
 KERNELS = pathlib.Path(kernels.__file__).parent
 DECLARED = cpu_paths.declared()

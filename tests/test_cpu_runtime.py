@@ -1,4 +1,4 @@
-"""kernels.cpu: the handle's thread count, how cpu_kernel makes it current for a call, the parts
+"""kernels.runtime.cpu: the handle's thread count, how cpu_kernel makes it current for a call, the parts
 cpu_parallel shares out to that many threads, and the BLAS thread count set through threadpoolctl."""
 
 import threading
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import AttrsError, cpu
+from kernels import AttrsError
+from kernels.runtime import cpu
 
 
 def test_handle_threads_default_to_the_available_cores():

@@ -1,6 +1,6 @@
 """tools/cpu_split.py: each kernel forced to p parts, its cpu_parallel calls timed part by part."""
 
-from kernels import cpu
+from kernels.runtime import cpu
 
 from .tools import load_tool
 

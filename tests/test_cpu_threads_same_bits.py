@@ -1,4 +1,4 @@
-"""The YOLOv10 large cases whose tensors are past kernels.cpu.PARALLEL_MIN_BYTES (or batch_norm's,
+"""The YOLOv10 large cases whose tensors are past kernels.runtime.cpu.PARALLEL_MIN_BYTES (or batch_norm's,
 pool_2d's and conv_2d's blocks) take the parts that cpu.cpu_parts, cpu.cpu_copy, cpu.cpu_planes and
 the ops' own blocks share out to the threads: one thread and three (uneven parts on any machine)
 must give the same bits. The BLAS thread count is the handle's and is not changed here (a GEMM's
@@ -45,7 +45,7 @@ def test_the_cases_are_past_the_parallel_threshold():
         elif case.op == "pool_2d":
             assert elements > pool_2d.cpu.CPU_FORWARD_BLOCK, case_id
         else:
-            assert elements * np.dtype(case.dtype).itemsize >= kernels.cpu.PARALLEL_MIN_BYTES, case_id
+            assert elements * np.dtype(case.dtype).itemsize >= kernels.runtime.cpu.PARALLEL_MIN_BYTES, case_id
 
 
 @pytest.mark.parametrize("case_id", IDS)

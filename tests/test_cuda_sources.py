@@ -4,7 +4,7 @@ machine code), every template instantiation included. Needs CuPy and NVRTC, not 
 import pytest
 
 import kernels  # noqa: F401  (imports every op, which registers its CUDA module)
-from kernels import gpu
+from kernels.runtime import gpu
 
 
 def _nvrtc_reason():
@@ -68,7 +68,7 @@ def test_half_conversions_match_numpy_and_ml_dtypes_on_every_bit_pattern():
     values between, exactly halfway between and beyond representable ones, overflow, subnormals."""
     import numpy as np
 
-    from kernels.core import BFLOAT16
+    from kernels.runtime.core import BFLOAT16
 
     reason = gpu.gpu_unavailable_reason()
     if reason:

@@ -11,7 +11,7 @@ import kernels.functional as F
 from conformance.case import ulp
 from conformance.compare import compare
 from conformance.models.session import HEADROOM, gradient_limit
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 
 @pytest.mark.parametrize("dtype, largest", [

@@ -13,8 +13,8 @@ from conformance.cases import element_binary as cases
 from conformance.compare import compare
 from conformance.golden import GoldenStore
 from kernels import BinaryOpType, ElementBinaryAttrs, TensorShape, cpu_handle, cpu_stream, element_binary
-from kernels.core import HALF_DTYPES
 from kernels.element_binary import Space, divider, gpu_plan
+from kernels.runtime.core import HALF_DTYPES
 
 # --------------------------------------------------------------------------- the emulation
 

@@ -24,7 +24,7 @@ import kernels
 import kernels.functional as F
 from conformance.case import EXACT, ulp
 from conformance.compare import compare
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 rng = np.random.default_rng(20261130)
 
@@ -757,7 +757,7 @@ def test_default_stream(dev):
 def test_calls_on_the_default_stream_follow_cupys_current_stream():
     """Without stream=, a call is ordered with CuPy's current stream both ways, as a torch call is with
     torch's: its input, uploaded on the current stream behind a 2 ms spin, is read complete; its result,
-    computed behind a 2 ms spin on the default stream (kernels.core.before_gpu_call), is read complete by
+    computed behind a 2 ms spin on the default stream (kernels.runtime.core.before_gpu_call), is read complete by
     cupy.asnumpy on the current stream. No `with stream:`, no synchronization by hand but the last."""
     from tests.conftest import require
 
@@ -776,7 +776,7 @@ def test_calls_on_the_default_stream_follow_cupys_current_stream():
         device_x = cupy.full(x.shape, np.nan)
         spin(Caller())
         device_x.set(x)  # lands 2 ms after the call below is made
-        with kernels.core.before_gpu_call(spin):  # and the call's own kernel runs 2 ms late
+        with kernels.runtime.core.before_gpu_call(spin):  # and the call's own kernel runs 2 ms late
             got = F.relu(device_x)
         host = cupy.asnumpy(got)  # on the caller's stream
         again = cupy.asnumpy(F.relu(F.relu(device_x)))  # nested in nothing: each call orders itself

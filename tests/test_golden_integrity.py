@@ -15,7 +15,7 @@ import pytest
 import conformance.__main__ as cli
 import conformance.golden as golden
 from conformance.golden import DEFAULT_PATH, SCHEMA_VERSION, GoldenFileError, GoldenStore, checksum
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import load_store, run_main
 

@@ -103,7 +103,7 @@ def test_bfloat16_is_stored_as_its_bits_and_read_back(tmp_path):
     import numpy as np
 
     from conformance.golden import _dataset, _read
-    from kernels.core import BFLOAT16
+    from kernels.runtime.core import BFLOAT16
 
     values = np.array([1.0, -2.5, 3.0e38, 2.0 ** -130, np.inf], dtype=BFLOAT16)
     with h5py.File(tmp_path / "t.h5", "w") as store:

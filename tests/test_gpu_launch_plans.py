@@ -27,17 +27,16 @@ from kernels import (
     UpsampleMode,
     activation,
     concat,
-    core,
     element_binary,
     element_unary,
-    gpu,
     gradient_reduction,
     pool_2d,
     softmax,
     split,
     upsample,
 )
-from kernels.core import TensorShape
+from kernels.runtime import core, gpu
+from kernels.runtime.core import TensorShape
 
 
 class FakeArray:

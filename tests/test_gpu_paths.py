@@ -1,4 +1,4 @@
-"""Named GPU paths (kernels/gpu_paths.py): coverage.py cannot see CUDA, so each decision a GPU call
+"""Named GPU paths (kernels/runtime/gpu_paths.py): coverage.py cannot see CUDA, so each decision a GPU call
 takes has a name, declared next to the code that takes it and counted when taken.
 
 On the CPU: the registry is well formed, every name that the launch code records is declared
@@ -34,14 +34,13 @@ from kernels import (
     activation,
     concat,
     element_unary,
-    gpu,
-    gpu_paths,
     pool_2d,
     softmax,
     transpose,
     upsample,
 )
-from kernels.core import KernelError, TensorShape
+from kernels.runtime import gpu, gpu_paths
+from kernels.runtime.core import KernelError, TensorShape
 
 from .conftest import require
 from .test_gpu_launch_plans import FakeArray, FakeStream, device  # noqa: F401 - device: the fixture

@@ -18,8 +18,8 @@ import pytest
 from conformance.cases import CASE_MODULES, all_cases
 from conformance.harness import Env
 from conformance.runner import produce
-from kernels import core
-from kernels import cpu as kernels_cpu
+from kernels.runtime import core
+from kernels.runtime import cpu as kernels_cpu
 
 from .conftest import require
 
@@ -186,7 +186,7 @@ CYCLES = 1000
 def _device_state():
     import cupy
 
-    from kernels import cudnn, gpu
+    from kernels.runtime import cudnn, gpu
 
     gc.collect()
     return {"pool bytes": cupy.get_default_memory_pool().used_bytes(), "allocations": gpu.live_allocations(),

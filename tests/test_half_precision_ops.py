@@ -27,7 +27,7 @@ from kernels import (
     softmax,
     upsample,
 )
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import Dev
 

@@ -24,7 +24,7 @@ import pytest
 import kernels
 from conformance.large_cases import LARGE, LargeCase
 from kernels import activation, batch_norm, conv_2d, element_binary, pool_2d, softmax
-from kernels.core import TensorShape
+from kernels.runtime.core import TensorShape
 
 from .properties import Expect, Sample, check, check_gpu
 from .test_properties import OPS, _failures
@@ -93,14 +93,14 @@ def _sample(case: LargeCase) -> Sample:
 
 @contextlib.contextmanager
 def _one_part_per_thread():
-    """cpu_parallel makes one part per thread however few bytes a call moves (cpu.PIECE_BYTES = 1):
+    """cpu_parallel makes one part per thread however few bytes a call moves (runtime.cpu.PIECE_BYTES = 1):
     the cases are small, and the tests are about the parts' arithmetic, not their number."""
-    real = kernels.cpu.PIECE_BYTES
-    kernels.cpu.PIECE_BYTES = 1
+    real = kernels.runtime.cpu.PIECE_BYTES
+    kernels.runtime.cpu.PIECE_BYTES = 1
     try:
         yield
     finally:
-        kernels.cpu.PIECE_BYTES = real
+        kernels.runtime.cpu.PIECE_BYTES = real
 
 
 @contextlib.contextmanager
@@ -109,31 +109,31 @@ def _threads(count: int | None):
     if count is None:
         yield
         return
-    real = kernels.cpu.cpu_threads
-    kernels.cpu.cpu_threads = lambda: count
+    real = kernels.runtime.cpu.cpu_threads
+    kernels.runtime.cpu.cpu_threads = lambda: count
     try:
         with _one_part_per_thread():
             yield
     finally:
-        kernels.cpu.cpu_threads = real
+        kernels.runtime.cpu.cpu_threads = real
 
 
 @contextlib.contextmanager
 def _parts_spy():
     """Records the parts of every cpu.cpu_parallel call inside the block (one per thread, see
     _one_part_per_thread, at most one per item)."""
-    real, counts = kernels.cpu.cpu_parallel, []
+    real, counts = kernels.runtime.cpu.cpu_parallel, []
 
     def spy(function, count, nbytes=None):
-        counts.append(min(kernels.cpu.cpu_threads(), count))
+        counts.append(min(kernels.runtime.cpu.cpu_threads(), count))
         return real(function, count, nbytes)
 
-    kernels.cpu.cpu_parallel = spy
+    kernels.runtime.cpu.cpu_parallel = spy
     try:
         with _one_part_per_thread():
             yield counts
     finally:
-        kernels.cpu.cpu_parallel = real
+        kernels.runtime.cpu.cpu_parallel = real
 
 
 def test_declarations():
@@ -182,7 +182,7 @@ def test_cpu_matches_torch(case, cpu):
         failures = _failures(results, expect(sample), lambda name, got, e: check(name, got, e, got.dtype))
     assert not failures, f"{case.id} on the CPU:\n" + "\n".join(failures)
     parallel = [path for path, side in case.paths.items() if side and path in PARALLEL_PATHS]
-    if parallel and kernels.cpu.cpu_threads() > 1:
+    if parallel and kernels.runtime.cpu.cpu_threads() > 1:
         assert max(parts, default=0) > 1, f"{case.id}: {parallel} should share work out, cpu_parallel got {parts}"
 
 

@@ -99,7 +99,7 @@ def test_later_runs_equal_the_checked_first_run_also_on_a_delayed_stream(mode):
         getattr(model, mode)()
         runs = []
         for i in range(3):
-            with kernels.core.before_gpu_call(spin if i == 2 else None):
+            with kernels.runtime.core.before_gpu_call(spin if i == 2 else None):
                 out = model(x, detections=False) if mode == "eval" else model(x)
                 arrays = [a for key in ("one2many", "one2one") for a in out[key]]
                 if mode == "train":

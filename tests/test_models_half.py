@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels.core import BFLOAT16, DTypeError
 from kernels.models import YOLOv10
 from kernels.models import yolov10 as y10
+from kernels.runtime.core import BFLOAT16, DTypeError
 
 HALF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}  # u: the unit of rounding of each half dtype
 MEASURED: dict[str, float] = {}

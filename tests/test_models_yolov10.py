@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 import kernels
-from kernels.core import DeviceError, DTypeError, KernelError, ShapeError, StateError
 from kernels.models import VARIANTS, Graph, Network, Plan, Registry, StateDictError, YOLOv10
 from kernels.models import yolov10 as y10
+from kernels.runtime.core import DeviceError, DTypeError, KernelError, ShapeError, StateError
 
 DATA = "tests/data/yolov10"
 BOUND = 1e-12  # float64 relative error bound (see the module docstring)
@@ -995,8 +995,8 @@ def test_a_plan_checks_its_arrays_on_its_first_run_only(monkeypatch):
     """A plan's calls are fixed when it is made, so its first forward (and backward) checks every array of
     every call and later runs skip those checks (core.arrays_checked), writing the same bits."""
     seen = []
-    check_tensor = kernels.core.check_tensor
-    monkeypatch.setattr(kernels.core, "check_tensor",
+    check_tensor = kernels.runtime.core.check_tensor
+    monkeypatch.setattr(kernels.runtime.core, "check_tensor",
                         lambda op, name, *rest: (seen.append(op), check_tensor(op, name, *rest)))
     x = inputs((1, 3, 64, 64), seed=3).astype(np.float32)
     with YOLOv10("n", dtype="float32") as model:

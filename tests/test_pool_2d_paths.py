@@ -8,7 +8,7 @@ import pytest
 from conformance.case import EXACT, ulp
 from conformance.compare import compare
 from kernels import Pool2DAttrs, PoolOp, ShapeError, TensorShape, pool_2d
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import Dev, require
 

@@ -166,7 +166,7 @@ def test_every_layout_runs_with_every_poison_on_every_device():
 def test_guard_values_poison_every_float_dtype_half_ones_included():
     """A read-only tensor's margins hold NaN, or +-inf, for every float dtype (bfloat16's kind is "V",
     not "f"), the dtype's maximum (or the maximum and the minimum) for integers."""
-    from kernels.core import BFLOAT16
+    from kernels.runtime.core import BFLOAT16
 
     for dtype in (np.float16, BFLOAT16, np.float32, np.float64):
         filled = np.full(3, red_zones.guard_value(np.dtype(dtype)), dtype=dtype)

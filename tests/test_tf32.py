@@ -12,7 +12,7 @@ from conformance import tf32
 from conformance.cases import all_cases
 from conformance.compare import compare
 from kernels import BatchMatmulAttrs, Conv2DAttrs, TensorShape, batch_matmul, conv_2d
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import require
 
@@ -24,7 +24,7 @@ FLOAT32_LEVEL = 0.01
 
 def test_allow_tf32_is_off_by_default_and_a_bool():
     assert inspect.signature(kernels.gpu_handle).parameters["allow_tf32"].default is False
-    assert inspect.signature(kernels.gpu.GpuHandle).parameters["allow_tf32"].default is False
+    assert inspect.signature(kernels.runtime.gpu.GpuHandle).parameters["allow_tf32"].default is False
     with pytest.raises(TypeError, match="allow_tf32: expected a bool, found 1"):
         kernels.gpu_handle(0, allow_tf32=1)
 
@@ -53,7 +53,7 @@ def test_default_handle_never_uses_tf32():
         state = conv_2d.init_kernel(handle, attrs, shape, TensorShape((2, 8, 6, 6), np.float32))
         try:
             assert state.tf32 is False
-            from kernels import cudnn
+            from kernels.runtime import cudnn
 
             assert {a.math_type for a in state.algorithms.values()} == {cudnn.FMA_MATH}
         finally:

@@ -2,7 +2,7 @@
 
 PyTorch's backward scatters each output coordinate's gradient to both of its taps, times each
 tap's weight, also where that weight is 0: 0 * inf is NaN. Ours gathers, and adds the same
-zero-weight terms (kernels/upsample.py: bilinear_clamped, bilinear_zero_taps). Here every output
+zero-weight terms (kernels/upsample/: bilinear_clamped, bilinear_zero_taps). Here every output
 coordinate of small planes in turn holds +inf or NaN, and which input pixels come out NaN, +inf or
 finite must be PyTorch's; on the GPU, the bits must be the CPU's.
 """

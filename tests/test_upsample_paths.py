@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kernels import TensorShape, UpsampleAttrs, UpsampleMode, upsample
-from kernels.core import BFLOAT16, is_floating
+from kernels.runtime.core import BFLOAT16, is_floating
 
 from .conftest import Dev, require
 

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 import kernels  # noqa: E402
 from conformance.harness import spin  # noqa: E402
 from kernels import TensorShape as S  # noqa: E402
-from kernels import cudnn  # noqa: E402
-from kernels.core import BFLOAT16  # noqa: E402
+from kernels.runtime import cudnn  # noqa: E402
+from kernels.runtime.core import BFLOAT16  # noqa: E402
 
 # (name, input dims, output channels, kernel, stride, padding, groups)
 SETS = {

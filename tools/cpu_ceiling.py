@@ -1,5 +1,5 @@
 """How fast ONE NumPy elementwise pass can go on this host when it is split over p Python threads, beside
-PyTorch's CPU doing the same pass on p threads: the ceiling of kernels.cpu.cpu_parallel's design (one
+PyTorch's CPU doing the same pass on p threads: the ceiling of kernels.runtime.cpu.cpu_parallel's design (one
 NumPy call per part, the GIL released inside it), for the report of which CPU benchmark rows NumPy
 cannot bring within 3x of PyTorch. Run from the repository root (torch is optional):
 
@@ -19,7 +19,7 @@ largest SiLU row) and of 256*20*20 (a small deep layer):
 NumPy on p threads: the tensor is cut into p disjoint contiguous parts (arrays and inner borders on
 64-byte lines), each with its own slice of two float64 scratch arrays as long as the tensor (made once per
 size, so nothing is allocated in the timed loop and no part writes another's lines); the library's own
-pool runs them (kernels.cpu.cpu_parallel on a handle of p threads, one part a job: parts 1..p-1 on its
+pool runs them (kernels.runtime.cpu.cpu_parallel on a handle of p threads, one part a job: parts 1..p-1 on its
 pool threads while the calling thread runs part 0); p = 1 is a direct call.
 --block ELEMENTS (default 0: whole parts) walks each part in blocks of that many elements, reusing a
 block-long scratch, as kernels.activation.blockwise does. Every p must write the same bits as the
@@ -49,7 +49,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, ".")
-from kernels import cpu  # noqa: E402
+from kernels.runtime import cpu  # noqa: E402
 
 try:
     import torch
@@ -169,7 +169,7 @@ def part_job(kernel: Callable[..., None], blocks: list[Block]) -> Call:
 
 
 class Split:
-    """p parts run by the library's own pool: kernels.cpu.cpu_parallel on a handle of p threads, one job
+    """p parts run by the library's own pool: kernels.runtime.cpu.cpu_parallel on a handle of p threads, one job
     a part (part 0 in the calling thread), its pool threads made before the first timed call."""
 
     def __init__(self, parts: int):

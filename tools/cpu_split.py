@@ -1,5 +1,5 @@
 """Where a CPU kernel's split loses its time on this host: each kernel below forced to p parts (every
-kernels.cpu.cpu_parallel call cut into one part per thread of a handle of p threads, whatever its bytes:
+kernels.runtime.cpu.cpu_parallel call cut into one part per thread of a handle of p threads, whatever its bytes:
 cpu.PIECE_BYTES = 1), and, for each top-level cpu_parallel call it makes, the call's wall time beside the
 sum and the largest of its parts' own times. Run from the repository root:
 
@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, ".")
 import kernels  # noqa: E402
-from kernels import TensorShape, batch_norm, cpu, element_binary, element_unary, softmax  # noqa: E402
+from kernels import TensorShape, batch_norm, element_binary, element_unary, softmax
+from kernels.runtime import cpu  # noqa: E402
 
 Record = tuple[float, float, float, int]  # wall, busy (sum of parts), largest part (s), parts
 
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scale", type=int, default=1, help="divide each shape's last dim by this")
     args = parser.parse_args(argv[1:])
     threads = [int(p) for p in args.threads.split(",")]
-    print(f"{cores} cores available; parts forced to p (cpu.PIECE_BYTES = 1)\n")
+    print(f"{cores} cores available; parts forced to p (runtime.cpu.PIECE_BYTES = 1)\n")
     report(measure(threads, args.runs, args.scale))
     return 0
 

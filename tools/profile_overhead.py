@@ -83,7 +83,7 @@ print(f"{'with stream: pass':<32}{per_call(lambda: stream.__enter__() and stream
 
 def cudnn_calls():
     """Host time of the bare cuDNN calls of a 1x1 conv (legacy API) next to a cuBLAS GEMM of the same size."""
-    from kernels import cudnn
+    from kernels.runtime import cudnn
 
     k = kernels
     xi, w, b = rnd(1, 64, 80, 80), rnd(64, 64, 1, 1), rnd(64)
@@ -99,7 +99,7 @@ def cudnn_calls():
         oo.data.ptr)
     yield "cudnnAddTensor bias", lambda: cudnn.add_tensor(h, one, d.bias, b.data.ptr, one, d.y, oo.data.ptr)
     yield "cudnnSetStream", lambda: handle.cudnn(stream)
-    from kernels import cublas
+    from kernels.runtime import cublas
 
     yield "cublas gemm 64x6400x64", lambda: cublas.gemm_strided_batched(
         stream, handle, np.dtype(f32), False, False, 6400, 64, 64, xi.data.ptr, 6400, 0, w.data.ptr, 64, 0, 0.0,

@@ -39,8 +39,8 @@ import cupy  # noqa: E402
 import torch  # noqa: E402
 
 from conformance.models import reference  # noqa: E402
-from kernels import gpu  # noqa: E402
 from kernels.models import YOLOv10  # noqa: E402
+from kernels.runtime import gpu  # noqa: E402
 
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False

@@ -19,7 +19,7 @@ and bfloat16 values far outside float16's range.
 import numpy as np
 
 from kernels import BatchMatmulAttrs, batch_matmul
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, nonfinite, pattern
 from ..harness import run_binary

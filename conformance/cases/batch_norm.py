@@ -20,7 +20,7 @@ float64 golden (see TOL).
 import numpy as np
 
 from kernels import BatchNormAttrs, BatchNormMode, batch_norm
-from kernels.core import BFLOAT16, HALF_DTYPES
+from kernels.runtime.core import BFLOAT16, HALF_DTYPES
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 
@@ -295,7 +295,7 @@ _TORCH_ACTIVATIONS = {
 
 
 # --------------------------------------------------------------------------- medium cases
-# Past CPU_BLOCK_ELEMENTS (kernels.cpu_paths): rows of 65792 inner values cut into parts, in a pass worth
+# Past CPU_BLOCK_ELEMENTS (kernels.runtime.cpu_paths): rows of 65792 inner values cut into parts, in a pass worth
 # two parts (4 MB at 16 bytes an element); and 64 rows of 1147, blocks of 57 of them. One training step.
 # The second image is the first negated: every channel's mean is exactly 0 and its sum of squares
 # exact, so float64 holds the statistics of these long sums to an ulp.

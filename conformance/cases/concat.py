@@ -6,7 +6,7 @@ wanted (None), and YOLOv10's SPPF, C2f, upsample and detection-head concats."""
 import numpy as np
 
 from kernels import ConcatAttrs, concat
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, nonfinite, pattern
 
@@ -82,7 +82,7 @@ _add("one_row_memcpy2d_small_device", [(1, 30, 400), (1, 20, 400), (1, 30, 400)]
 
 
 # --------------------------------------------------------------------------- medium cases
-# Wholes past cpu.PARALLEL_MIN_BYTES (kernels.cpu_paths): with a dim before the axis, parts of its
+# Wholes past cpu.PARALLEL_MIN_BYTES (kernels.runtime.cpu_paths): with a dim before the axis, parts of its
 # rows (cpu_parts with skip_axis); without one (an image's channels), each piece cut along the axis.
 for _name, _pieces, _axis, _what in (
         ("medium_rows_threads", [(2, 13, 40, 71), (2, 29, 40, 71), (2, 53, 40, 71)], 1, "rows of both images"),

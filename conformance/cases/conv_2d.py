@@ -28,7 +28,7 @@ import dataclasses
 import numpy as np
 
 from kernels import Activation, Conv2DAttrs, conv_2d
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 
@@ -315,7 +315,7 @@ def _torch_activation(activation, value):
 
 
 # --------------------------------------------------------------------------- medium cases
-# Past the sizes the CPU code gates on (kernels.cpu_paths): output rows 140 wide (im2col as a strided
+# Past the sizes the CPU code gates on (kernels.runtime.cpu_paths): output rows 140 wide (im2col as a strided
 # view, forward and filter gradient), a 4 MB im2col (its channels shared out to the threads) and two
 # groups of it (the grouped products shared out). No activation: every sum exact.
 _add("medium_wide_rows_groups2_threads", (1, 8, 100, 140), _conv(8, (3, 3), (1, 1), (1, 1), groups=2),

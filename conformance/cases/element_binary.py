@@ -13,7 +13,7 @@ must give the golden's bits. Only DIV by non-powers of two is inexact; see _DIV_
 import numpy as np
 
 from kernels import BinaryOpType, ElementBinaryAttrs, element_binary
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 from ..harness import run_binary
@@ -237,7 +237,7 @@ _TORCH_OPS = {ADD: "add", SUB: "sub", MUL: "mul", DIV: "div", MAX: "maximum", MI
 
 
 # --------------------------------------------------------------------------- medium cases
-# Past _CPU_PARALLEL_MIN outputs and 4 MiB moved (kernels.cpu_paths): the forward and the gradient
+# Past _CPU_PARALLEL_MIN outputs and 4 MiB moved (kernels.runtime.cpu_paths): the forward and the gradient
 # with nothing to sum cut along an axis and shared out; the broadcast side's gradient summed in parts
 # along the axis it keeps. MUL of short dyadics: every product and every sum of 1750 exact.
 _add("medium_mul_broadcast_threads", MUL, (1, 300), (1750, 300),

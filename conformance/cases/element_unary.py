@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from kernels import ElementUnaryAttrs, UnaryOpType, element_unary
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 from ..harness import run_unary
@@ -182,7 +182,7 @@ _add("exp_near_max_f16", "EXP", None, F16, input=[10.0, 10.5, 10.75, 11.0, 11.06
 
 
 # --------------------------------------------------------------------------- medium cases
-# Past the sizes at which the CPU passes go blockwise and are shared out (kernels.cpu_paths: the
+# Past the sizes at which the CPU passes go blockwise and are shared out (kernels.runtime.cpu_paths: the
 # conformance run reaches every size-gated CPU path, tests/test_cpu_paths.py). ReLU keeps them exact.
 # 350003 elements: the forward (8 bytes an element) runs in 3 blocks, one part; the backward (12) is
 # worth two parts on two threads, the last block ragged.

@@ -9,7 +9,7 @@ order; the kernels still sum left to right on both devices."""
 import numpy as np
 
 from kernels import GradientReductionAttrs, gradient_reduction
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
 

@@ -13,7 +13,7 @@ input. Overlapping windows send several gradients to one element.
 import numpy as np
 
 from kernels import Activation, Pool2DAttrs, PoolOp, pool_2d
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, aperiodic, nonfinite, pattern, ulp
 from ..harness import run_unary
@@ -260,7 +260,7 @@ def _torch_activation(activation, value):
 
 
 # --------------------------------------------------------------------------- medium cases
-# Past the block sizes of the CPU forward and MAX backward (kernels.cpu_paths): SPPF's 170 planes
+# Past the block sizes of the CPU forward and MAX backward (kernels.runtime.cpu_paths): SPPF's 170 planes
 # of 20x20 in two blocks of several planes; planes of 342x343 outputs, a block each, shared out to the
 # threads (a 4 MB forward, a backward of 117306 outputs a plane).
 TABLE.add("medium_sppf_plane_blocks", _max((5, 5), (1, 1), (2, 2)),

@@ -4,7 +4,7 @@ zero-size, and YOLOv10's PSA and detection-head reshapes at small sizes."""
 import numpy as np
 
 from kernels import ReshapeAttrs, reshape
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
 from ..harness import run_unary

@@ -18,7 +18,7 @@ at least 1: MEASURED below.
 import numpy as np
 
 from kernels import SoftmaxAttrs, softmax
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
 from ..harness import run_unary
@@ -152,7 +152,7 @@ _half("stable_pm1024", (2, 4), -1, dtypes=(("bf16", BF16),), input=[[1024, -1024
 
 
 # --------------------------------------------------------------------------- medium cases
-# Past CPU_BLOCK_ELEMENTS (kernels.cpu_paths): each way _cpu_blocks cuts a tensor, and a pass worth two
+# Past CPU_BLOCK_ELEMENTS (kernels.runtime.cpu_paths): each way _cpu_blocks cuts a tensor, and a pass worth two
 # parts. Bounds: the larger of the ulps measured on the CPU and on the H200 (tools/measure_ulps.py, the
 # larger of output and input_grad). The rows of 131075 and the dim of 32769 are the H200's: its float32
 # block sums of that many terms come 4 and 6 ulps from the correctly rounded output, and the gradient's

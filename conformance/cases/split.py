@@ -6,7 +6,7 @@ than one GPU launch takes (12), and YOLOv10's C2f split in halves and PSA's
 import numpy as np
 
 from kernels import SplitAttrs, split
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, nonfinite, pattern
 

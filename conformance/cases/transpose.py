@@ -4,7 +4,7 @@ shapes, every dtype family, and YOLOv10's PSA transpose of the last two dims."""
 import numpy as np
 
 from kernels import TransposeAttrs, transpose
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, nonfinite, pattern
 from ..harness import run_unary
@@ -41,7 +41,7 @@ _add("yolov10_psa_last_two", (1, 2, 8, 12), (0, 1, 3, 2), description="PSA: (B, 
 
 
 # --------------------------------------------------------------------------- medium cases
-# A copy past cpu.PARALLEL_MIN_BYTES (kernels.cpu_paths): cpu_parts cuts the output, the parts shared out.
+# A copy past cpu.PARALLEL_MIN_BYTES (kernels.runtime.cpu_paths): cpu_parts cuts the output, the parts shared out.
 TABLE.add("medium_copy_threads", TransposeAttrs((2, 0, 1)),
           {"input": pattern((7, 293, 257), modulus=251, scale=1 / 32),
            "output_grad": pattern((257, 7, 293), modulus=241, scale=1 / 32, offset=3)},

@@ -5,7 +5,7 @@ channels > 1, float and integer dtypes; BILINEAR (align_corners=False) with scal
 import numpy as np
 
 from kernels import UpsampleAttrs, UpsampleMode, upsample
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, int_pattern, nonfinite, pattern, ulp
 from ..harness import run_unary
@@ -123,7 +123,7 @@ _add_half("nearest_x2_subnormal_f16", (1, 2, 3, 4), 2, NEAREST, np.float16,
 
 
 # --------------------------------------------------------------------------- medium cases
-# Planes past cpu.PARALLEL_MIN_BYTES, 4 MiB moved (kernels.cpu_paths): cpu_planes shares them out.
+# Planes past cpu.PARALLEL_MIN_BYTES, 4 MiB moved (kernels.runtime.cpu_paths): cpu_planes shares them out.
 TABLE.add("medium_nearest_x2_planes_threads", UpsampleAttrs(2, NEAREST),
           {"input": pattern((1, 5, 213, 199), modulus=251, scale=1 / 32),
            "output_grad": pattern((1, 5, 426, 398), modulus=241, scale=1 / 32, offset=3)},

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kernels.core import is_floating
+from kernels.runtime.core import is_floating
 
 from ..compare import ulp_distance, ulp_of
 

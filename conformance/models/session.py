@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from kernels.core import is_floating
+from kernels.runtime.core import is_floating
 
 from . import reference
 from .comparison import BOUNDS, Row, compare_detections, compare_tensor, relative_l2

@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import activation as activations
-from .. import core
-from .. import cpu as cpu_runtime
 from ..activation import Activation
-from ..core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..runtime import core
+from ..runtime import cpu as cpu_runtime
+from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from .plan import GpuPlan, Layout
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .. import activation as activations
-from .. import cpu as cpu_runtime
-from .. import cpu_paths
-from ..core import HALF_DTYPES
+from ..runtime import cpu as cpu_runtime
+from ..runtime import cpu_paths
+from ..runtime.core import HALF_DTYPES
 from . import SavedForward
 from .plan import Layout
 
@@ -40,7 +40,7 @@ CPU_BLOCK_ELEMENTS = 1 << 16
 # the cache-sized blocks (2^18: 10685 -> 12618 us for the training forward).
 PARALLEL_BLOCK_ELEMENTS = 1 << 18
 
-# The size-gated paths of the passes (kernels.cpu_paths).
+# The size-gated paths of the passes (kernels.runtime.cpu_paths).
 INNER_PARTS_PATH, STAT_GROUPS_PATH, THREADS_PATH = cpu_paths.declare("batch_norm", {
     "inner_parts": "a statistic's row (inner) as long as a block: cut into parts, each part's sums added in turn",
     "stat_groups": "rows shorter than a block, all of them past it: blocks of as many statistics' rows as fit",

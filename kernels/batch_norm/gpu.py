@@ -32,13 +32,12 @@ a call is its checks and its launches.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import activation as activations
-from .. import gpu, gpu_paths
+from ..runtime import gpu, gpu_paths
 from . import SavedForward
 from .plan import APPLY_UNROLL, BLOCK, PACK_BYTES, GpuPlan, gpu_plan, grid2, inference_launch
 
@@ -96,7 +95,7 @@ _CUDA = gpu.CudaModule("batch_norm.cu", [
 ] + [
     f"{kernel}<{t}>" for kernel in ("bn_spatial_grad_finalize",)  # t: the parameters' type (float for half data)
     for t in gpu.FLOAT_TYPES
-], defines=DEFINES, directory=os.path.dirname(__file__))
+], defines=DEFINES)
 
 
 def init(state: BatchNormState, dtype: np.dtype) -> None:

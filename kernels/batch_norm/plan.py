@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import gpu
+from ..runtime import gpu
 
 BLOCK = 256  # BN_BLOCK: threads of every batch_norm.cu block (its block sums assume it)
 APPLY_UNROLL = 4  # BN_APPLY_UNROLL: columns a thread of the forward and backward apply covers per step

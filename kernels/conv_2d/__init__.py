@@ -32,7 +32,7 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
   shared memory; one thread an output where no tile fits; the bias added after the
   taps), a per-element gather for the input gradient, one block per filter
   element (a fixed tree in double) for the filter's;
-- other groups > 1: cuDNN's legacy convolution API (kernels/cudnn.py) throughout.
+- other groups > 1: cuDNN's legacy convolution API (kernels/runtime/cudnn.py) throughout.
 
 The cuDNN forward in FMA math (float32, float64) is IMPLICIT_GEMM below
 plan.IMPLICIT_GEMM_BELOW_FLOPS where supported (the cheapest per call on the H200),
@@ -74,9 +74,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import activation, core
-from .. import cpu as cpu_runtime
-from ..core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from .. import activation
+from ..runtime import core
+from ..runtime import cpu as cpu_runtime
+from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 from . import cpu, gpu
 
 # The plans and the names tests and tools read (tests/test_conv_2d_gemm_plan.py, tools/profile_overhead.py).

@@ -1,6 +1,6 @@
 // conv_2d's own kernels: the bias gradient; im2col and the col2im gather around
 // cuBLAS GEMMs for groups == 1; both gradients of depthwise convolutions. The
-// rest runs in cuDNN (kernels/cudnn.py) and cuBLAS; the fused activation in activation.cu, or, for a
+// rest runs in cuDNN (kernels/runtime/cudnn.py) and cuBLAS; the fused activation in activation.cu, or, for a
 // state without backward (no pre-activation kept), in the depthwise forward and in
 // conv_bias_activation, with activation.cuh's same device functions.
 //

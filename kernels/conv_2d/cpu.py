@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .. import activation, core
-from .. import cpu as cpu_runtime
-from .. import cpu_paths
+from .. import activation
+from ..runtime import core, cpu_paths
+from ..runtime import cpu as cpu_runtime
 
 if TYPE_CHECKING:
     from . import Conv2DAttrs, Conv2DState
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 # rows (SCDown's depthwise 40) go through the stride phases, one contiguous span a tap.
 WIDE_ROWS_BELOW = 64
 
-# The size-gated paths (kernels.cpu_paths).
+# The size-gated paths (kernels.runtime.cpu_paths).
 FORWARD_WIDE_PATH, BACKWARD_WIDE_PATH, CHANNELS_THREADS_PATH, GROUPS_THREADS_PATH = cpu_paths.declare("conv_2d", {
     "forward.wide_rows": "forward: output rows WIDE_ROWS_BELOW wide or more, im2col as a strided view",
     "backward.wide_rows": "filter gradient: output rows WIDE_ROWS_BELOW wide or more, im2col as a strided view",

@@ -6,7 +6,7 @@ allows it; half data on tensor cores with float32 compute):
 - "columns" (other groups == 1): the forward in cuDNN, both gradients by conv_2d.cu's im2col /
   col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
 - "depthwise": conv_2d.cu's own kernels throughout;
-- "cudnn": cuDNN's legacy convolution API (kernels/cudnn.py).
+- "cudnn": cuDNN's legacy convolution API (kernels/runtime/cudnn.py).
 
 init, forward and backward run after the package's checks (init_kernel, gpu_forward_kernel,
 gpu_backward_kernel, which run inside their stream). Everything is enqueued on the given stream.
@@ -14,12 +14,12 @@ gpu_backward_kernel, which run inside their stream). Everything is enqueued on t
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .. import activation, core, cublas, gpu, gpu_paths
+from .. import activation
+from ..runtime import core, cublas, gpu, gpu_paths
 from .plan import (
     DEPTHWISE_BLOCK,
     IMPLICIT_GEMM_BELOW_FLOPS,
@@ -56,8 +56,7 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
                                          "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
-             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS},
-    directory=os.path.dirname(os.path.abspath(__file__)))
+             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS})
 gpu_paths.declare("conv_2d", {
     "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
     "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
@@ -105,7 +104,7 @@ def init(handle: Any, state: Conv2DState) -> None:
     workspace in the handle (calls never allocate). On failure, release what was made and raise."""
     import cupy
 
-    from .. import cudnn
+    from ..runtime import cudnn
 
     attrs = state.attrs
     dtype = state.shapes["input_shape"].dtype
@@ -291,7 +290,7 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
 
 def _run_plan(stream: Any, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
               workspace: Any = None) -> None:
-    """Enqueue a plan's GEMMs (kernels.cublas) and folds on the stream."""
+    """Enqueue a plan's GEMMs (kernels.runtime.cublas) and folds on the stream."""
     dtype = state.shapes["input_shape"].dtype
     pointers = {name: array.data.ptr for name, array in arrays.items() if array is not None}
     if workspace is not None:
@@ -309,7 +308,7 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
             output: Any) -> None:
     """output = activation(conv(input, filter) + bias), enqueued on the stream; with an activation, the
     pre-activation is kept in the state's buffer (state.pre) for the backward."""
-    from .. import cudnn
+    from ..runtime import cudnn
 
     target = output  # without backward, a fused activation is applied in the output itself
     # Without backward, the bias and activation are one epilogue: in the depthwise kernel, else one
@@ -366,7 +365,7 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
 def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_grad: Any, input: Any, input_grad: Any,
              filter: Any, filter_grad: Any, bias_grad: Any) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
-    from .. import cudnn
+    from ..runtime import cudnn
 
     dtype = output_grad.dtype
     grad = output_grad

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from .. import gpu
-from ..core import HALF_DTYPES
+from ..runtime import gpu
+from ..runtime.core import HALF_DTYPES
 
 if TYPE_CHECKING:
     from . import Conv2DAttrs, Conv2DState

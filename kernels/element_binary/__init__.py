@@ -30,9 +30,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import core
-from .. import cpu as cpu_runtime
-from ..core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
+from ..runtime import core
+from ..runtime import cpu as cpu_runtime
+from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
 from .plan import (  # noqa: F401  (element_binary's plans, as tests and tools know them)
     REDUCTION_THREADS,
     WARP_SUM_CHUNKS,

@@ -7,14 +7,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import core
-from .. import cpu as cpu_runtime
-from .. import cpu_paths
+from ..runtime import core, cpu_paths
+from ..runtime import cpu as cpu_runtime
 from . import BinaryOpType
 
 _CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole call
 
-# The size-gated paths (kernels.cpu_paths).
+# The size-gated paths (kernels.runtime.cpu_paths).
 ELEMENTWISE_THREADS_PATH, REDUCE_THREADS_PATH = cpu_paths.declare("element_binary", {
     "elementwise.threads": "forward (and a gradient with nothing to sum): the output cut along an axis, the parts "
                            "shared out to the threads",

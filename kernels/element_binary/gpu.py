@@ -4,12 +4,11 @@ call runs inside its stream (core.gpu_kernel), before anything here runs."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import core, gpu, gpu_paths
+from ..runtime import core, gpu, gpu_paths
 from . import BinaryOpType
 from .plan import WARP_SUM_CHUNKS, GpuPlan, GradPlan, gpu_plan
 
@@ -34,7 +33,7 @@ _CUDA = {index: gpu.CudaModule("element_binary.cu", [
 ] + [
     f"{kernel}<{t}, {d}, {index}>" for kernel in _GRAD_KERNELS for t in gpu.HALF_TYPES + gpu.FLOAT_TYPES
     for d in _DESTINATIONS[t]
-], defines=DEFINES, directory=os.path.dirname(__file__)) for index in gpu.INDEX_TYPES}
+], defines=DEFINES) for index in gpu.INDEX_TYPES}
 
 _P = "element_binary"
 gpu_paths.declare(_P, {
@@ -162,7 +161,7 @@ def backward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBin
 
 
 def grad_paths(grad_plan_: GradPlan) -> tuple[str, ...]:
-    """The named GPU paths (kernels.gpu_paths) of one broadcast operand's gradient: its kernel, whether
+    """The named GPU paths (kernels.runtime.gpu_paths) of one broadcast operand's gradient: its kernel, whether
     the positions are chunked, and which second pass sums the chunks."""
     paths = [f"{_P}.grad.{grad_plan_.kind}", _P + (".grad.chunks" if grad_plan_.chunks > 1 else ".grad.one_chunk")]
     if grad_plan_.chunks > WARP_SUM_CHUNKS:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import core, gpu
+from ..runtime import core, gpu
 
 # Reductions are split into chunks summed in a second pass, so that a gradient with
 # few elements and many broadcast positions still fills the device. The split decides the

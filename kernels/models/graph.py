@@ -31,7 +31,6 @@ from .. import (
     batch_norm,
     concat,
     conv_2d,
-    core,
     element_binary,
     element_unary,
     gradient_reduction,
@@ -42,7 +41,8 @@ from .. import (
     transpose,
     upsample,
 )
-from ..core import TensorShape
+from ..runtime import core
+from ..runtime.core import TensorShape
 
 # How each op's forward and backward take their tensors (DESIGN.md section 3's signatures), by node kind:
 #   CONV:   forward (input, filter, bias, output)

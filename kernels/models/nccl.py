@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import gpu
-from ..core import CudaError, DeviceError
+from ..runtime import gpu
+from ..runtime.core import CudaError, DeviceError
 from . import parallel
 
 

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import cpu as cpu_runtime
-from .. import gpu as gpu_runtime
-from ..core import (
+from ..runtime import cpu as cpu_runtime
+from ..runtime import gpu as gpu_runtime
+from ..runtime.core import (
     ALL_FLOAT_DTYPES,
     HALF_DTYPES,
     DeviceError,

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from .. import batch_norm
-from ..core import FLOAT_DTYPES, AttrsError, DTypeError, KernelError, ShapeError, StateError, fail
+from ..runtime.core import FLOAT_DTYPES, AttrsError, DTypeError, KernelError, ShapeError, StateError, fail
 from .graph import BN
 
 OP = "data_parallel"

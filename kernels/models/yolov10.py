@@ -17,10 +17,10 @@ import numpy as np
 from ..activation import Activation
 from ..batch_norm import BatchNormAttrs
 from ..conv_2d import Conv2DAttrs
-from ..core import HALF_DTYPES, AttrsError, ShapeError, fail
 from ..element_binary import BinaryOpType
 from ..element_unary import UnaryOpType
 from ..pool_2d import Pool2DAttrs, PoolOp
+from ..runtime.core import HALF_DTYPES, AttrsError, ShapeError, fail
 from ..upsample import UpsampleAttrs
 from .graph import Graph, Tensor
 from .network import Network, Registry

@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import activation, core
-from .. import cpu as cpu_runtime
-from .. import gpu as gpu_runtime
-from ..core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from .. import activation
+from ..runtime import core
+from ..runtime import cpu as cpu_runtime
+from ..runtime import gpu as gpu_runtime
+from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
 
 OP = "pool_2d"
 

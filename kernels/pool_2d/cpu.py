@@ -1,5 +1,5 @@
 """pool_2d on the CPU: NumPy over strided window views, blocks of whole planes shared out to the
-handle's threads (kernels.cpu); the half dtypes computed in float32."""
+handle's threads (kernels.runtime.cpu); the half dtypes computed in float32."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import activation, core, cpu, cpu_paths
+from .. import activation
+from ..runtime import core, cpu, cpu_paths
 from . import Pool2DAttrs, PoolOp, _saved, tap_dtype
 
 
@@ -147,7 +148,7 @@ def _cpu_avg_forward(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray) 
 
 CPU_FORWARD_BLOCK = 1 << 16  # input elements a block of the CPU forward handles at once (whole planes)
 
-# The size-gated paths of the forward and the MAX backward (kernels.cpu_paths).
+# The size-gated paths of the forward and the MAX backward (kernels.runtime.cpu_paths).
 (FORWARD_PLANES_PATH, FORWARD_ONE_PLANE_PATH, FORWARD_THREADS_PATH, BACKWARD_PLANES_PATH, BACKWARD_ONE_PLANE_PATH,
  BACKWARD_THREADS_PATH) = cpu_paths.declare("pool_2d", {
     "forward.planes": "forward: planes past CPU_FORWARD_BLOCK input elements in blocks of several whole planes",

@@ -3,12 +3,12 @@ first call and kept), enqueued on the stream."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
-from .. import activation, core, gpu, gpu_paths
+from .. import activation
+from ..runtime import core, gpu, gpu_paths
 from . import OP, Pool2DAttrs, PoolOp, _saved, tap_dtype
 from . import plan as _plan
 from .plan import plan_paths
@@ -21,7 +21,7 @@ _CUDA = gpu.CudaModule("pool_2d.cu", [
     f"avg_pool_{direction}<{value}, {index}>"
     for direction in ("forward", "backward") for value in gpu.FLOAT_TYPES + gpu.HALF_TYPES
     for index in gpu.INDEX_TYPES
-], directory=os.path.dirname(os.path.abspath(__file__)))
+])
 
 gpu_paths.declare(OP, {
     "max.forward_tiled": "max_pool_forward_tiled: a block per output tile, its input window staged in shared memory",

@@ -3,7 +3,7 @@ tile (max_forward_tile) and the named GPU paths of a launch (plan_paths)."""
 
 from __future__ import annotations
 
-from .. import gpu
+from ..runtime import gpu
 from . import OP, Pool2DAttrs, PoolOp, tap_dtype
 
 TILE_OUTPUTS = 512  # outputs a block of the tiled MAX forward aims at (two a thread)
@@ -28,7 +28,7 @@ def max_forward_tile(attrs: Pool2DAttrs, out_h: int, out_w: int, itemsize: int) 
 
 
 def plan_paths(attrs: Pool2DAttrs, direction: str, tiled: bool) -> tuple[str, ...]:
-    """The named GPU paths (kernels.gpu_paths) of one pool launch."""
+    """The named GPU paths (kernels.runtime.gpu_paths) of one pool launch."""
     if attrs.pool_type is not PoolOp.MAX:
         return (f"{OP}.avg.{direction}",)
     kernel = "forward_tiled" if tiled else "forward_direct" if direction == "forward" else "backward"

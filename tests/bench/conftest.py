@@ -15,7 +15,7 @@ round can take half again as long as the next, more rounds make the medians of t
 The summary's header line says what each side used.
 
 $KERNELS_BENCH_SET sets int constants of the kernels' modules for the run, for sweeps of the CPU's
-part counts and block lengths: "cpu.PIECE_BYTES=1,softmax.PARALLEL_BLOCK_ELEMENTS=262144" (each
+part counts and block lengths: "runtime.cpu.PIECE_BYTES=1,softmax.PARALLEL_BLOCK_ELEMENTS=262144" (each
 name a module under kernels and its constant; one part a thread where PIECE_BYTES is 1). The header
 line says what was set.
 """
@@ -32,7 +32,7 @@ import pytest
 
 import kernels
 from conformance.harness import device_unavailable
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from . import summary
 
@@ -57,7 +57,7 @@ def set_constants(text: str) -> dict[str, int]:
             module = current = None
         if not equals or module is None or type(current) is not int:
             raise pytest.UsageError(f"$KERNELS_BENCH_SET: {item!r} is not MODULE.NAME=INT for an int constant "
-                                    "of a module under kernels (for example cpu.PIECE_BYTES=1)")
+                                    "of a module under kernels (for example runtime.cpu.PIECE_BYTES=1)")
         setattr(module, attribute, number)
         done[name.strip()] = number
     return done
@@ -82,9 +82,9 @@ THREAD_ENVIRONMENT = ("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_NUM_THREADS", "OMP_NU
 def cpu_threads_used() -> dict:
     """What each side runs on: our handle's threads, NumPy's BLAS (threadpoolctl), PyTorch's threads,
     and the thread pools' environment variables that are set."""
-    used = {"ours": kernels.cpu_handle(THREADS).threads, "cores": kernels.cpu.available_cores(),
+    used = {"ours": kernels.cpu_handle(THREADS).threads, "cores": kernels.runtime.cpu.available_cores(),
             "blas": [{k: info.get(k) for k in ("internal_api", "version", "num_threads")}
-                     for info in kernels.cpu.blas_info()]}
+                     for info in kernels.runtime.cpu.blas_info()]}
     if SET:
         used["set"] = dict(SET)
     environment = {name: os.environ[name] for name in THREAD_ENVIRONMENT if name in os.environ}

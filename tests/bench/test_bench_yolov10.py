@@ -16,7 +16,7 @@ graph, cudnn.benchmark off. Issue 11's PyTorch fp16 graph eval on the H200: 1.68
 import numpy as np
 import pytest
 
-from kernels.core import BFLOAT16
+from kernels.runtime.core import BFLOAT16
 
 from .conftest import dtype_suffix
 

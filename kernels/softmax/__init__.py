@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, cpu_paths, gpu, gpu_paths
-from .core import ALL_FLOAT_DTYPES, TensorShape
+from ..runtime import core, cpu, cpu_paths, gpu, gpu_paths
+from ..runtime.core import ALL_FLOAT_DTYPES, TensorShape
 
 OP = "softmax"
 
@@ -70,7 +70,7 @@ CPU_BLOCK_ELEMENTS = 1 << 17
 # One part alone keeps the cache-sized blocks.
 PARALLEL_BLOCK_ELEMENTS = 1 << 18
 
-# The size-gated paths of _cpu_blocks (kernels.cpu_paths).
+# The size-gated paths of _cpu_blocks (kernels.runtime.cpu_paths).
 ROWS_BLOCKS_PATH, ROWS_LONG_PATH, PLANES_BLOCKS_PATH, COLUMNS_PATH, WHOLE_INNER_PATH, THREADS_PATH = \
     cpu_paths.declare(OP, {
         "rows.blocks": "dim last: the rows past a block's length cut into blocks of several whole rows",
@@ -208,7 +208,7 @@ gpu_paths.declare(OP, {
 
 
 def plan_path(kind: str) -> str:
-    """The named GPU path (kernels.gpu_paths) of a plan's kernel suffix (gpu_plan's first entry)."""
+    """The named GPU path (kernels.runtime.gpu_paths) of a plan's kernel suffix (gpu_plan's first entry)."""
     family, _, template = kind.partition("<")
     if family == "rows":
         _, width, per_lane = (part.strip() for part in template[:-1].split(","))

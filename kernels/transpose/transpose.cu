@@ -29,7 +29,7 @@ __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ ou
 // transpose has few tiles, and for 16-byte elements, to stay within 48 KB of static shared memory).
 // THREADS_X, THREADS_Y: a tile's threads, transpose.THREADS_X/Y, passed by CudaModule as -D options.
 #if !defined(THREADS_X) || !defined(THREADS_Y)
-#error "THREADS_X and THREADS_Y are defined by kernels/transpose.py (CudaModule's -D options)"
+#error "THREADS_X and THREADS_Y are defined by kernels/transpose/ (CudaModule's -D options)"
 #endif
 
 // The innermost dims differ: a 64x64 tile through shared memory so that both the

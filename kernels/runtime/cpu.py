@@ -1,6 +1,6 @@
 """The CPU half of the runtime: the CPU stream and handle, the thread pool that shares a kernel's
 blocks out across the cores, and the BLAS thread count of the GEMMs (through threadpoolctl).
-:mod:`kernels.gpu` is its GPU twin.
+:mod:`kernels.runtime.gpu` is its GPU twin.
 
 A handle carries the number of threads its kernels use (default: the cores this process may run
 on). Every op's cpu_forward_kernel / cpu_backward_kernel is decorated with :func:`cpu_kernel`,
@@ -22,7 +22,7 @@ import numpy as np
 from . import cpu_paths
 from .core import AttrsError, fail
 
-# The size-gated paths of the runtime's passes (kernels.cpu_paths): the ops' own are declared beside them.
+# The size-gated paths of the runtime's passes (kernels.runtime.cpu_paths): the ops' own are declared beside them.
 PARTS_PATH, PIECES_PATH, PLANES_PATH, BESIDE_PATH = cpu_paths.declare("cpu", {
     "parts.threads": "cpu_parts: an output past PARALLEL_MIN_BYTES cut along an axis, its parts (operands "
                      "broadcast to it) shared out to the threads",

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, cpu, gpu, gpu_paths
-from .core import ALL_FLOAT_DTYPES, TensorShape
+from ..runtime import core, cpu, gpu, gpu_paths
+from ..runtime.core import ALL_FLOAT_DTYPES, TensorShape
 
 OP = "gradient_reduction"
 

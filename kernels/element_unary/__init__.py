@@ -40,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from . import activation, core, cpu, gpu, gpu_paths
-from .activation import Activation
-from .core import ALL_FLOAT_DTYPES, AttrsError, TensorShape, fail
+from .. import activation
+from ..activation import Activation
+from ..runtime import core, cpu, gpu, gpu_paths
+from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, TensorShape, fail
 
 OP = "element_unary"
 
@@ -280,7 +281,7 @@ gpu_paths.declare(OP, {
 
 
 def plan_paths(direction: str, op_type: UnaryOpType, aligned: bool) -> tuple[str, str]:
-    """The named GPU paths (kernels.gpu_paths) of a launch: the instantiation and the pack form."""
+    """The named GPU paths (kernels.runtime.gpu_paths) of a launch: the instantiation and the pack form."""
     return f"{OP}.{direction}.{op_type.name.lower()}", f"{OP}.{direction}.{'packs' if aligned else 'scalars'}"
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, cublas, gpu, gpu_paths
-from .core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
+from ..runtime import core, cpu, cublas, gpu, gpu_paths
+from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
 
 OP = "batch_matmul"
 
@@ -189,7 +189,7 @@ def _plan(state: core.KernelState, direction: str) -> GemmPlan:  # pragma: no co
 
 def _run(stream, handle, dtype: np.dtype, plan: GemmPlan, a: Any, b: Any, c: Any, path: str,
          tf32: bool) -> None:  # pragma: no cover - GPU: cuBLAS
-    """Enqueue one planned GEMM (or its zero fill) on the stream; `path` names the GEMM (kernels.gpu_paths)."""
+    """Enqueue one planned GEMM (or its zero fill) on the stream; `path` names the GEMM (kernels.runtime.gpu_paths)."""
     if plan.kind == "skip":
         return
     if plan.kind == "zero":

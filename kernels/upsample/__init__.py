@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu, gpu_paths
-from .core import ALL_FLOAT_DTYPES, HALF_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
+from ..runtime import core, cpu, gpu, gpu_paths
+from ..runtime.core import ALL_FLOAT_DTYPES, HALF_DTYPES, MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "upsample"
 
@@ -274,7 +274,7 @@ gpu_paths.declare(OP, {
 
 
 def plan_path(attrs: UpsampleAttrs, direction: str, vector: bool) -> str:
-    """The named GPU path (kernels.gpu_paths) of a launch."""
+    """The named GPU path (kernels.runtime.gpu_paths) of a launch."""
     return f"{OP}.{attrs.mode.name.lower()}.{direction}" + ("_x2" if vector else "")
 
 

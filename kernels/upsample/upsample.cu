@@ -152,7 +152,7 @@ __device__ __forceinline__ void bilinear_source(I o, int scale, I size, I& i0, I
 
 // The weight that output coordinate o gives input pixel p along one axis. zero_term: both of o's
 // taps are p and the second weighs 0; PyTorch's backward adds that term apart (0 * g, NaN where g is
-// not finite), so the caller adds it too (kernels/upsample.py: bilinear_zero_taps).
+// not finite), so the caller adds it too (kernels/upsample/: bilinear_zero_taps).
 template <typename T, typename I>
 __device__ __forceinline__ T bilinear_weight(I o, I p, int scale, I size, bool& zero_term) {
     I i0, i1;

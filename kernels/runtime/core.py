@@ -2,7 +2,7 @@
 argument checks and device dispatch.
 
 Nothing here imports CuPy; the GPU half of the machinery lives in
-:mod:`kernels.gpu` and is imported only when a GPU object is used.
+:mod:`kernels.runtime.gpu` and is imported only when a GPU object is used.
 """
 
 from __future__ import annotations

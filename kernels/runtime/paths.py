@@ -1,6 +1,6 @@
 """A registry of named paths: each real decision a kernel takes has a name, declared by the code
-that takes it and counted when taken, so that a run can say which it reached. kernels.gpu_paths
-(the GPU's launch decisions, which coverage.py cannot see) and kernels.cpu_paths (the CPU's
+that takes it and counted when taken, so that a run can say which it reached. kernels.runtime.gpu_paths
+(the GPU's launch decisions, which coverage.py cannot see) and kernels.runtime.cpu_paths (the CPU's
 size-gated branches) are each one PathRegistry; their modules say what they name."""
 
 from __future__ import annotations

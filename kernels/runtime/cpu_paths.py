@@ -1,7 +1,7 @@
 """Named CPU paths: the branches of the CPU code that only tensors past a size take (blocked passes,
 passes shared out to the threads, conv_2d's wide rows), each with a name, declared by the code that
 takes it and counted when taken, so that a run can say which it reached (the twin of
-:mod:`kernels.gpu_paths`, whose paths coverage.py cannot see at all; these it sees, but only a run
+:mod:`kernels.runtime.gpu_paths`, whose paths coverage.py cannot see at all; these it sees, but only a run
 that reaches them proves them).
 
 - ``declare(op, {suffix: description})`` (at a module's import) adds ``"<op>.<suffix>"``; names
@@ -23,11 +23,11 @@ from __future__ import annotations
 from .paths import NAME, PathRegistry, Recording
 
 # The modules that declare paths (declared() imports them: some are imported lazily by their ops).
-MODULES = ("kernels.cpu", "kernels.activation", "kernels.batch_norm.cpu", "kernels.concat", "kernels.conv_2d.cpu",
+MODULES = ("kernels.runtime.cpu", "kernels.activation", "kernels.batch_norm.cpu", "kernels.concat", "kernels.conv_2d.cpu",
            "kernels.element_binary.cpu", "kernels.pool_2d.cpu", "kernels.softmax")
 
 # Locked: the parts of a pass reach from the pool's threads at once.
-REGISTRY = PathRegistry("CPU", "kernels.cpu_paths", "softmax.rows.blocks", MODULES, locked=True)
+REGISTRY = PathRegistry("CPU", "kernels.runtime.cpu_paths", "softmax.rows.blocks", MODULES, locked=True)
 declare, reach, declared, counts, recording = (REGISTRY.declare, REGISTRY.reach, REGISTRY.declared, REGISTRY.counts,
                                                REGISTRY.recording)
 

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import core, cpu, cpu_paths, gpu, gpu_paths
-from .core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
+from ..runtime import core, cpu, cpu_paths, gpu, gpu_paths
+from ..runtime.core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
 
 OP = "concat"
 
@@ -77,7 +77,7 @@ def _slices(layout: PieceLayout) -> list[tuple]:
     return slices
 
 
-# The size-gated paths of _cpu_move, for concat and split alike (kernels.cpu_paths).
+# The size-gated paths of _cpu_move, for concat and split alike (kernels.runtime.cpu_paths).
 ROWS_PATH, PIECES_PATH, PIECES_THREADS_PATH = cpu_paths.declare(OP, {
     "rows": "a whole past PARALLEL_MIN_BYTES with dims before the axis: parts of its rows, every piece's in each",
     "pieces": "a whole past PARALLEL_MIN_BYTES without such dims (one image's channels): each piece cut along the axis",
@@ -249,7 +249,7 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool,
 
 
 def kernel_paths(layout: PieceLayout, to_whole: bool, unit: int, active: Sequence[int], sm_count: int) -> tuple[str, ...]:
-    """The named GPU paths (kernels.gpu_paths) that the kernel method's launches take for the
+    """The named GPU paths (kernels.runtime.gpu_paths) that the kernel method's launches take for the
     `active` pieces moved in `unit`-byte units: direction, unit, row form, batching, and which of
     copy_piece's loops run (CONCAT_UNROLL units a thread while (UNROLL - 1) grid strides remain, one
     at a time after). Pure: no device."""
@@ -270,7 +270,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
                    sm_count: int) -> tuple:
     """(method, steps, paths): the launches (or 2D copies) of one direction, for the pieces in the `present`
     bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once;
-    `paths` are the named GPU paths they take (kernels.gpu_paths)."""
+    `paths` are the named GPU paths they take (kernels.runtime.gpu_paths)."""
     widths, offsets = layout.piece_bytes, layout.offset_bytes
     active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
     if method == "auto":

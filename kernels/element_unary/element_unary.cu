@@ -11,7 +11,7 @@
 // OP_RELU .. OP_SCALAR_TRUE_DIV: the codes of kernels.element_unary.UnaryOpType, passed by
 // CudaModule as -D options.
 #if !defined(OP_RELU) || !defined(OP_SCALAR_TRUE_DIV)
-#error "the op codes are defined by kernels/element_unary.py (CudaModule's -D options)"
+#error "the op codes are defined by kernels/element_unary/ (CudaModule's -D options)"
 #endif
 
 namespace element_unary_math {

@@ -22,7 +22,7 @@
 // KERNELS_ACTIVATION_NONE, _RELU, _SIGMOID, _TANH, _GELU and _SILU are the codes of
 // kernels.activation.Activation, passed by CudaModule as -D options.
 #if !defined(KERNELS_ACTIVATION_NONE) || !defined(KERNELS_ACTIVATION_SILU)
-#error "the activation codes are defined by kernels/activation.py (CudaModule's -D options)"
+#error "the activation codes are defined by kernels/activation/ (CudaModule's -D options)"
 #endif
 
 namespace kernels_activation {

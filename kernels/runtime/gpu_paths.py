@@ -24,7 +24,7 @@ MODULES = ("kernels.activation", "kernels.batch_matmul", "kernels.batch_norm.gpu
            "kernels.conv_2d.gpu", "kernels.element_binary.gpu", "kernels.element_unary", "kernels.gradient_reduction",
            "kernels.pool_2d.gpu", "kernels.reshape", "kernels.softmax", "kernels.transpose", "kernels.upsample")
 
-REGISTRY = PathRegistry("GPU", "kernels.gpu_paths", "concat.kernel.join", MODULES)
+REGISTRY = PathRegistry("GPU", "kernels.runtime.gpu_paths", "concat.kernel.join", MODULES)
 declare, reach, check = REGISTRY.declare, REGISTRY.reach, REGISTRY.check
 declared, counts, recording = REGISTRY.declared, REGISTRY.counts, REGISTRY.recording
 

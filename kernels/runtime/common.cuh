@@ -7,7 +7,7 @@
 // Up to KERNELS_MAX_RANK dims travel by value in one kernel argument (gpu.ints_arg). Its value
 // is gpu.MAX_RANK, passed by CudaModule as -DKERNELS_MAX_RANK=...
 #ifndef KERNELS_MAX_RANK
-#error "KERNELS_MAX_RANK is defined by kernels/gpu.py (CudaModule's -D options)"
+#error "KERNELS_MAX_RANK is defined by kernels/runtime/gpu.py (CudaModule's -D options)"
 #endif
 
 // V consecutive elements of T moved by one aligned load or store (V * sizeof(T) bytes, up to 16):

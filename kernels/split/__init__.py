@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import core, cpu, gpu
-from .concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
-from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
+from ..concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
+from ..runtime import core, cpu, gpu
+from ..runtime.core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
 OP = "split"
 

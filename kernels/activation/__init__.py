@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, cpu_paths, gpu, gpu_paths
-from .core import AttrsError, fail
+from ..runtime import core, cpu, cpu_paths, gpu, gpu_paths
+from ..runtime.core import AttrsError, fail
 
 
 class Activation(enum.Enum):
@@ -125,7 +125,7 @@ BLOCK_ELEMENTS = 1 << 17
 # scratch (up to two slots of this size), 16 MB of float64 a slot there.
 PARALLEL_BLOCK_ELEMENTS = 1 << 20
 
-# The size-gated paths of blockwise (kernels.cpu_paths).
+# The size-gated paths of blockwise (kernels.runtime.cpu_paths).
 BLOCKS_PATH, BLOCKS_THREADS_PATH = cpu_paths.declare("activation", {
     "blocks": "blockwise: a contiguous pass past BLOCK_ELEMENTS elements, in blocks of it",
     "blocks.threads": "blockwise: the blocks shared out to the threads, a part's range in PARALLEL_BLOCK_ELEMENTS steps",
@@ -304,7 +304,7 @@ gpu_paths.declare("activation", {
 
 
 def plan_paths(direction: str, activation: Activation, aligned: bool) -> tuple[str, str]:
-    """The named GPU paths (kernels.gpu_paths) of a launch: the instantiation and the pack form."""
+    """The named GPU paths (kernels.runtime.gpu_paths) of a launch: the instantiation and the pack form."""
     return f"activation.{direction}.{activation.name.lower()}", f"activation.{direction}.{'packs' if aligned else 'scalars'}"
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from . import core, cpu, gpu, gpu_paths
-from .core import MOVABLE_DTYPES, AttrsError, TensorShape, fail
+from ..runtime import core, cpu, gpu, gpu_paths
+from ..runtime.core import MOVABLE_DTYPES, AttrsError, TensorShape, fail
 
 OP = "transpose"
 
@@ -140,7 +140,7 @@ gpu_paths.declare(OP, {
 
 
 def plan_path(plan: tuple) -> str:
-    """The named GPU path (kernels.gpu_paths) of a plan from gpu_plan."""
+    """The named GPU path (kernels.runtime.gpu_paths) of a plan from gpu_plan."""
     if plan[0] != "tiled":
         return f"{OP}.{plan[0]}"
     return f"{OP}.tiled{plan[1].rsplit(', ', 1)[1][:-1]}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import core, cpu, gpu, gpu_paths
-from .core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
+from ..runtime import core, cpu, gpu, gpu_paths
+from ..runtime.core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 
 OP = "reshape"
 

@@ -11,7 +11,7 @@
 
 // CONCAT_UNROLL: concat.UNROLL, passed by CudaModule as a -D option.
 #ifndef CONCAT_UNROLL
-#error "CONCAT_UNROLL is defined by kernels/concat.py (CudaModule's -D options)"
+#error "CONCAT_UNROLL is defined by kernels/concat/ (CudaModule's -D options)"
 #endif
 
 // Where unit `index` of a piece sits in the whole. OneRow (outer == 1, YOLOv10's

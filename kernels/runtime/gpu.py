@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import threading
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -270,7 +271,7 @@ class GpuHandle:
 
     A handle serves one stream at a time (its workspace is shared by the calls it serves): give
     each host thread its own. cuDNN is bound to the stream of each call when it changed;
-    cuBLAS is bound by kernels.cublas when the stream changed. Close it (or use it as a context manager)
+    cuBLAS is bound by kernels.runtime.cublas when the stream changed. Close it (or use it as a context manager)
     to release everything.
 
     allow_tf32 (PyTorch's name; off by default) lets float32 conv_2d and batch_matmul states
@@ -311,8 +312,8 @@ class GpuHandle:
         return self._cudnn
 
     def cublas(self) -> Any:
-        """The cuBLAS handle (kernels.cublas.CublasHandle: pedantic math, host pointer mode, its own
-        workspace). Call cuBLAS through kernels.cublas, which binds it to the call's stream."""
+        """The cuBLAS handle (kernels.runtime.cublas.CublasHandle: pedantic math, host pointer mode, its own
+        workspace). Call cuBLAS through kernels.runtime.cublas, which binds it to the call's stream."""
         if self._cublas is None:
             from . import cublas as cublas_module
 
@@ -434,7 +435,9 @@ class CudaModule:
     """
 
     def __init__(self, filename: str, name_expressions: Sequence[str], options: Sequence[str] = (),
-                 defines: Mapping[str, int] | None = None, directory: str = _HERE):
+                 defines: Mapping[str, int] | None = None, directory: str | None = None):
+        if directory is None:  # the folder of the op module that declares it, where its .cu sits beside it
+            directory = os.path.dirname(os.path.abspath(sys._getframe(1).f_globals["__file__"]))
         self.path = os.path.join(directory, filename)
         self.name_expressions = tuple(name_expressions)
         # -ftz=false: subnormal floats kept (IEEE), as PyTorch's CUDA kernels keep them. CuPy's RawModule
