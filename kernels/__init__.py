@@ -1,40 +1,18 @@
-"""The YOLOv10 kernel library: every operator the detector needs, forward and
-backward, on the CPU (NumPy) and the GPU (CUDA through NVRTC/CuPy, cuDNN, cuBLAS).
+"""The YOLOv10 kernel library: every operator the detector needs, forward and backward, on the CPU
+(NumPy) and the GPU (CUDA through NVRTC/CuPy, cuDNN, cuBLAS).
 
-Each op is a module with the same functions in the same argument order:
-``init_kernel``, ``forward_kernel``, ``backward_kernel``, ``cleanup_kernel`` and
-their ``cpu_``/``gpu_`` twins. See DESIGN.md section 3. ``kernels.functional`` is the
-layer above them: one torch.nn.functional-like call per op, outputs allocated, states cached.
+Each op is a package ``kernels/<op>/`` with the same functions in the same argument order
+(``init_kernel``, ``forward_kernel``, ``backward_kernel``, ``cleanup_kernel`` and their
+``cpu_``/``gpu_`` twins; docs/api.md) and one declaration, ``SPEC`` (kernels.runtime.spec), which
+``kernels.registry`` finds. This package exports each op module, its attrs type and enums by those
+declarations: nothing here lists the ops. ``kernels.functional`` is the layer above them: one
+torch.nn.functional-like call per op, outputs allocated, states cached.
 """
+import importlib
+from typing import Any
 
-# Ops, one module each; keep this list and OPS in the order of DESIGN.md section 2.
-from . import (
-    activation,
-    batch_matmul,
-    batch_norm,
-    concat,
-    conv_2d,
-    element_binary,
-    element_unary,
-    functional,  # the layer above the ops: imports them itself
-    gradient_reduction,
-    pool_2d,
-    reshape,
-    softmax,
-    split,
-    transpose,
-    upsample,
-)
+from . import activation, registry
 from .activation import Activation
-from .batch_matmul import BatchMatmulAttrs
-from .batch_norm import BatchNormAttrs, BatchNormMode
-from .concat import ConcatAttrs
-from .conv_2d import Conv2DAttrs
-from .element_binary import BinaryOpType, ElementBinaryAttrs
-from .element_unary import ElementUnaryAttrs, UnaryOpType
-from .gradient_reduction import GradientReductionAttrs
-from .pool_2d import Pool2DAttrs, PoolOp
-from .reshape import ReshapeAttrs
 from .runtime.core import (
     AttrsError,
     CudaError,
@@ -47,10 +25,6 @@ from .runtime.core import (
 )
 from .runtime.cpu import cpu_handle, cpu_stream
 from .runtime.gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
-from .softmax import SoftmaxAttrs
-from .split import SplitAttrs
-from .transpose import TransposeAttrs
-from .upsample import UpsampleAttrs, UpsampleMode
 
 
 def _version() -> str:
@@ -74,34 +48,28 @@ def _version() -> str:
 
 __version__ = _version()
 
-OPS = {
-    "conv_2d": conv_2d,
-    "batch_norm": batch_norm,
-    "pool_2d": pool_2d,
-    "concat": concat,
-    "split": split,
-    "reshape": reshape,
-    "transpose": transpose,
-    "batch_matmul": batch_matmul,
-    "upsample": upsample,
-    "softmax": softmax,
-    "gradient_reduction": gradient_reduction,
-    "element_unary": element_unary,
-    "element_binary": element_binary,
-}
+from . import functional  # noqa: E402  (the layer above the ops; imports them itself)
+
+
+def _exports() -> dict[str, Any]:
+    """Each declared op's module, attrs type and enums, by their names."""
+    names: dict[str, Any] = {}
+    for name, spec in registry.OPS.items():
+        names[name] = importlib.import_module(spec.module)
+        for value in (spec.attrs, *spec.exports):
+            names[value.__name__] = value
+    return names
+
+
+_OPS_EXPORTS = _exports()
+globals().update(_OPS_EXPORTS)
+# The op modules by name, in name order.
+OPS: dict[str, Any] = {name: _OPS_EXPORTS[name] for name in registry.OPS}
 
 __all__ = [
-    "__version__", "functional",
+    "__version__", "functional", "registry", "activation", "Activation", "OPS",
     "AttrsError", "CudaError", "DeviceError", "DTypeError", "KernelError", "ShapeError", "StateError",
     "TensorShape", "cpu_handle", "cpu_stream", "gpu_handle", "gpu_stream", "gpu_unavailable_reason",
-    "OPS", "transpose", "TransposeAttrs",
-    "conv_2d", "Conv2DAttrs",
-    "element_unary", "ElementUnaryAttrs", "UnaryOpType",
-    "element_binary", "ElementBinaryAttrs", "BinaryOpType",
-    "pool_2d", "Pool2DAttrs", "PoolOp",
-    "activation", "Activation",
-    "batch_norm", "BatchNormAttrs", "BatchNormMode",
-    "batch_matmul", "BatchMatmulAttrs", "softmax", "SoftmaxAttrs",
-    "reshape", "ReshapeAttrs", "upsample", "UpsampleAttrs", "UpsampleMode",
-    "concat", "ConcatAttrs", "split", "SplitAttrs", "gradient_reduction", "GradientReductionAttrs",
+    *_OPS_EXPORTS,
 ]
+

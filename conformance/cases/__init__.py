@@ -1,40 +1,16 @@
-"""One module per op, each holding its case table (`TABLE`), its PyTorch program
-(`torch_program`) and its harness (`run`). Register new modules in CASE_MODULES."""
+"""One module per op, named as the op (kernels.registry), each holding its case table (`TABLE`),
+its PyTorch program (`torch_program`) and its harness (`run`). An op of the registry without a case
+module here is an error: every op is judged."""
 
 from __future__ import annotations
 
-from ..case import Case
-from . import (
-    batch_matmul,
-    batch_norm,
-    concat,
-    conv_2d,
-    element_binary,
-    element_unary,
-    gradient_reduction,
-    pool_2d,
-    reshape,
-    softmax,
-    split,
-    transpose,
-    upsample,
-)
+import importlib
 
-CASE_MODULES = {
-    "conv_2d": conv_2d,
-    "batch_norm": batch_norm,
-    "pool_2d": pool_2d,
-    "transpose": transpose,
-    "reshape": reshape,
-    "upsample": upsample,
-    "batch_matmul": batch_matmul,
-    "softmax": softmax,
-    "concat": concat,
-    "split": split,
-    "gradient_reduction": gradient_reduction,
-    "element_unary": element_unary,
-    "element_binary": element_binary,
-}
+from ..case import Case
+from kernels.registry import OPS
+
+# The case module of each op, in the registry's (name) order.
+CASE_MODULES = {name: importlib.import_module(f"{__name__}.{name}") for name in OPS}
 
 
 def all_cases() -> list[Case]:

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..runtime import core, cpu, cublas, gpu, gpu_paths
 from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
+from ..runtime.spec import BINARY_FORWARD, BINARY_SHAPES, binary_backward, declare_op
 
 OP = "batch_matmul"
 
@@ -225,12 +226,17 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
              "batch_matmul.cublas.rhs_grad", state.saved["tf32"])
 
 
-# --------------------------------------------------------------------------- entry points
+# --------------------------------------------------------------------------- the declaration
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = lhs @ rhs (batched), on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write lhs_grad and rhs_grad (each skipped when None), on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP)
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+SPEC = declare_op(
+    OP, globals(),
+    attrs=BatchMatmulAttrs,
+    shapes=BINARY_SHAPES,
+    forward=BINARY_FORWARD,
+    backward=binary_backward(output=False, lhs=False, rhs=False),
+    dtypes=ALL_FLOAT_DTYPES,
+    forward_doc="Write output = lhs @ rhs (batched), on the stream's device.",
+    backward_doc="Write lhs_grad and rhs_grad (each skipped when None), on the stream's device.",
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -51,6 +51,7 @@ from ..activation import Activation
 from ..runtime import core
 from ..runtime import cpu as cpu_runtime
 from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..runtime.spec import UNARY_SHAPES, Arg, declare_op, unary_backward
 from .plan import GpuPlan, Layout
 
 if TYPE_CHECKING:
@@ -297,11 +298,21 @@ def gpu_backward_kernel(stream: Any, handle: Any, state: BatchNormState, attrs: 
     gpu.backward(stream, state, attrs, saved, output_grad, input, input_grad, gamma, gamma_grad, beta_grad)
 
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output (training: batch statistics, running ones updated; inference: running "
-                                  "statistics).")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write input_grad, gamma_grad and beta_grad (each skipped when None) for the forward before.")
-cleanup_kernel = core.cleanup_entry_point(OP, "Release the state: running statistics, saved statistics, workspace.")
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+# --------------------------------------------------------------------------- the declaration
+
+SPEC = declare_op(
+    OP, globals(),
+    attrs=BatchNormAttrs,
+    shapes=UNARY_SHAPES,
+    forward=(Arg("input", "input"), Arg("gamma", "weight"), Arg("beta", "weight"), Arg("output", "output")),
+    backward=(*unary_backward(output=False, input=True), Arg("gamma", "weight"), Arg("beta", "weight", required=False),
+              Arg("gamma_grad", "grad", required=False, of="gamma"), Arg("beta_grad", "grad", required=False, of="beta")),
+    dtypes=ALL_FLOAT_DTYPES,
+    forward_options={"training": True},
+    exports=(BatchNormMode,),
+    forward_doc='Write output (training: batch statistics, running ones updated; inference: running statistics).',
+    backward_doc='Write input_grad, gamma_grad and beta_grad (each skipped when None) for the forward before.',
+    cleanup_doc='Release the state: running statistics, saved statistics, workspace.',
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..runtime import core, cpu, cpu_paths, gpu, gpu_paths
 from ..runtime.core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
+from ..runtime.spec import Arg, declare_op
 
 OP = "concat"
 
@@ -376,12 +377,19 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     gpu_cut(stream, state.saved["layout"], output_grad, input_grads)
 
 
-# --------------------------------------------------------------------------- entry points
+# --------------------------------------------------------------------------- the declaration
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = the inputs concatenated along the axis, on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write each input_grads[i] that is not None from output_grad, on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP)
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+SPEC = declare_op(
+    OP, globals(),
+    attrs=ConcatAttrs,
+    shapes=("input_shapes", "output_shape"),
+    forward=(Arg("inputs", "input", many=True), Arg("output", "output")),
+    backward=(Arg("output", "output", required=False), Arg("output_grad", "output_grad"),
+              Arg("inputs", "input", many=True, required=False),
+              Arg("input_grads", "grad", many=True, required=False, of="inputs")),
+    dtypes=MOVABLE_DTYPES,
+    forward_doc="Write output = the inputs concatenated along the axis, on the stream's device.",
+    backward_doc="Write each input_grads[i] that is not None from output_grad, on the stream's device.",
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -78,6 +78,7 @@ from .. import activation
 from ..runtime import core
 from ..runtime import cpu as cpu_runtime
 from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..runtime.spec import UNARY_SHAPES, Arg, declare_op, unary_backward
 from . import cpu, gpu
 
 # The plans and the names tests and tools read (tests/test_conv_2d_gemm_plan.py, tools/profile_overhead.py).
@@ -340,11 +341,20 @@ def gpu_backward_kernel(stream: Any, handle: Any, state: Conv2DState, attrs: Con
     gpu.backward(stream, handle, state, attrs, output_grad, input, input_grad, filter, filter_grad, bias_grad)
 
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = activation(conv(input, filter) + bias), on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write input_grad, filter_grad and bias_grad (those not None) from output_grad, "
-                                   "on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP, "Destroy the state's cuDNN descriptors and drop its buffers.")
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+# --------------------------------------------------------------------------- the declaration
+
+SPEC = declare_op(
+    OP, globals(),
+    attrs=Conv2DAttrs,
+    shapes=UNARY_SHAPES,
+    forward=(Arg("input", "input"), Arg("filter", "weight"), Arg("bias", "weight", required=False),
+             Arg("output", "output")),
+    backward=(*unary_backward(output=False, input=False), Arg("filter", "weight", required=False),
+              Arg("filter_grad", "grad", required=False, of="filter"), Arg("bias_grad", "grad", required=False, of="bias")),
+    dtypes=ALL_FLOAT_DTYPES,
+    forward_doc="Write output = activation(conv(input, filter) + bias), on the stream's device.",
+    backward_doc="Write input_grad, filter_grad and bias_grad (those not None) from output_grad, on the stream's device.",
+    cleanup_doc="Destroy the state's cuDNN descriptors and drop its buffers.",
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..runtime import core
 from ..runtime import cpu as cpu_runtime
 from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
+from ..runtime.spec import BINARY_FORWARD, BINARY_SHAPES, binary_backward, declare_op
 from .plan import (  # noqa: F401  (element_binary's plans, as tests and tools know them)
     REDUCTION_THREADS,
     WARP_SUM_CHUNKS,
@@ -182,10 +183,19 @@ def gpu_backward_kernel(stream: Any, handle: Any, state: ElementBinaryState, att
     gpu.backward(stream, state, attrs, output_grad, lhs, lhs_grad, rhs, rhs_grad)
 
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = lhs (op) rhs with broadcasting, on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write lhs_grad and rhs_grad (None skips one), each summed over its broadcast dims.")
-cleanup_kernel = core.cleanup_entry_point(OP, "Release the state (and the GPU buffer of partial sums, if one was made).")
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+# --------------------------------------------------------------------------- the declaration
+
+SPEC = declare_op(
+    OP, globals(),
+    attrs=ElementBinaryAttrs,
+    shapes=BINARY_SHAPES,
+    forward=BINARY_FORWARD,
+    backward=binary_backward(output=False, lhs=False, rhs=False),
+    dtypes=ALL_FLOAT_DTYPES,
+    exports=(BinaryOpType,),
+    forward_doc="Write output = lhs (op) rhs with broadcasting, on the stream's device.",
+    backward_doc='Write lhs_grad and rhs_grad (None skips one), each summed over its broadcast dims.',
+    cleanup_doc='Release the state (and the GPU buffer of partial sums, if one was made).',
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..runtime import core, cpu, gpu, gpu_paths
 from ..runtime.core import ALL_FLOAT_DTYPES, TensorShape
+from ..runtime.spec import Arg, declare_op
 
 OP = "gradient_reduction"
 
@@ -257,13 +258,19 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
     gpu_fanout(stream, output_grad, [g for g in input_grads if g is not None], state.saved["gpu_plans"])
 
 
-# --------------------------------------------------------------------------- entry points
+# --------------------------------------------------------------------------- the declaration
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = the sum of the inputs, on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write output_grad into each input_grads[i] that is not None, on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP)
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
-
+SPEC = declare_op(
+    OP, globals(),
+    attrs=GradientReductionAttrs,
+    shapes=("input_shapes", "output_shape"),
+    forward=(Arg("inputs", "input", many=True), Arg("output", "output")),
+    backward=(Arg("output", "output", required=False), Arg("output_grad", "output_grad"),
+              Arg("inputs", "input", many=True, required=False),
+              Arg("input_grads", "grad", many=True, required=False, of="inputs")),
+    dtypes=SUMMABLE_DTYPES,
+    forward_doc="Write output = the sum of the inputs, on the stream's device.",
+    backward_doc="Write output_grad into each input_grads[i] that is not None, on the stream's device.",
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -48,6 +48,7 @@ from ..runtime import core
 from ..runtime import cpu as cpu_runtime
 from ..runtime import gpu as gpu_runtime
 from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..runtime.spec import UNARY_FORWARD, UNARY_SHAPES, declare_op, unary_backward
 
 OP = "pool_2d"
 
@@ -183,13 +184,19 @@ def gpu_backward_kernel(stream: gpu_runtime.GpuStream, handle: gpu_runtime.GpuHa
         gpu.backward(stream, state, attrs, output_grad, input_grad)
 
 
-# --------------------------------------------------------------------------- entry points
+# --------------------------------------------------------------------------- the declaration
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = activation(pool(input)) on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write input_grad from output_grad (MAX: to the saved argmax of each window) "
-                                   "on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP, "Release the state and the buffers it saved.")
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+SPEC = declare_op(
+    OP, globals(),
+    attrs=Pool2DAttrs,
+    shapes=UNARY_SHAPES,
+    forward=UNARY_FORWARD,
+    backward=unary_backward(output=False, input=False),
+    dtypes=ALL_FLOAT_DTYPES,
+    exports=(PoolOp,),
+    forward_doc="Write output = activation(pool(input)) on the stream's device.",
+    backward_doc="Write input_grad from output_grad (MAX: to the saved argmax of each window) on the stream's device.",
+    cleanup_doc='Release the state and the buffers it saved.',
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

@@ -22,12 +22,8 @@ from __future__ import annotations
 
 from .paths import NAME, PathRegistry, Recording
 
-# The modules that declare paths (declared() imports them: some are imported lazily by their ops).
-MODULES = ("kernels.runtime.cpu", "kernels.activation", "kernels.batch_norm.cpu", "kernels.concat", "kernels.conv_2d.cpu",
-           "kernels.element_binary.cpu", "kernels.pool_2d.cpu", "kernels.softmax")
-
 # Locked: the parts of a pass reach from the pool's threads at once.
-REGISTRY = PathRegistry("CPU", "kernels.runtime.cpu_paths", "softmax.rows.blocks", MODULES, locked=True)
+REGISTRY = PathRegistry("CPU", "kernels.runtime.cpu_paths", "softmax.rows.blocks", locked=True)
 declare, reach, declared, counts, recording = (REGISTRY.declare, REGISTRY.reach, REGISTRY.declared, REGISTRY.counts,
                                                REGISTRY.recording)
 
@@ -44,5 +40,5 @@ def reach_part(name: str, first: int, last: int, count: int) -> None:
     reach_if(name, last - first < count)
 
 
-__all__ = ["NAME", "MODULES", "REGISTRY", "Recording", "declare", "reach", "reach_if", "reach_part", "declared",
+__all__ = ["NAME", "REGISTRY", "Recording", "declare", "reach", "reach_if", "reach_part", "declared",
            "counts", "recording"]

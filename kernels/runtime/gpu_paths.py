@@ -19,13 +19,8 @@ from __future__ import annotations
 
 from .paths import NAME, PathRegistry, Recording
 
-# The modules that declare paths (imported by declared(): some are imported lazily by their ops).
-MODULES = ("kernels.activation", "kernels.batch_matmul", "kernels.batch_norm.gpu", "kernels.concat",
-           "kernels.conv_2d.gpu", "kernels.element_binary.gpu", "kernels.element_unary", "kernels.gradient_reduction",
-           "kernels.pool_2d.gpu", "kernels.reshape", "kernels.softmax", "kernels.transpose", "kernels.upsample")
-
-REGISTRY = PathRegistry("GPU", "kernels.runtime.gpu_paths", "concat.kernel.join", MODULES)
+REGISTRY = PathRegistry("GPU", "kernels.runtime.gpu_paths", "concat.kernel.join")
 declare, reach, check = REGISTRY.declare, REGISTRY.reach, REGISTRY.check
 declared, counts, recording = REGISTRY.declared, REGISTRY.counts, REGISTRY.recording
 
-__all__ = ["NAME", "MODULES", "REGISTRY", "Recording", "declare", "reach", "check", "declared", "counts", "recording"]
+__all__ = ["NAME", "REGISTRY", "Recording", "declare", "reach", "check", "declared", "counts", "recording"]

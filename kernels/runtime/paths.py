@@ -21,12 +21,11 @@ class PathRegistry:
     """The declared names of one device's paths, their descriptions and how often each was taken.
 
     `device` ("GPU", "CPU"), `module` (where declare lives) and `example` (a well-formed name) word
-    the errors; `modules` are the
-    modules that declare names (declared() imports them: some are imported lazily by their ops);
-    `locked`: reach() takes a lock (the CPU's parts reach from the pool's threads at once)."""
+    the errors; declared() imports the kernels package first, whose op packages import the modules
+    that declare names; `locked`: reach() takes a lock (the CPU's parts reach from the pool's threads at once)."""
 
-    def __init__(self, device: str, module: str, example: str, modules: tuple[str, ...], locked: bool = False):
-        self.device, self.module, self.example, self.modules = device, module, example, modules
+    def __init__(self, device: str, module: str, example: str, locked: bool = False):
+        self.device, self.module, self.example = device, module, example
         self.descriptions: dict[str, str] = {}
         self.taken: dict[str, int] = {}  # every declared name, from 0; reach() adds to it
         self._lock: contextlib.AbstractContextManager = threading.Lock() if locked else contextlib.nullcontext()
@@ -68,8 +67,7 @@ class PathRegistry:
 
     def declared(self) -> dict[str, str]:
         """Every declared path name with its one-line description, sorted by name."""
-        for module in self.modules:
-            importlib.import_module(module)
+        importlib.import_module("kernels")  # every op package, and with it the halves that declare names
         return dict(sorted(self.descriptions.items()))
 
     def counts(self) -> dict[str, int]:

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from ..concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
 from ..runtime import core, cpu, gpu
 from ..runtime.core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
+from ..runtime.spec import Arg, declare_op
 
 OP = "split"
 
@@ -118,12 +119,18 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
         gpu_join(stream, state.saved["layout"], output_grads, input_grad)
 
 
-# --------------------------------------------------------------------------- entry points
+# --------------------------------------------------------------------------- the declaration
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write every outputs[i] = the input's i-th piece along the axis, on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write input_grad = the output gradients joined along the axis, on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP)
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+SPEC = declare_op(
+    OP, globals(),
+    attrs=SplitAttrs,
+    shapes=("input_shape", "output_shapes"),
+    forward=(Arg("input", "input"), Arg("outputs", "output", many=True)),
+    backward=(Arg("outputs", "output", many=True, required=False), Arg("output_grads", "output_grad", many=True),
+              Arg("input", "input", required=False), Arg("input_grad", "grad", required=False, of="input")),
+    dtypes=MOVABLE_DTYPES,
+    forward_doc="Write every outputs[i] = the input's i-th piece along the axis, on the stream's device.",
+    backward_doc="Write input_grad = the output gradients joined along the axis, on the stream's device.",
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins

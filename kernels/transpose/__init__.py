@@ -12,6 +12,7 @@ import numpy as np
 
 from ..runtime import core, cpu, gpu, gpu_paths
 from ..runtime.core import MOVABLE_DTYPES, AttrsError, TensorShape, fail
+from ..runtime.spec import UNARY_FORWARD, UNARY_SHAPES, declare_op, unary_backward
 
 OP = "transpose"
 
@@ -194,12 +195,17 @@ def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: cor
         gpu_run_plan(stream, _gpu_plans(state)[1], output_grad, input_grad)
 
 
-# --------------------------------------------------------------------------- entry points
+# --------------------------------------------------------------------------- the declaration
 
-forward_kernel = core.entry_point(OP, "forward_kernel", cpu_forward_kernel, gpu_forward_kernel,
-                                  "Write output = input permuted, on the stream's device.")
-backward_kernel = core.entry_point(OP, "backward_kernel", cpu_backward_kernel, gpu_backward_kernel,
-                                   "Write input_grad from output_grad (inverse permutation), on the stream's device.")
-cleanup_kernel = core.cleanup_entry_point(OP)
-cpu_init_kernel = gpu_init_kernel = init_kernel
-cpu_cleanup_kernel = gpu_cleanup_kernel = cleanup_kernel
+SPEC = declare_op(
+    OP, globals(),
+    attrs=TransposeAttrs,
+    shapes=UNARY_SHAPES,
+    forward=UNARY_FORWARD,
+    backward=unary_backward(output=False, input=False),
+    dtypes=MOVABLE_DTYPES,
+    forward_doc="Write output = input permuted, on the stream's device.",
+    backward_doc="Write input_grad from output_grad (inverse permutation), on the stream's device.",
+)
+forward_kernel, backward_kernel, cleanup_kernel = SPEC.forward_kernel, SPEC.backward_kernel, SPEC.cleanup_kernel
+cpu_init_kernel, gpu_init_kernel, cpu_cleanup_kernel, gpu_cleanup_kernel = SPEC.twins
