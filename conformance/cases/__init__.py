@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..case import Case
 from kernels.registry import OPS
+
+from ..case import Case
 
 # The case module of each op, in the registry's (name) order.
 CASE_MODULES = {name: importlib.import_module(f"{__name__}.{name}") for name in OPS}
