@@ -310,7 +310,7 @@ class Env:
 
 
 def run_unary(module: Any, case: Case, env: Env) -> None:
-    """The harness of every op with one input and one output (DESIGN.md section 3's row
+    """The harness of every op with one input and one output (docs/api.md#signatures, the row
     'reshape, transpose, upsample, element_unary, softmax'): init, forward, backward, cleanup."""
     input = env.read("input")
     output = env.write("output")

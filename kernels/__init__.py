@@ -24,7 +24,8 @@ from .runtime.core import (
     TensorShape,
 )
 from .runtime.cpu import cpu_handle, cpu_stream
-from .runtime.gpu import gpu_handle, gpu_stream, gpu_unavailable_reason
+from .runtime.gpu import gpu_stream, gpu_unavailable_reason
+from .runtime.handle import gpu_handle
 
 
 def _version() -> str:

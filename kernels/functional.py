@@ -1,6 +1,6 @@
 """The functional layer: one call per op, named and keyworded like ``torch.nn.functional``.
 
-It sits above the ops (DESIGN.md section 1) and does what every caller of the
+It sits above the ops (docs/architecture.md) and does what every caller of the
 four-function API would otherwise do by hand: work out attrs and output shapes,
 allocate outputs and gradients, keep states, streams and handles::
 
@@ -86,7 +86,7 @@ from .element_unary import ElementUnaryAttrs, UnaryOpType
 from .gradient_reduction import GradientReductionAttrs
 from .pool_2d import Pool2DAttrs, PoolOp
 from .reshape import ReshapeAttrs
-from .runtime import core, cpu, gpu
+from .runtime import core, cpu, gpu, handle
 from .runtime.core import AttrsError, DeviceError, ShapeError, StateError, TensorShape, fail
 from .softmax import SoftmaxAttrs
 from .split import SplitAttrs
@@ -204,7 +204,7 @@ def _gpu_runtime(stream: Any) -> _Runtime:  # pragma: no cover - GPU: a GPU hand
     with _LOCK:
         runtime = _GPU_RUNTIMES.get(stream)
         if runtime is None:
-            runtime = _GPU_RUNTIMES[stream] = _Runtime(gpu.gpu_handle(stream.device))
+            runtime = _GPU_RUNTIMES[stream] = _Runtime(handle.gpu_handle(stream.device))
             # The stream's states and handle go with it; not at exit, where CUDA may already be torn down.
             weakref.finalize(stream, runtime.close).atexit = False
         return runtime

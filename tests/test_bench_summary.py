@@ -1,11 +1,11 @@
-"""The benchmark summary (tests/bench/summary.py) on synthetic records: rows, ratios, geomeans,
+"""The benchmark summary (tools/bench_summary.py) on synthetic records: rows, ratios, geomeans,
 the % of a device copy, full names, and tools/bench_table.py's Markdown from the JSON."""
 
 import json
 
 import pytest
 
-from tests.bench.summary import (
+from tools.bench_summary import (
     Record,
     Row,
     format_markdown,

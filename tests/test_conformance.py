@@ -1,4 +1,4 @@
-"""Every declared case on every device against its golden (DESIGN.md section 4)."""
+"""Every declared case on every device against its golden (docs/conformance.md)."""
 
 import pytest
 

@@ -1,5 +1,5 @@
 """Every op can be captured in a CUDA graph on its stream, forward and backward, and the graph's
-replay writes the same bits as the eager calls (DESIGN.md section 4; the model layer captures
+replay writes the same bits as the eager calls (docs/conformance.md; the model layer captures
 whole networks out of these calls).
 
 Capturable means: no host synchronisation, no allocation and no blocking copy inside a

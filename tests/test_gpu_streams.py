@@ -18,7 +18,7 @@ import pytest
 from conformance.cases import CASE_MODULES, all_cases
 from conformance.harness import Env
 from conformance.runner import produce
-from kernels.runtime import core
+from kernels.runtime import core, handle
 from kernels.runtime import cpu as kernels_cpu
 
 from .conftest import require
@@ -190,7 +190,7 @@ def _device_state():
 
     gc.collect()
     return {"pool bytes": cupy.get_default_memory_pool().used_bytes(), "allocations": gpu.live_allocations(),
-            "cudnn descriptors": cudnn.live_descriptors(), "library handles": gpu.live_library_handles()}
+            "cudnn descriptors": cudnn.live_descriptors(), "library handles": handle.live_library_handles()}
 
 
 @pytest.mark.gpu

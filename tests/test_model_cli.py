@@ -1,6 +1,6 @@
 """`python -m conformance.models`: the whole-network comparison of our YOLOv10 (kernels.models) with
 the PyTorch reference. Its metrics and detection matching on values worked out by hand; the
-comparison logic end to end on a stand-in (tests/model_twin.py: the reference itself behind the
+comparison logic end to end on a stand-in (conformance/models/twin.py: the reference itself behind the
 kernel model's API), where it must pass an exact twin and catch a perturbed one; the option
 errors; and the real comparisons: CPU at small sizes here, GPU on the device (marked gpu)."""
 
@@ -17,7 +17,7 @@ from conformance.models import comparison, reference
 from conformance.models.comparison import BOUNDS, Row, compare_detections, match_detections, max_ulp, relative_l2
 
 from .conftest import run_main
-from .model_twin import TorchTwin
+from conformance.models.twin import TorchTwin
 
 GPU_REASON = device_unavailable("gpu")
 

@@ -662,7 +662,7 @@ def test_plans_are_cached_per_shape_and_mode(monkeypatch):
         x = inputs((1, 3, 32, 32)).astype(np.float32)
         model.eval()(x)
         made = len(calls)
-        assert made == 108  # every conv of yolov10n's eval forward, DFL's included (DESIGN.md section 6: 108)
+        assert made == 108  # every conv of yolov10n's eval forward, DFL's included
         first = model(x)["decoded"]
         assert len(calls) == made and len(model.plans) == 1
         again = model(x, detections=False)

@@ -1,4 +1,4 @@
-"""Red zones (conformance/red_zones.py, DESIGN.md section 4 "Write-before-read"): deliberately
+"""Red zones (conformance/red_zones.py, docs/conformance.md): deliberately
 broken kernels that read or write one element past a tensor fail their case with a report that
 says where, and the runs really place tensors at aligned and misaligned addresses."""
 

@@ -24,7 +24,7 @@ FLOAT32_LEVEL = 0.01
 
 def test_allow_tf32_is_off_by_default_and_a_bool():
     assert inspect.signature(kernels.gpu_handle).parameters["allow_tf32"].default is False
-    assert inspect.signature(kernels.runtime.gpu.GpuHandle).parameters["allow_tf32"].default is False
+    assert inspect.signature(kernels.runtime.handle.GpuHandle).parameters["allow_tf32"].default is False
     with pytest.raises(TypeError, match="allow_tf32: expected a bool, found 1"):
         kernels.gpu_handle(0, allow_tf32=1)
 

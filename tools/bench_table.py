@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.bench import summary  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_summary as summary  # noqa: E402  (beside this file)
 
 
 def main(argv: list[str]) -> int:

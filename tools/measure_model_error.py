@@ -5,7 +5,7 @@ python3 tools/measure_model_error.py [--variant n ...] [--size 64x64 ...] [--bat
 For every variant, size, seed and dtype it runs `python -m conformance.models`' comparison with a
 stand-in for our model: the PyTorch reference itself with oneDNN off, so that its convolutions
 run PyTorch's own im2col and GEMM and sum in another order, much as a NumPy implementation does
-(tests/model_twin.py). Per kind
+(conformance/models/twin.py). Per kind
 of tensor it prints the worst relative L2 error of that second float32 (or float64) program
 against the reference, the worst spread of the reference itself on the tensor (float32: its
 float32 run against its float64 run; float64: two float64 runs in two memory layouts), and the
@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, ".")
 from conformance.models.comparison import KINDS  # noqa: E402
 from conformance.models.session import Settings, run  # noqa: E402
-from tests.model_twin import TorchTwin  # noqa: E402
+from conformance.models.twin import TorchTwin  # noqa: E402
 
 
 def size(text: str) -> tuple[int, int]:

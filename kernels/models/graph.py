@@ -44,7 +44,7 @@ from .. import (
 from ..runtime import core
 from ..runtime.core import TensorShape
 
-# How each op's forward and backward take their tensors (DESIGN.md section 3's signatures), by node kind:
+# How each op's forward and backward take their tensors (docs/api.md#signatures), by node kind:
 #   CONV:   forward (input, filter, bias, output)
 #           backward (output, output_grad, input, input_grad, filter, filter_grad, bias_grad)
 #   BN:     forward (input, gamma, beta, output, training=)

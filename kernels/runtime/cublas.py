@@ -28,12 +28,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import threading
 from typing import Any
 
 import numpy as np
 
-from . import gpu
+from . import gpu, nvlib
 from .core import BFLOAT16, HALF_DTYPES, CudaError
 
 LIBRARY = "cuBLAS"
@@ -93,18 +92,14 @@ _SCALARS = {(np.dtype(t), v): ctypes.c_float(v) if t is np.float32 else ctypes.c
 class _Library:
     def __init__(self, path: str, cdll: ctypes.CDLL):
         self.path = path
-        gpu.bind_functions(self, cdll, FUNCTIONS, LIBRARY, path)
+        nvlib.bind_functions(self, cdll, FUNCTIONS, LIBRARY, path)
         self.cdll = cdll
-
-
-_LOCK = threading.Lock()
-_LIBRARY: _Library | None = None
 
 
 def _wheel_files() -> list[str]:
     """libcublas of the nvidia-cublas wheels (nvidia/cublas/lib, nvidia/cu13/lib), without importing them."""
     return [os.path.join(folder, soname) for soname in SONAMES
-            for folder in gpu.nvidia_wheel_folders(("cublas/lib", "cu13/lib", "cu12/lib"), soname)]
+            for folder in nvlib.wheel_folders(("cublas/lib", "cu13/lib", "cu12/lib"), soname)]
 
 
 def candidates() -> list[str]:
@@ -128,23 +123,8 @@ def candidates() -> list[str]:
     return found + list(SONAMES)
 
 
-def library() -> _Library:
-    """The loaded library, loading it on first use; CudaError where none can be loaded."""
-    global _LIBRARY
-    if _LIBRARY is not None:
-        return _LIBRARY
-    with _LOCK:
-        if _LIBRARY is None:
-            failures = []
-            for candidate in candidates():
-                try:
-                    _LIBRARY = _Library(candidate, ctypes.CDLL(candidate))
-                    break
-                except OSError as error:
-                    failures.append(f"{candidate}: {error}")
-            else:
-                raise CudaError(LIBRARY, "LIBRARY_NOT_FOUND", f"no usable libcublas (tried: {'; '.join(failures)})")
-    return _LIBRARY
+# The loaded library, loading it on first use; CudaError where none can be loaded.
+library = nvlib.Loader(LIBRARY, candidates, lambda candidate: _Library(candidate, ctypes.CDLL(candidate)), "libcublas")
 
 
 def check(status: int, what: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import gpu
+from . import nvlib
 from .core import BFLOAT16, HALF_DTYPES, CudaError, DTypeError
 
 LIBRARY = "cuDNN"
@@ -228,17 +228,13 @@ class _Library:
         self.path = path
         self.cdll = cdll
         self.preloaded = preloaded  # kept referenced so that they stay loaded
-        gpu.bind_functions(self, cdll, FUNCTIONS, LIBRARY, path)
+        nvlib.bind_functions(self, cdll, FUNCTIONS, LIBRARY, path)
         self.version = int(self.cudnnGetVersion())
-
-
-_LOCK = threading.Lock()
-_LIBRARY: _Library | None = None
 
 
 def _wheel_folders() -> list[str]:
     """lib folders of the nvidia-cudnn wheels, without importing anything of them."""
-    return gpu.nvidia_wheel_folders(("cudnn/lib", "cu13/lib", "cu12/lib"), SONAME)
+    return nvlib.wheel_folders(("cudnn/lib", "cu13/lib", "cu12/lib"), SONAME)
 
 
 def candidates() -> list[str]:
@@ -269,33 +265,16 @@ def _load(candidate: str) -> _Library:
     return _Library(candidate, ctypes.CDLL(candidate, mode=mode), preloaded)
 
 
-def library() -> _Library:
-    """The loaded library, loading it on first use; CudaError where none can be loaded."""
-    global _LIBRARY
-    if _LIBRARY is not None:
-        return _LIBRARY
-    with _LOCK:
-        if _LIBRARY is None:
-            failures = []
-            for candidate in candidates():
-                if os.path.sep in candidate and not os.path.exists(candidate):
-                    failures.append(f"{candidate}: no such file")
-                    continue
-                try:
-                    loaded = _load(candidate)
-                except OSError as error:
-                    failures.append(f"{candidate}: {error}")
-                    continue
-                if loaded.version < MIN_VERSION:
-                    failures.append(f"{candidate}: version {loaded.version}, cuDNN 9 or newer is needed")
-                    continue
-                _LIBRARY = loaded
-                break
-            else:
-                where = f"${ENV_PATH}, the nvidia-cudnn-cu13 wheel or the system library path"
-                raise CudaError(LIBRARY, "LIBRARY_NOT_FOUND",
-                                f"no usable {SONAME} in {where} (tried: {'; '.join(failures)})")
-    return _LIBRARY
+def _load_usable(candidate: str) -> _Library:
+    loaded = _load(candidate)
+    if loaded.version < MIN_VERSION:
+        raise nvlib.Unusable(f"version {loaded.version}, cuDNN 9 or newer is needed")
+    return loaded
+
+
+# The loaded library, loading it on first use; CudaError where none can be loaded.
+library = nvlib.Loader(LIBRARY, candidates, _load_usable,
+                       f"{SONAME} in ${ENV_PATH}, the nvidia-cudnn-cu13 wheel or the system library path")
 
 
 def version() -> int:
@@ -309,8 +288,8 @@ def version() -> int:
 def status_name(status: int) -> str:
     """The cudnnStatus_t name of a status code."""
     name = STATUS_NAMES.get(int(status))
-    if name is None and _LIBRARY is not None:
-        text = _LIBRARY.cudnnGetErrorString(int(status))
+    if name is None and library.loaded is not None:
+        text = library.loaded.cudnnGetErrorString(int(status))
         name = text.decode(errors="replace") if text else None
     return name or f"CUDNN_STATUS_{int(status)}"
 
@@ -320,9 +299,9 @@ def check(status: int, function: str) -> None:
     if status == STATUS_SUCCESS:
         return
     detail = ""
-    if _LIBRARY is not None:
+    if library.loaded is not None:
         buffer = ctypes.create_string_buffer(1024)
-        _LIBRARY.cudnnGetLastErrorString(buffer, ctypes.sizeof(buffer))
+        library.loaded.cudnnGetLastErrorString(buffer, ctypes.sizeof(buffer))
         detail = buffer.value.decode(errors="replace").strip()
     raise CudaError(LIBRARY, status_name(status), function + (f": {detail}" if detail else ""))
 

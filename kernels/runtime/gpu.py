@@ -19,11 +19,14 @@ import math
 import os
 import sys
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .core import BFLOAT16, CudaError, DeviceError, DTypeError, KernelError, ShapeError
+
+if TYPE_CHECKING:  # the ops' annotations name the handle; it lives above this module
+    from .handle import GpuHandle  # noqa: F401
 
 try:  # CuPy is the optional 'cuda' extra; its absence is reported when a GPU object is asked for.
     import cupy
@@ -224,162 +227,9 @@ def live_allocations() -> dict[str, int]:
         return dict(_ALLOCATIONS)
 
 
-def nvidia_wheel_folders(subfolders: Sequence[str], soname: str) -> list[str]:
-    """The folders `nvidia/<sub>` (for sub in subfolders) of the installed nvidia-* wheels that hold
-    `soname`, found without importing anything of them (cuDNN's and cuBLAS's bindings look there)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return []
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    return [os.path.join(root, sub) for root in roots for sub in subfolders
-            if os.path.isfile(os.path.join(root, sub, soname))]
-
-
-def bind_functions(target: Any, cdll: Any, functions: Mapping[str, tuple[Any, Sequence[Any]]], library: str,
-                   path: str) -> None:
-    """Set on `target` each ctypes function of `functions` (name -> (restype, argtypes)) from `cdll`,
-    typed; CudaError(library, "SYMBOL_NOT_FOUND") names one the library lacks."""
-    for name, (restype, argtypes) in functions.items():
-        try:
-            function = getattr(cdll, name)
-        except AttributeError:
-            raise CudaError(library, "SYMBOL_NOT_FOUND", f"{path} has no {name}") from None
-        function.restype, function.argtypes = restype, list(argtypes)
-        setattr(target, name, function)
-
-
-_HANDLES_LOCK = threading.Lock()
-_HANDLES = {"cudnn": 0, "cublas": 0}
-
-
-def live_library_handles() -> dict[str, int]:
-    """How many cuDNN and cuBLAS handles GpuHandles hold now (for leak tests)."""
-    with _HANDLES_LOCK:
-        return dict(_HANDLES)
-
-
-def _count_handle(library: str, change: int) -> None:
-    with _HANDLES_LOCK:
-        _HANDLES[library] += change
-
-
-class GpuHandle:
-    """cuDNN and cuBLAS handles of one device and a workspace, made on first use.
-
-    A handle serves one stream at a time (its workspace is shared by the calls it serves): give
-    each host thread its own. cuDNN is bound to the stream of each call when it changed;
-    cuBLAS is bound by kernels.runtime.cublas when the stream changed. Close it (or use it as a context manager)
-    to release everything.
-
-    allow_tf32 (PyTorch's name; off by default) lets float32 conv_2d and batch_matmul states
-    initialised with this handle run on TF32 tensor cores: inputs rounded to a 10-bit mantissa,
-    sums in float32. It is fixed when the handle is made; without it nothing uses TF32.
-    """
-
-    def __init__(self, device: int = 0, allow_tf32: bool = False):
-        if not isinstance(allow_tf32, bool):
-            raise TypeError(f"gpu_handle: allow_tf32: expected a bool, found {allow_tf32!r}")
-        _require_cupy()
-        self._allow_tf32 = allow_tf32
-        self.device = int(device)
-        self._cudnn: Any = None
-        self._cublas: Any = None
-        self._cudnn_stream: int | None = None  # the stream pointer cuDNN is bound to now
-        self._workspace: Any = None
-        self.closed = False
-
-    @property
-    def allow_tf32(self) -> bool:
-        """Whether float32 conv_2d and batch_matmul states initialised with this handle may use TF32."""
-        return self._allow_tf32
-
-    def cudnn(self, stream: GpuStream) -> Any:
-        """The cuDNN handle, bound to `stream`."""
-        from . import cudnn as cudnn_module  # loaded only by ops that use cuDNN
-
-        if self._cudnn is None:
-            with cupy.cuda.Device(self.device):
-                self._cudnn = cudnn_module.create_handle()
-            _count_handle("cudnn", 1)
-            self._cudnn_stream = None
-        ptr = stream.ptr
-        if ptr != self._cudnn_stream:
-            cudnn_module.set_stream(self._cudnn, ptr)
-            self._cudnn_stream = ptr
-        return self._cudnn
-
-    def cublas(self) -> Any:
-        """The cuBLAS handle (kernels.runtime.cublas.CublasHandle: pedantic math, host pointer mode, its own
-        workspace). Call cuBLAS through kernels.runtime.cublas, which binds it to the call's stream."""
-        if self._cublas is None:
-            from . import cublas as cublas_module
-
-            self._cublas = cublas_module.create_handle(self.device)
-            _count_handle("cublas", 1)
-        return self._cublas
-
-    def reserve(self, nbytes: int) -> None:
-        """Grow the workspace to at least `nbytes` now (init_kernel does, so that calls never allocate)."""
-        if self._workspace is None or self._workspace.nbytes < nbytes:
-            self._workspace = None  # freed first (cudaFree waits for the work that used it)
-            workspace = device_empty((max(int(nbytes), 1),), np.uint8, self.device)
-            # cuDNN's half-precision layout conversions read workspace bytes its convolution never
-            # wrote (compute-sanitizer's initcheck names them); zeros make those reads defined, so a
-            # real uninitialized read can never hide among them. Done once, here at init: the memset
-            # runs on the legacy stream and is waited for, so no kernel stream can overtake it.
-            with cupy.cuda.Device(self.device):
-                cupy.cuda.runtime.memsetAsync(workspace.data.ptr, 0, workspace.nbytes, 0)
-                cupy.cuda.runtime.streamSynchronize(0)
-            self._workspace = workspace
-
-    def workspace(self, nbytes: int) -> Any:
-        """The workspace: a device buffer of at least `nbytes`, kept across calls."""
-        self.reserve(nbytes)
-        return self._workspace
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self._cudnn is not None:
-            from . import cudnn as cudnn_module
-
-            with cupy.cuda.Device(self.device):  # the handle's device current, whichever the caller's is
-                cudnn_module.destroy_handle(self._cudnn)
-            _count_handle("cudnn", -1)
-            self._cudnn = None
-            self._cudnn_stream = None
-        if self._cublas is not None:
-            from . import cublas as cublas_module
-
-            cublas_module.destroy_handle(self._cublas, self.device)
-            _count_handle("cublas", -1)
-            self._cublas = None
-        self._workspace = None
-
-    def __enter__(self) -> "GpuHandle":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        tf32 = ", allow_tf32=True" if self._allow_tf32 else ""
-        return f"GpuHandle(device={self.device}{tf32})"
-
-
 def gpu_stream(device: int = 0) -> GpuStream:
     """A new non-blocking CUDA stream on `device`."""
     return GpuStream(device)
-
-
-def gpu_handle(device: int = 0, allow_tf32: bool = False) -> GpuHandle:
-    """A new GPU handle (cuDNN, cuBLAS, workspace) for `device`; allow_tf32=True lets float32
-    conv_2d and batch_matmul use TF32 tensor cores (off by default, as PyTorch's allow_tf32)."""
-    return GpuHandle(device, allow_tf32)
 
 
 # --------------------------------------------------------------------------- NVRTC modules

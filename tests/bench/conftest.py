@@ -3,7 +3,7 @@ and its PyTorch twin on the same device and shapes. GPU timings synchronize the
 stream after every call and leave compilation and init out (one warm-up call).
 
 `pytest tests/bench --benchmark-only` prints pytest-benchmark's table, then our
-summary (tests/bench/summary.py): one row per benchmark with our median beside
+summary (tools/bench_summary.py): one row per benchmark with our median beside
 PyTorch's, the ratio, our GB/s (bytes each call must move) and TFLOP/s, and each
 op's geometric-mean ratio. It also writes the summary as JSON to
 $BENCH_SUMMARY_JSON or .benchmarks/summary.json; tools/bench_table.py reads it.
@@ -34,7 +34,7 @@ import kernels
 from conformance.harness import device_unavailable
 from kernels.runtime.core import BFLOAT16
 
-from . import summary
+from tools import bench_summary as summary
 
 # The CPU threads of both sides ($KERNELS_BENCH_THREADS), or None: each side's default.
 THREADS = int(os.environ["KERNELS_BENCH_THREADS"]) if os.environ.get("KERNELS_BENCH_THREADS") else None
@@ -207,7 +207,7 @@ def bench(request):
 
 @pytest.hookimpl(trylast=True)  # after pytest-benchmark's own tables
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """After the run: our summary (tests/bench/summary.py), and the same as JSON in
+    """After the run: our summary (tools/bench_summary.py), and the same as JSON in
     $BENCH_SUMMARY_JSON or .benchmarks/summary.json for tools/bench_table.py."""
     session = getattr(config, "_benchmarksession", None)
     records = summary.records_from_benchmarks(getattr(session, "benchmarks", None) or [])

@@ -1,5 +1,5 @@
 """The memory-bound kernels on large tensors (256 MB a tensor), GPU only, each beside
-PyTorch and beside a plain device-to-device copy of the same bytes: DESIGN.md section 7's target
+PyTorch and beside a plain device-to-device copy of the same bytes: the project's target
 is 75% of the device's copy bandwidth. Bytes are what each call must move (inputs read once,
 outputs written once).
 
