@@ -212,7 +212,7 @@ def _reshape(name: str, dims: Dims, shape: tuple[int, ...], **kw: Any) -> None:
 
 SILU, RELU, GELU = Activation.SILU, Activation.RELU, Activation.GELU
 MAX, AVG = PoolOp.MAX, PoolOp.AVG
-B17 = 1 << 17  # activation.BLOCK_ELEMENTS, softmax.CPU_BLOCK_ELEMENTS
+B17 = 1 << 17  # activation.BLOCK_ELEMENTS, softmax.cpu.CPU_BLOCK_ELEMENTS
 B16 = 1 << 16  # batch_norm's CPU_BLOCK_ELEMENTS, pool_2d.cpu's CPU_BACKWARD_BLOCK, element_binary's _CPU_PARALLEL_MIN
 Y = {"group": "yolov10"}
 BIG = {"group": "yolov10", "expensive": True}  # 25 million elements and more

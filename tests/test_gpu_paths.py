@@ -231,8 +231,8 @@ def test_transpose_plan_paths(dims, permutation, dtype, expected):
     ((2, 40, 7), 1, "softmax.columns"),
 ])
 def test_softmax_plan_paths(dims, axis, expected):
-    kind = softmax.gpu_plan(dims, axis, np.dtype(np.float32))[0]
-    assert softmax.plan_path(kind) == expected and expected in DECLARED
+    kind = softmax.plan.gpu_plan(dims, axis, np.dtype(np.float32))[0]
+    assert softmax.plan.plan_path(kind) == expected and expected in DECLARED
 
 
 def _layout(pieces, axis, dtype=np.float32):
@@ -344,9 +344,9 @@ def test_small_device_grids_of_the_plans():
     from kernels.element_binary.plan import gpu_plan as binary_plan
 
     assert batch_norm_plan.grid2(300, 7) == (300, 7) and _small(batch_norm_plan.grid2, 300, 7) == (2, 2)
-    assert softmax.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
-    assert _small(softmax.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
-    assert _small(softmax.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
+    assert softmax.plan.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
+    assert _small(softmax.plan.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
+    assert _small(softmax.plan.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
     plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
     assert plan[1].endswith(", 32>") and plan[2] == (4, 5)  # too few 64 x 64 tiles for 132 SMs: 32 x 32 ones
     with gpu.simulated_device(sm_count=1, max_blocks=2):

@@ -58,12 +58,12 @@ PATHS = {
     "conv_plain": lambda c: conv_2d.cpu._plain(c.attrs),
     # softmax along the last dim: the rows cut into cache-sized blocks, not just one per thread.
     "softmax_rows_blocked": lambda c: _softmax_split(c)[2] == 1 and
-    _softmax_split(c)[0] * _softmax_split(c)[1] > softmax.CPU_BLOCK_ELEMENTS,
+    _softmax_split(c)[0] * _softmax_split(c)[1] > softmax.cpu.CPU_BLOCK_ELEMENTS,
     # softmax along an inner dim: blocks of inner columns (a row's size * inner past a block).
     "softmax_inner_columns": lambda c: _softmax_split(c)[2] > 1 and
-    _softmax_split(c)[1] * _softmax_split(c)[2] > softmax.CPU_BLOCK_ELEMENTS,
+    _softmax_split(c)[1] * _softmax_split(c)[2] > softmax.cpu.CPU_BLOCK_ELEMENTS,
     # ... and dim so long that columns 4 wide do not fit a block: the whole of inner.
-    "softmax_long_dim": lambda c: softmax.CPU_BLOCK_ELEMENTS // _softmax_split(c)[1] < 4,
+    "softmax_long_dim": lambda c: softmax.cpu.CPU_BLOCK_ELEMENTS // _softmax_split(c)[1] < 4,
     # batch_norm: blocks of inner itself from CPU_BLOCK_ELEMENTS inner values, of whole rows below.
     "batch_norm_inner_blocks": lambda c: _layout(c).inner >= batch_norm.cpu.CPU_BLOCK_ELEMENTS,
     # pool_2d MAX backward: one plane a block when a plane has more outputs than a block holds.
