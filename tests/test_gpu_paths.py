@@ -180,9 +180,9 @@ def test_names_computed_by_the_plans_are_declared():
                 assert set(activation.plan_paths(direction, kind, aligned)) <= set(DECLARED)
             for op_type in UnaryOpType:
                 if op_type is UnaryOpType.IDENTITY or (direction == "backward" and element_unary.UnaryOpType(
-                        op_type) in element_unary._COPY_BACKWARD):
+                        op_type) in element_unary.plan._COPY_BACKWARD):
                     continue  # a device copy, never a kernel (element_unary.copy)
-                assert set(element_unary.plan_paths(direction, op_type, aligned)) <= set(DECLARED)
+                assert set(element_unary.plan.plan_paths(direction, op_type, aligned)) <= set(DECLARED)
             for mode in UpsampleMode:
                 assert upsample.plan_path(UpsampleAttrs(2, mode), direction, aligned and mode is UpsampleMode.NEAREST) \
                     in DECLARED
