@@ -184,7 +184,7 @@ def test_names_computed_by_the_plans_are_declared():
                     continue  # a device copy, never a kernel (element_unary.copy)
                 assert set(element_unary.plan.plan_paths(direction, op_type, aligned)) <= set(DECLARED)
             for mode in UpsampleMode:
-                assert upsample.plan_path(UpsampleAttrs(2, mode), direction, aligned and mode is UpsampleMode.NEAREST) \
+                assert upsample.plan.plan_path(UpsampleAttrs(2, mode), direction, aligned and mode is UpsampleMode.NEAREST) \
                     in DECLARED
             for pool_type in PoolOp:
                 for kernel in (3, 16):
