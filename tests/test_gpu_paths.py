@@ -177,7 +177,7 @@ def test_names_computed_by_the_plans_are_declared():
     for direction in ("forward", "backward"):
         for aligned in (True, False):
             for kind in Activation:
-                assert set(activation.plan_paths(direction, kind, aligned)) <= set(DECLARED)
+                assert set(activation.plan.plan_paths(direction, kind, aligned)) <= set(DECLARED)
             for op_type in UnaryOpType:
                 if op_type is UnaryOpType.IDENTITY or (direction == "backward" and element_unary.UnaryOpType(
                         op_type) in element_unary.plan._COPY_BACKWARD):

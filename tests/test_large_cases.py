@@ -52,7 +52,7 @@ def _softmax_split(case: LargeCase) -> tuple[int, int, int]:
 PATHS = {
     # activation.blockwise: blocks of BLOCK_ELEMENTS past it (element_unary, every fused activation).
     "activation_blocks": lambda c: _numel(c.shapes["input" if c.op == "element_unary" else "output_grad"])
-    > activation.BLOCK_ELEMENTS,
+    > activation.cpu.BLOCK_ELEMENTS,
     # conv_2d: im2col as a strided view from WIDE_ROWS_BELOW output columns, stride phases below.
     "conv_wide_rows": lambda c: c.shapes["output_grad"][3] >= conv_2d.cpu.WIDE_ROWS_BELOW,
     "conv_plain": lambda c: conv_2d.cpu._plain(c.attrs),
