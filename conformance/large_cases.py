@@ -1,7 +1,7 @@
 """Large differential cases: seeded random cases too big for goldens.h5, declared once here.
 
 The golden cases are small, so the paths only large tensors take are never run by them: the
-CPU's blocked paths (activation.BLOCK_ELEMENTS, softmax's CPU_BLOCK_ELEMENTS, batch_norm's and
+CPU's blocked paths (activation.cpu.BLOCK_ELEMENTS, softmax's CPU_BLOCK_ELEMENTS, batch_norm's and
 pool_2d's blocks, element_binary's parallel threshold, conv_2d's wide and short rows,
 cpu.cpu_parallel's parts) and the GPU's grid-stride, unrolled and 16-byte pack bodies (and conv_2d's
 untiled depthwise forward). A case
@@ -212,7 +212,7 @@ def _reshape(name: str, dims: Dims, shape: tuple[int, ...], **kw: Any) -> None:
 
 SILU, RELU, GELU = Activation.SILU, Activation.RELU, Activation.GELU
 MAX, AVG = PoolOp.MAX, PoolOp.AVG
-B17 = 1 << 17  # activation.BLOCK_ELEMENTS, softmax.CPU_BLOCK_ELEMENTS
+B17 = 1 << 17  # activation.cpu.BLOCK_ELEMENTS, softmax.cpu.CPU_BLOCK_ELEMENTS
 B16 = 1 << 16  # batch_norm's CPU_BLOCK_ELEMENTS, pool_2d.cpu's CPU_BACKWARD_BLOCK, element_binary's _CPU_PARALLEL_MIN
 Y = {"group": "yolov10"}
 BIG = {"group": "yolov10", "expensive": True}  # 25 million elements and more

@@ -16,19 +16,19 @@ from .conftest import DEVICE_PARAMS, Dev, require
 
 
 def test_erf_within_two_ulps_of_math_erf():
-    """The bound stated in activation.py: 2 ulps in float64 (1 for |x| >= 1), on a dense grid
+    """The bound stated in kernels/activation/: 2 ulps in float64 (1 for |x| >= 1), on a dense grid
     across every branch point, tiny and subnormal magnitudes included."""
     grid = np.concatenate([np.linspace(-7, 7, 140_001)]
                           + [np.linspace(b - 1e-3, b + 1e-3, 20_001) * s for b in (1, 1.5, 2.5, 4, 6) for s in (1, -1)]
                           + [np.geomspace(1e-310, 1e-2, 5000), -np.geomspace(1e-310, 1e-2, 5000)])
     expected = np.array([math.erf(v) for v in grid])
-    distance = ulp_distance(activation.erf(grid), expected)
+    distance = ulp_distance(activation.cpu.erf(grid), expected)
     assert distance.max() <= 2
     assert distance[np.abs(grid) >= 1].max() <= 1
 
 
 def test_erf_special_values():
-    got = activation.erf(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6.0, -30.0]))
+    got = activation.cpu.erf(np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 6.0, -30.0]))
     assert np.array_equal(got, [0.0, -0.0, 1.0, -1.0, np.nan, 1.0, -1.0], equal_nan=True)
     assert np.signbit(got[1])
 
@@ -138,7 +138,7 @@ def test_gpu_packs_and_remainder_match_cpu(kind, dtype, offset):
 def test_erf_of_magnitudes_at_least_one_only():
     """No |x| < 1 at all: only the continued-fraction bands run (1 ulp, the bound stated above)."""
     grid = np.concatenate([np.linspace(1, 7, 601), -np.linspace(1, 7, 601)])
-    assert ulp_distance(activation.erf(grid), np.array([math.erf(v) for v in grid])).max() <= 1
+    assert ulp_distance(activation.cpu.erf(grid), np.array([math.erf(v) for v in grid])).max() <= 1
 
 
 @pytest.mark.parametrize("kind", list(Activation))
@@ -146,7 +146,7 @@ def test_cpu_derivative_matches_torch(kind):
     """f'(pre) on its own (relu: the mask pre > 0, relu'(0) = 0 as torch)."""
     pytest.importorskip("torch")
     expected_grad = _torch_reference(kind)[1]
-    derivative = activation.cpu_derivative(kind, X.copy())
+    derivative = activation.cpu.cpu_derivative(kind, X.copy())
     if kind is Activation.RELU:
         assert derivative.dtype == np.bool_
         assert np.array_equal(GRAD * derivative, expected_grad)
@@ -159,11 +159,11 @@ def test_cpu_silu_backward_on_a_large_non_contiguous_array_matches_torch(monkeyp
     PARALLEL_BLOCK_ELEMENTS (made smaller here) the per-thread scratch is too small, so the block
     gets buffers of its own."""
     torch = pytest.importorskip("torch")
-    monkeypatch.setattr(activation, "PARALLEL_BLOCK_ELEMENTS", activation.BLOCK_ELEMENTS)
+    monkeypatch.setattr(activation.cpu, "PARALLEL_BLOCK_ELEMENTS", activation.cpu.BLOCK_ELEMENTS)
     rng = np.random.default_rng(7)
     pre = rng.standard_normal((800, 400)).T  # 320000 elements, a transposed view
     output_grad = rng.standard_normal((800, 400)).T
-    assert pre.size > activation.BLOCK_ELEMENTS and not pre.flags.c_contiguous
+    assert pre.size > activation.cpu.BLOCK_ELEMENTS and not pre.flags.c_contiguous
     pre_grad = np.full_like(pre, np.nan)
     activation.cpu_backward(Activation.SILU, pre, output_grad, pre_grad)
     x = torch.tensor(pre, requires_grad=True)
@@ -174,8 +174,8 @@ def test_cpu_silu_backward_on_a_large_non_contiguous_array_matches_torch(monkeyp
 @pytest.mark.parametrize("call", [
     lambda bad, x: activation.cpu_forward(bad, x, x.copy()),
     lambda bad, x: activation.cpu_backward(bad, x, x, x.copy()),
-    lambda bad, x: activation.cpu_derivative(bad, x),
-    lambda bad, x: activation._forward_block(bad, x, x.copy()),
+    lambda bad, x: activation.cpu.cpu_derivative(bad, x),
+    lambda bad, x: activation.cpu._forward_block(bad, x, x.copy()),
 ], ids=["cpu_forward", "cpu_backward", "cpu_derivative", "forward_block"])
 def test_cpu_functions_refuse_what_is_not_an_activation(call):
     with pytest.raises(AttrsError, match=r"^activation: activation: expected an Activation, found 'SILU'"):

@@ -163,9 +163,9 @@ def test_threads_line_says_what_each_side_ran_on():
                                      "16 by default); PyTorch 16; 16 cores available")
     assert threads_line({"ours": 2, "cores": 2, "blas": []}) == \
         "CPU threads: ours 2, GEMMs included (NumPy's BLAS: not found); PyTorch ?; 2 cores available"
-    assert threads_line({**THREADS, "set": {"runtime.cpu.PIECE_BYTES": 1, "softmax.PARALLEL_BLOCK_ELEMENTS": 262144}}) == (
+    assert threads_line({**THREADS, "set": {"runtime.cpu.PIECE_BYTES": 1, "softmax.cpu.PARALLEL_BLOCK_ELEMENTS": 262144}}) == (
         "CPU threads: ours 16, GEMMs included (NumPy's BLAS: openblas 0.3.31, 16 by default); PyTorch 16; "
-        "16 cores available; set: runtime.cpu.PIECE_BYTES=1, softmax.PARALLEL_BLOCK_ELEMENTS=262144")
+        "16 cores available; set: runtime.cpu.PIECE_BYTES=1, softmax.cpu.PARALLEL_BLOCK_ELEMENTS=262144")
     assert threads_line({**THREADS, "environment": {"OPENBLAS_THREAD_TIMEOUT": "4"}}) == (
         "CPU threads: ours 16, GEMMs included (NumPy's BLAS: openblas 0.3.31, 16 by default); PyTorch 16; "
         "16 cores available; environment: OPENBLAS_THREAD_TIMEOUT=4")
@@ -188,10 +188,10 @@ def test_bench_set_sets_the_kernels_int_constants_and_refuses_anything_else(monk
     from tests.bench.conftest import set_constants
 
     monkeypatch.setattr(cpu, "PIECE_BYTES", cpu.PIECE_BYTES)  # restored after the test
-    monkeypatch.setattr(softmax, "PARALLEL_BLOCK_ELEMENTS", softmax.PARALLEL_BLOCK_ELEMENTS)
-    assert set_constants(" runtime.cpu.PIECE_BYTES=1, softmax.PARALLEL_BLOCK_ELEMENTS=262144,") == \
-        {"runtime.cpu.PIECE_BYTES": 1, "softmax.PARALLEL_BLOCK_ELEMENTS": 262144}
-    assert (cpu.PIECE_BYTES, softmax.PARALLEL_BLOCK_ELEMENTS) == (1, 262144)
+    monkeypatch.setattr(softmax.cpu, "PARALLEL_BLOCK_ELEMENTS", softmax.cpu.PARALLEL_BLOCK_ELEMENTS)
+    assert set_constants(" runtime.cpu.PIECE_BYTES=1, softmax.cpu.PARALLEL_BLOCK_ELEMENTS=262144,") == \
+        {"runtime.cpu.PIECE_BYTES": 1, "softmax.cpu.PARALLEL_BLOCK_ELEMENTS": 262144}
+    assert (cpu.PIECE_BYTES, softmax.cpu.PARALLEL_BLOCK_ELEMENTS) == (1, 262144)
     assert set_constants("") == {}
     for bad in ("runtime.cpu.PIECE_BYTES", "runtime.cpu.PIECE_BYTES=1.5", "runtime.cpu.NO_SUCH=1", "no_such.X=1",
                 "runtime.cpu.cpu_parallel=1",

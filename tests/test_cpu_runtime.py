@@ -127,8 +127,8 @@ def test_blocks_are_cut_for_the_parts_that_run_not_for_the_threads(monkeypatch):
     """A softmax along dim 1 of (1, 16, 4, 8400) moves 4.3 MB: 2 parts' worth on any handle of 2 threads
     or more. On 16 threads its blocks were once cut 16 ways for 2 parts (8 short blocks each); they are
     now cut in a multiple of the 2 parts, as on a handle of 2 threads: 4 blocks of 8400 columns (parts
-    beside each other run blocks of softmax.PARALLEL_BLOCK_ELEMENTS, 16384 columns of 16 rows at most).
-    One thread runs 5 cache-sized blocks (softmax.CPU_BLOCK_ELEMENTS: 8192 columns), with the same bits."""
+    beside each other run blocks of softmax.cpu.PARALLEL_BLOCK_ELEMENTS, 16384 columns of 16 rows at most).
+    One thread runs 5 cache-sized blocks (softmax.cpu.CPU_BLOCK_ELEMENTS: 8192 columns), with the same bits."""
     from kernels import SoftmaxAttrs, TensorShape, softmax
 
     calls = []

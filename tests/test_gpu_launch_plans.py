@@ -114,7 +114,7 @@ def device(monkeypatch):
         return name
 
     monkeypatch.setattr(gpu.CudaModule, "function", function)
-    monkeypatch.setattr(activation, "_PLANS", {})  # plans of fake kernels must not outlive the test
+    monkeypatch.setattr(activation.gpu, "_PLANS", {})  # plans of fake kernels must not outlive the test
     real_module = core._array_module
     monkeypatch.setattr(core, "_array_module", lambda a: "cupy" if isinstance(a, FakeArray) else real_module(a))
     return recorder

@@ -177,14 +177,14 @@ def test_names_computed_by_the_plans_are_declared():
     for direction in ("forward", "backward"):
         for aligned in (True, False):
             for kind in Activation:
-                assert set(activation.plan_paths(direction, kind, aligned)) <= set(DECLARED)
+                assert set(activation.plan.plan_paths(direction, kind, aligned)) <= set(DECLARED)
             for op_type in UnaryOpType:
                 if op_type is UnaryOpType.IDENTITY or (direction == "backward" and element_unary.UnaryOpType(
-                        op_type) in element_unary._COPY_BACKWARD):
+                        op_type) in element_unary.plan._COPY_BACKWARD):
                     continue  # a device copy, never a kernel (element_unary.copy)
-                assert set(element_unary.plan_paths(direction, op_type, aligned)) <= set(DECLARED)
+                assert set(element_unary.plan.plan_paths(direction, op_type, aligned)) <= set(DECLARED)
             for mode in UpsampleMode:
-                assert upsample.plan_path(UpsampleAttrs(2, mode), direction, aligned and mode is UpsampleMode.NEAREST) \
+                assert upsample.plan.plan_path(UpsampleAttrs(2, mode), direction, aligned and mode is UpsampleMode.NEAREST) \
                     in DECLARED
             for pool_type in PoolOp:
                 for kernel in (3, 16):
@@ -231,8 +231,8 @@ def test_transpose_plan_paths(dims, permutation, dtype, expected):
     ((2, 40, 7), 1, "softmax.columns"),
 ])
 def test_softmax_plan_paths(dims, axis, expected):
-    kind = softmax.gpu_plan(dims, axis, np.dtype(np.float32))[0]
-    assert softmax.plan_path(kind) == expected and expected in DECLARED
+    kind = softmax.plan.gpu_plan(dims, axis, np.dtype(np.float32))[0]
+    assert softmax.plan.plan_path(kind) == expected and expected in DECLARED
 
 
 def _layout(pieces, axis, dtype=np.float32):
@@ -344,9 +344,9 @@ def test_small_device_grids_of_the_plans():
     from kernels.element_binary.plan import gpu_plan as binary_plan
 
     assert batch_norm_plan.grid2(300, 7) == (300, 7) and _small(batch_norm_plan.grid2, 300, 7) == (2, 2)
-    assert softmax.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
-    assert _small(softmax.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
-    assert _small(softmax.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
+    assert softmax.plan.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
+    assert _small(softmax.plan.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
+    assert _small(softmax.plan.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
     plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
     assert plan[1].endswith(", 32>") and plan[2] == (4, 5)  # too few 64 x 64 tiles for 132 SMs: 32 x 32 ones
     with gpu.simulated_device(sm_count=1, max_blocks=2):

@@ -52,18 +52,18 @@ def _softmax_split(case: LargeCase) -> tuple[int, int, int]:
 PATHS = {
     # activation.blockwise: blocks of BLOCK_ELEMENTS past it (element_unary, every fused activation).
     "activation_blocks": lambda c: _numel(c.shapes["input" if c.op == "element_unary" else "output_grad"])
-    > activation.BLOCK_ELEMENTS,
+    > activation.cpu.BLOCK_ELEMENTS,
     # conv_2d: im2col as a strided view from WIDE_ROWS_BELOW output columns, stride phases below.
     "conv_wide_rows": lambda c: c.shapes["output_grad"][3] >= conv_2d.cpu.WIDE_ROWS_BELOW,
     "conv_plain": lambda c: conv_2d.cpu._plain(c.attrs),
     # softmax along the last dim: the rows cut into cache-sized blocks, not just one per thread.
     "softmax_rows_blocked": lambda c: _softmax_split(c)[2] == 1 and
-    _softmax_split(c)[0] * _softmax_split(c)[1] > softmax.CPU_BLOCK_ELEMENTS,
+    _softmax_split(c)[0] * _softmax_split(c)[1] > softmax.cpu.CPU_BLOCK_ELEMENTS,
     # softmax along an inner dim: blocks of inner columns (a row's size * inner past a block).
     "softmax_inner_columns": lambda c: _softmax_split(c)[2] > 1 and
-    _softmax_split(c)[1] * _softmax_split(c)[2] > softmax.CPU_BLOCK_ELEMENTS,
+    _softmax_split(c)[1] * _softmax_split(c)[2] > softmax.cpu.CPU_BLOCK_ELEMENTS,
     # ... and dim so long that columns 4 wide do not fit a block: the whole of inner.
-    "softmax_long_dim": lambda c: softmax.CPU_BLOCK_ELEMENTS // _softmax_split(c)[1] < 4,
+    "softmax_long_dim": lambda c: softmax.cpu.CPU_BLOCK_ELEMENTS // _softmax_split(c)[1] < 4,
     # batch_norm: blocks of inner itself from CPU_BLOCK_ELEMENTS inner values, of whole rows below.
     "batch_norm_inner_blocks": lambda c: _layout(c).inner >= batch_norm.cpu.CPU_BLOCK_ELEMENTS,
     # pool_2d MAX backward: one plane a block when a plane has more outputs than a block holds.

@@ -110,8 +110,8 @@ def _backward_bound(y, g):
 
 def test_rows_plan_for_the_bench_shape():
     """(65536, 1024) float32 along the last dim takes the 32-lane, 32-per-lane rows kernel."""
-    kind, grid, block, sizes = softmax.gpu_plan((65536, 1024), 1, np.dtype(np.float32))
-    assert kind == "rows<float, 32, 32>" and block == softmax.ROWS_BLOCK
+    kind, grid, block, sizes = softmax.plan.gpu_plan((65536, 1024), 1, np.dtype(np.float32))
+    assert kind == "rows<float, 32, 32>" and block == softmax.plan.ROWS_BLOCK
     assert grid * (block // 32) >= 65536 and [int(s) for s in sizes] == [65536, 1024]
 
 
@@ -121,8 +121,8 @@ def test_rows_plan_for_the_bench_shape():
     ((2, 3000, 2), 1, "block<double>"),  # few columns of a long dim: a block per column
 ])
 def test_column_plans(dims, axis, kind):
-    name, grid, block, sizes = softmax.gpu_plan(dims, axis, np.dtype(np.float64))
+    name, grid, block, sizes = softmax.plan.gpu_plan(dims, axis, np.dtype(np.float64))
     columns = dims[0] * dims[2]
-    assert name == kind and block == softmax.COLUMN_BLOCK
+    assert name == kind and block == softmax.plan.COLUMN_BLOCK
     assert [int(s) for s in sizes][:2] == [columns, dims[1]] and int(sizes[2]) == dims[2]
     assert grid * block >= columns if kind.startswith("columns") else grid == columns

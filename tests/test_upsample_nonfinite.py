@@ -2,7 +2,7 @@
 
 PyTorch's backward scatters each output coordinate's gradient to both of its taps, times each
 tap's weight, also where that weight is 0: 0 * inf is NaN. Ours gathers, and adds the same
-zero-weight terms (kernels/upsample/: bilinear_clamped, bilinear_zero_taps). Here every output
+zero-weight terms (kernels/upsample/cpu.py: bilinear_clamped, bilinear_zero_taps). Here every output
 coordinate of small planes in turn holds +inf or NaN, and which input pixels come out NaN, +inf or
 finite must be PyTorch's; on the GPU, the bits must be the CPU's.
 """
@@ -66,14 +66,14 @@ def test_cpu_carries_what_pytorch_carries(scale, h, w, value):
 def test_zero_terms_are_where_the_kernels_say():
     """s = 3 on 3 pixels: coordinates 1, 4, 7 lie on pixel centres 0, 1, 2 (second weight 0); the
     last one's taps are both pixel 2. Coordinates clamped before pixel 0's centre: 0 (s // 2 = 1 of them)."""
-    zero_taps = upsample.bilinear_zero_taps(3, 3)
-    taps = list(upsample.bilinear_taps(3))
+    zero_taps = upsample.cpu.bilinear_zero_taps(3, 3)
+    taps = list(upsample.cpu.bilinear_taps(3))
     marked = [(taps[j], p) for j, p in zip(*np.nonzero(zero_taps))]
     assert marked == [(1, 2)]  # coordinate 2 * 3 + 1 = 7
-    assert list(upsample.bilinear_clamped(3, 3)) == [0]
-    assert list(upsample.bilinear_clamped(3, 4)) == [0, 1]
-    assert list(upsample.bilinear_clamped(1, 4)) == []  # no pixel 1
-    single = upsample.bilinear_zero_taps(1, 3)  # one pixel: coordinates 0 and 1 (clamped, on its centre)
+    assert list(upsample.cpu.bilinear_clamped(3, 3)) == [0]
+    assert list(upsample.cpu.bilinear_clamped(3, 4)) == [0, 1]
+    assert list(upsample.cpu.bilinear_clamped(1, 4)) == []  # no pixel 1
+    single = upsample.cpu.bilinear_zero_taps(1, 3)  # one pixel: coordinates 0 and 1 (clamped, on its centre)
     assert [taps[j] for j, p in zip(*np.nonzero(single))] == [0, 1]
 
 

@@ -15,7 +15,7 @@ round can take half again as long as the next, more rounds make the medians of t
 The summary's header line says what each side used.
 
 $KERNELS_BENCH_SET sets int constants of the kernels' modules for the run, for sweeps of the CPU's
-part counts and block lengths: "runtime.cpu.PIECE_BYTES=1,softmax.PARALLEL_BLOCK_ELEMENTS=262144" (each
+part counts and block lengths: "runtime.cpu.PIECE_BYTES=1,softmax.cpu.PARALLEL_BLOCK_ELEMENTS=262144" (each
 name a module under kernels and its constant; one part a thread where PIECE_BYTES is 1). The header
 line says what was set.
 """

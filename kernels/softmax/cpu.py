@@ -1,0 +1,125 @@
+"""softmax on the CPU (NumPy): cache-sized blocks of whole softmax rows, shared out to the threads.
+
+forward and backward run after the package's checks (cpu_forward_kernel, cpu_backward_kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..runtime import core, cpu, cpu_paths
+from .attrs import OP, _axis
+
+# Each block is about this many elements: its several passes stay in cache.
+CPU_BLOCK_ELEMENTS = 1 << 17
+# A block's length where the parts run beside each other: each block makes five NumPy calls, each taking
+# the GIL to begin and to end, which the other parts wait for, so fewer and longer ones. Blocks of 2^17 /
+# 2^18 / 2^19 / 2^20 elements (2026-12-02), backward along dim 1 of (1, 16, 4, 8400), backward along the
+# last dim of (1, 5, 400, 400), forward along dim 1, forward along the last dim, us:
+# - the 16-core host, 16 threads (2 parts each): 569 / 495 / 595 / 815, 863 / 564 / 644 / 548,
+#   810 / 656 / 823 / 920, 1577 / 1277 / 1399 / 1310;
+# - the 2-core VM, 2 threads: 817 / 528 / 448 / 651, 974 / 622 / 591 / 633, 713 / 521 / 584 / 844,
+#   1108 / 814 / 949 / 1007 (2^18 and 2^19 from other runs than 2^17 and 2^20).
+# One part alone keeps the cache-sized blocks.
+PARALLEL_BLOCK_ELEMENTS = 1 << 18
+
+# The size-gated paths of _cpu_blocks (kernels.runtime.cpu_paths).
+ROWS_BLOCKS_PATH, ROWS_LONG_PATH, PLANES_BLOCKS_PATH, COLUMNS_PATH, WHOLE_INNER_PATH, THREADS_PATH = \
+    cpu_paths.declare(OP, {
+        "rows.blocks": "dim last: the rows past a block's length cut into blocks of several whole rows",
+        "rows.long": "dim last, a row longer than a block: a block a row",
+        "planes.blocks": "an inner dim: whole (dim, inner) planes past a block's length cut into blocks of them",
+        "inner_columns": "an inner dim, a plane longer than a block: parts of inner at least 4 columns wide",
+        "whole_inner": "an inner dim so long that 4 columns of it pass a block: a block a whole plane",
+        "threads": "the blocks shared out to the threads",
+    })
+
+
+def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> None:
+    """Call function(*views) on cache-sized blocks of whole softmax rows, shared out to the cores
+    (cpu.cpu_parallel). The tensor is seen as (outer, size) when dim is the last one, else as
+    (outer, size, inner); dim is axis 1 of every block, and each block reduces over it exactly
+    as a call on the whole tensor does (a row's arithmetic does not depend on its neighbours)."""
+    dims = state.shapes["input_shape"].dims
+    axis = _axis(state)
+    outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
+    nbytes = sum(a.nbytes for a in arrays)
+    ways = cpu.parallel_parts(nbytes)
+    length = cpu.block_length(nbytes, outer * size * inner, CPU_BLOCK_ELEMENTS, PARALLEL_BLOCK_ELEMENTS)
+
+    def even(count: int, most: int) -> int:
+        """Parts of about `most` items each, their number a multiple of the parts that run (balanced)."""
+        parts = -(-count // max(most, 1))
+        return min(count, -(-parts // ways) * ways)
+
+    if inner == 1:
+        views = [a.reshape(outer, size) for a in arrays]
+        rows = -(-outer // even(outer, length // size))
+        blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
+        cpu_paths.reach_if(ROWS_BLOCKS_PATH, len(blocks) > 1 and size <= length)
+        cpu_paths.reach_if(ROWS_LONG_PATH, size > length)
+    else:
+        views = [a.reshape(outer, size, inner) for a in arrays]
+        if size * inner <= length:
+            rows = -(-outer // even(outer, length // (size * inner)))
+            blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
+            cpu_paths.reach_if(PLANES_BLOCKS_PATH, len(blocks) > 1)
+        else:
+            # Parts of inner at least 2 wide (else width 1 would make the reduction NumPy's inner loop,
+            # which sums in another order): the whole of inner when dim is too long for that.
+            width = length // size
+            parts = max(1, min(even(inner, width), inner // 4)) if width >= 4 else 1
+            bounds = [inner * i // parts for i in range(parts + 1)]
+            blocks = [(slice(row, row + 1), slice(None), slice(bounds[i], bounds[i + 1]))
+                      for row in range(outer) for i in range(parts)]
+            cpu_paths.reach(COLUMNS_PATH if parts > 1 else WHOLE_INNER_PATH)
+            if parts == 1:
+                # Columns fewer than 4 wide: NumPy adds a long strided dim one row after another,
+                # and in float32 that sum drifts by hundreds of ulps over tens of thousands of
+                # terms; float64 sums keep it to the last bit or two.
+                function = functools.partial(function, accumulate=np.float64)
+
+    def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
+        for block in blocks[first:last]:
+            function(*(view[block] for view in views))
+
+    cpu.cpu_parallel(run, len(blocks), nbytes)
+
+
+def _cpu_forward_block(x: np.ndarray, y: np.ndarray, accumulate: Any = None) -> None:
+    """Softmax along axis 1 of a block; `accumulate`: the dtype of the sum (None: the block's)."""
+    np.subtract(x, np.max(x, axis=1, keepdims=True), out=y)
+    np.exp(y, out=y)
+    np.divide(y, np.sum(y, axis=1, keepdims=True, dtype=accumulate), out=y)
+
+
+def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray, accumulate: Any = None) -> None:
+    """Softmax's gradient along axis 1 of a block; `accumulate`: the dtype of the dot (None: the block's)."""
+    # einsum forms the dot along dim without a temporary of the block's size
+    dot = np.expand_dims(np.einsum("ab...,ab...->a...", g, y, dtype=accumulate), 1)
+    np.subtract(g, dot, out=dx)
+    np.multiply(y, dx, out=dx)
+
+
+def _in_compute_dtype(function: Any, dtype: np.dtype) -> Any:
+    """A block function itself, or for a half dtype run in float32 on widened blocks and rounded once."""
+    return cpu.widened(function) if dtype in core.HALF_DTYPES else function
+
+
+def forward(state: core.KernelState, input: core.Array, output: core.Array) -> None:
+    """output = exp(input - max) / sum(exp(input - max)) along dim."""
+    if input.size == 0:
+        return
+    _cpu_blocks(state, _in_compute_dtype(_cpu_forward_block, input.dtype), input, output)
+
+
+def backward(state: core.KernelState, output: core.Array, output_grad: core.Array,
+             input_grad: core.Array | None) -> None:
+    """input_grad = output * (output_grad - sum(output_grad * output)) along dim."""
+    if input_grad is None or input_grad.size == 0:
+        return
+    _cpu_blocks(state, _in_compute_dtype(_cpu_backward_block, input_grad.dtype), output, output_grad, input_grad)
