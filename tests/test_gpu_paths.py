@@ -216,7 +216,7 @@ def test_element_binary_grad_paths(lhs, rhs, expected):
     ((2, 512, 512), (0, 2, 1), np.dtype((np.void, 16)), "transpose.tiled32"),
 ])
 def test_transpose_plan_paths(dims, permutation, dtype, expected):
-    assert transpose.plan_path(transpose.gpu_plan(dims, permutation, np.dtype(dtype), sm_count=132)) == expected
+    assert transpose.plan.plan_path(transpose.plan.gpu_plan(dims, permutation, np.dtype(dtype), sm_count=132)) == expected
 
 
 @pytest.mark.parametrize("dims, axis, expected", [
@@ -347,11 +347,11 @@ def test_small_device_grids_of_the_plans():
     assert softmax.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
     assert _small(softmax.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
     assert _small(softmax.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
-    plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
+    plan = transpose.plan.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
     assert plan[1].endswith(", 32>") and plan[2] == (4, 5)  # too few 64 x 64 tiles for 132 SMs: 32 x 32 ones
     with gpu.simulated_device(sm_count=1, max_blocks=2):
-        plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=gpu.sm_count(0))
-    assert transpose.plan_path(plan) == "transpose.tiled64" and plan[2] == (1, 2)  # 5 batches over 2 blocks
+        plan = transpose.plan.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=gpu.sm_count(0))
+    assert transpose.plan.plan_path(plan) == "transpose.tiled64" and plan[2] == (1, 2)  # 5 batches over 2 blocks
     for lhs, rhs in (((300, 3), (1, 3)), ((6, 40), (6, 1)), ((4, 256, 40), (1,))):
         out = tuple(np.broadcast_shapes(lhs, rhs))
         assert _small(binary_plan, lhs, rhs, out) == binary_plan(lhs, rhs, out)
