@@ -182,22 +182,23 @@ def test_concat_split_host_side(case, misalign, method, emulate, store):
         inputs = [device.array(golden.inputs[f"inputs.{i}"]) for i in range(case.attrs.num_inputs)]
         output = device.array(dims=golden.expected["output"].shape, dtype=case.dtype)
         axis = case.attrs.axis % len(output.shape)
-        layout = concat.piece_layout(TensorShape(output.shape, case.dtype), [x.shape[axis] for x in inputs], axis)
-        concat.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, inputs, output, method)
+        layout = concat.attrs.piece_layout(TensorShape(output.shape, case.dtype), [x.shape[axis] for x in inputs], axis)
+        concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, inputs, output, method)
         grads = [None if i in case.extra["none_grads"] else device.array(dims=x.shape, dtype=case.dtype)
                  for i, x in enumerate(inputs)]
-        concat.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, device.array(golden.inputs["output_grad"]), grads, method)
+        concat.gpu.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, device.array(golden.inputs["output_grad"]), grads,
+                           method)
         produced = {"output": output, **{f"input_grads.{i}": g for i, g in enumerate(grads) if g is not None}}
     else:
         input = device.array(golden.inputs["input"])
         axis = case.attrs.axis % len(input.shape)
-        layout = concat.piece_layout(TensorShape(input.shape, case.dtype), case.attrs.splits, axis)
+        layout = concat.attrs.piece_layout(TensorShape(input.shape, case.dtype), case.attrs.splits, axis)
         outputs = [device.array(dims=golden.expected[f"outputs.{i}"].shape, dtype=case.dtype)
                    for i in range(len(case.attrs.splits))]
-        concat.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, input, outputs, method)
+        concat.gpu.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, input, outputs, method)
         input_grad = device.array(dims=input.shape, dtype=case.dtype)
         output_grads = [device.array(golden.inputs[f"output_grads.{i}"]) for i in range(len(outputs))]
-        concat.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, output_grads, input_grad, method)
+        concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, output_grads, input_grad, method)
         produced = {"input_grad": input_grad, **{f"outputs.{i}": o for i, o in enumerate(outputs)}}
     _check(device, golden, produced)
 
@@ -211,23 +212,23 @@ def test_gradient_reduction_host_side(case, misalign, emulate, store):
     count = sum(1 for name in golden.inputs if name.startswith("inputs."))
     inputs = [device.array(golden.inputs[f"inputs.{i}"]) for i in range(count)]
     output = device.array(dims=inputs[0].shape, dtype=case.dtype)
-    gradient_reduction.gpu_sum(None, inputs, output)
+    gradient_reduction.gpu.gpu_sum(None, inputs, output)
     grads = [None if i in case.extra["none_grads"] else device.array(dims=output.shape, dtype=case.dtype)
              for i in range(count)]
-    gradient_reduction.gpu_fanout(None, device.array(golden.inputs["output_grad"]), [g for g in grads if g is not None])
+    gradient_reduction.gpu.gpu_fanout(None, device.array(golden.inputs["output_grad"]), [g for g in grads if g is not None])
     _check(device, golden, {"output": output, **{f"input_grads.{i}": g for i, g in enumerate(grads) if g is not None}})
 
 
 def test_units_follow_sizes_and_addresses(emulate):
     """16-byte units where every width and address allows, narrower ones where one does not."""
     device = emulate(0)
-    layout = concat.piece_layout(TensorShape((2, 12, 4), np.float32), (4, 8), 1)  # rows of 64 and 128 bytes
+    layout = concat.attrs.piece_layout(TensorShape((2, 12, 4), np.float32), (4, 8), 1)  # rows of 64 and 128 bytes
     pieces = [device.array(dims=(2, 4, 4), dtype=np.float32), device.array(dims=(2, 8, 4), dtype=np.float32)]
     whole = device.array(dims=(2, 12, 4), dtype=np.float32)
-    concat.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, pieces, whole)
+    concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, pieces, whole)
     device.misalign = 4
     stream = types.SimpleNamespace(ptr=0, device=0)
-    concat.gpu_join(stream, layout, pieces[:1] + [device.array(dims=(2, 8, 4), dtype=np.float32)], whole)
+    concat.gpu.gpu_join(stream, layout, pieces[:1] + [device.array(dims=(2, 8, 4), dtype=np.float32)], whole)
     assert device.launches == ["concat_copy<ulonglong2, int, true>", "concat_copy<unsigned int, int, true>"]
 
 
@@ -251,7 +252,7 @@ def test_state_launch_plans(case, method, emulate, store, monkeypatch):
     differs (third); each call's results are the golden's."""
     real_module = core._array_module
     monkeypatch.setattr(core, "_array_module", lambda a: "cupy" if isinstance(a, FakeArray) else real_module(a))
-    monkeypatch.setattr(concat, "GPU_METHOD", method)
+    monkeypatch.setattr(concat.gpu, "GPU_METHOD", method)
     golden, stream = store.get(case), FakeStream()
     device = emulate(0)
     op = {"concat": concat, "split": split, "gradient_reduction": gradient_reduction}[case.op]
@@ -300,7 +301,7 @@ def test_state_launch_plans(case, method, emulate, store, monkeypatch):
 def test_each_method_on_gpu(case, method, store, monkeypatch):
     """The conformance runs take the default ("auto"); each method by itself too."""
     require("gpu")
-    monkeypatch.setattr(concat, "GPU_METHOD", method)
+    monkeypatch.setattr(concat.gpu, "GPU_METHOD", method)
     result = run_case(case, store.get(case), "gpu")
     assert result.status == "passed", result.message
 

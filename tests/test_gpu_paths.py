@@ -216,7 +216,7 @@ def test_element_binary_grad_paths(lhs, rhs, expected):
     ((2, 512, 512), (0, 2, 1), np.dtype((np.void, 16)), "transpose.tiled32"),
 ])
 def test_transpose_plan_paths(dims, permutation, dtype, expected):
-    assert transpose.plan_path(transpose.gpu_plan(dims, permutation, np.dtype(dtype), sm_count=132)) == expected
+    assert transpose.plan.plan_path(transpose.plan.gpu_plan(dims, permutation, np.dtype(dtype), sm_count=132)) == expected
 
 
 @pytest.mark.parametrize("dims, axis, expected", [
@@ -238,7 +238,7 @@ def test_softmax_plan_paths(dims, axis, expected):
 def _layout(pieces, axis, dtype=np.float32):
     whole = list(pieces[0])
     whole[axis] = sum(p[axis] for p in pieces)
-    return concat.piece_layout(TensorShape(tuple(whole), dtype), [p[axis] for p in pieces], axis)
+    return concat.attrs.piece_layout(TensorShape(tuple(whole), dtype), [p[axis] for p in pieces], axis)
 
 
 @pytest.mark.parametrize("pieces, axis, to_whole, unit, expected", [
@@ -253,7 +253,7 @@ def test_concat_kernel_paths(pieces, axis, to_whole, unit, expected):
     """Which of copy_piece's loops run, from the grid the plan sizes: thread t enters the unrolled
     loop while t + (UNROLL - 1) * stride < count, the tail while units are left after it."""
     layout = _layout(pieces, axis)
-    got = concat.kernel_paths(layout, to_whole, unit, list(range(len(pieces))), sm_count=132)
+    got = concat.plan.kernel_paths(layout, to_whole, unit, list(range(len(pieces))), sm_count=132)
     assert set(got) == {f"concat.kernel.{p}" for p in expected} and set(got) <= set(DECLARED)
 
 
@@ -317,19 +317,19 @@ def test_small_device_plans_of_the_golden_launch_shapes():
     dims = [case.inputs[f"inputs.{i}"].shape for i in range(3)]
     layout = _layout(dims, 1)
     for unit in (16, 4):
-        small = _small(concat.kernel_paths, layout, True, unit, [0, 1, 2], sm_count=1)
+        small = _small(concat.plan.kernel_paths, layout, True, unit, [0, 1, 2], sm_count=1)
         assert {"concat.kernel.unrolled", "concat.kernel.tail"} <= set(small)
-        assert "concat.kernel.unrolled" not in concat.kernel_paths(layout, True, unit, [0, 1, 2], sm_count=132)
+        assert "concat.kernel.unrolled" not in concat.plan.kernel_paths(layout, True, unit, [0, 1, 2], sm_count=132)
     # concat: a one-row join of 128000 bytes takes memcpy2d on one SM (16 MiB x 1 / 132), the kernel on 132.
     case = _golden("concat", "one_row_memcpy2d_small_device")
     dims = [case.inputs[f"inputs.{i}"].shape for i in range(3)]
     layout = _layout(dims, 1)
     assert layout.outer == 1 and layout.row_bytes == 128000
-    method, steps, paths = _small(concat._gpu_move_plan, layout, True, "auto", 0b111, 0, 1)
+    method, steps, paths = _small(concat.gpu._gpu_move_plan, layout, True, "auto", 0b111, 0, 1)
     assert method == "memcpy2d" and len(steps) == 3 and paths == ("concat.memcpy2d",)
-    cut = _small(concat.kernel_paths, layout, False, 16, [0, 1, 2], sm_count=1)
+    cut = _small(concat.plan.kernel_paths, layout, False, 16, [0, 1, 2], sm_count=1)
     assert {"concat.kernel.cut", "concat.kernel.unrolled"} <= set(cut)
-    assert layout.row_bytes * concat.MEMCPY2D_MEASURED_SMS < concat.MEMCPY2D_MIN_BYTES * 132
+    assert layout.row_bytes * concat.gpu.MEMCPY2D_MEASURED_SMS < concat.gpu.MEMCPY2D_MIN_BYTES * 132
     # conv_2d: dilation 55: one output's 111 x 111 input region is past a tiled block's shared memory.
     case = _golden("conv_2d", "depthwise_dilation_55_untiled")
     state = types.SimpleNamespace(attrs=case.attrs, shapes={
@@ -347,11 +347,11 @@ def test_small_device_grids_of_the_plans():
     assert softmax.plan.gpu_plan((5, 1025), 1, np.dtype(np.float32))[1] == 5
     assert _small(softmax.plan.gpu_plan, (5, 1025), 1, np.dtype(np.float32))[1] == 2
     assert _small(softmax.plan.gpu_plan, (3000, 40), 1, np.dtype(np.float32))[1] == 2  # rows: 4 a block
-    plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
+    plan = transpose.plan.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=132)
     assert plan[1].endswith(", 32>") and plan[2] == (4, 5)  # too few 64 x 64 tiles for 132 SMs: 32 x 32 ones
     with gpu.simulated_device(sm_count=1, max_blocks=2):
-        plan = transpose.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=gpu.sm_count(0))
-    assert transpose.plan_path(plan) == "transpose.tiled64" and plan[2] == (1, 2)  # 5 batches over 2 blocks
+        plan = transpose.plan.gpu_plan((5, 40, 50), (0, 2, 1), np.dtype(np.float32), sm_count=gpu.sm_count(0))
+    assert transpose.plan.plan_path(plan) == "transpose.tiled64" and plan[2] == (1, 2)  # 5 batches over 2 blocks
     for lhs, rhs in (((300, 3), (1, 3)), ((6, 40), (6, 1)), ((4, 256, 40), (1,))):
         out = tuple(np.broadcast_shapes(lhs, rhs))
         assert _small(binary_plan, lhs, rhs, out) == binary_plan(lhs, rhs, out)

@@ -18,7 +18,7 @@ from .conftest import Dev, require
     ((8, 64, 160, 160), (0, 2, 3, 1), "tiled", 64),
 ])
 def test_plan_choice(dims, permutation, kind, tile):
-    plan = transpose.gpu_plan(dims, permutation, np.dtype(np.float32), sm_count=132)  # an H200
+    plan = transpose.plan.gpu_plan(dims, permutation, np.dtype(np.float32), sm_count=132)  # an H200
     assert plan[0] == kind
     if tile is not None:
         assert plan[1].endswith(f", {tile}>")

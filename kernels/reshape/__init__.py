@@ -4,31 +4,22 @@ Both tensors are C-contiguous, so forward is a plain copy of the input into the
 output (a device-to-device copy on the stream on the GPU) and backward a copy of
 output_grad into input_grad. `shape` may hold one -1, the size inferred from the
 element count, as in torch.reshape.
+
+The package: attrs.py holds the attrs; this module output_dims, init_kernel, the checks and the entry
+points (each checks, then calls its device's code); cpu.py the NumPy copy; gpu.py the device copy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from ..runtime import core, cpu, gpu, gpu_paths
-from ..runtime.core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
+from ..runtime import core
+from ..runtime import cpu as cpu_runtime
+from ..runtime import gpu as gpu_runtime
+from ..runtime.core import MOVABLE_DTYPES, ShapeError, TensorShape, fail
 from ..runtime.spec import UNARY_FORWARD, UNARY_SHAPES, declare_op, unary_backward
-
-OP = "reshape"
-
-
-@dataclass(frozen=True)
-class ReshapeAttrs:
-    """shape: the output dims; sizes >= 0, and at most one -1 (inferred from the input's element count)."""
-
-    shape: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        shape = core.attr_ints(OP, "shape", self.shape, minimum=-1)
-        if shape.count(-1) > 1:
-            raise fail(AttrsError, OP, "shape", "at most one -1 (inferred size)", shape)
-        core.set_attr(self, "shape", shape)
+from . import cpu, gpu
+from .attrs import OP, ReshapeAttrs
 
 
 def output_dims(attrs: ReshapeAttrs, input_dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -70,51 +61,41 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
     core.check_unary_backward(OP, stream, handle, state, attrs, output, output_grad, input, input_grad)
 
 
-# --------------------------------------------------------------------------- CPU
+# --------------------------------------------------------------------------- entry points
 
 
-@cpu.cpu_kernel
-def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
-                       input: core.Array, output: core.Array) -> None:
+@cpu_runtime.cpu_kernel
+def cpu_forward_kernel(stream: cpu_runtime.CpuStream, handle: cpu_runtime.CpuHandle, state: core.KernelState,
+                       attrs: ReshapeAttrs, input: core.Array, output: core.Array) -> None:
     """output = input.reshape(output dims), copied."""
     _check_forward(stream, handle, state, attrs, input, output)
-    cpu.cpu_copy(output, input.reshape(output.shape))
+    cpu.forward(input, output)
 
 
-@cpu.cpu_kernel
-def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
-                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
-                        input_grad: core.Array | None) -> None:
+@cpu_runtime.cpu_kernel
+def cpu_backward_kernel(stream: cpu_runtime.CpuStream, handle: cpu_runtime.CpuHandle, state: core.KernelState,
+                        attrs: ReshapeAttrs, output: core.Array | None, output_grad: core.Array,
+                        input: core.Array | None, input_grad: core.Array | None) -> None:
     """input_grad = output_grad.reshape(input dims), copied."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
-    if input_grad is not None:
-        cpu.cpu_copy(input_grad, output_grad.reshape(input_grad.shape))
-
-
-# --------------------------------------------------------------------------- GPU
-
-
-gpu_paths.declare(OP, {"copy": "forward and backward: one cudaMemcpyAsync of the whole tensor on the stream"})
+    cpu.backward(output_grad, input_grad)
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
-                       input: core.Array, output: core.Array) -> None:
+def gpu_forward_kernel(stream: gpu_runtime.GpuStream, handle: gpu_runtime.GpuHandle, state: core.KernelState,
+                       attrs: ReshapeAttrs, input: core.Array, output: core.Array) -> None:
     """output = input, a device-to-device copy enqueued on the stream."""
     _check_forward(stream, handle, state, attrs, input, output)
-    gpu_paths.reach("reshape.copy")
-    gpu.copy_async(stream, output, input)
+    gpu.forward(stream, input, output)
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: ReshapeAttrs,
-                        output: core.Array | None, output_grad: core.Array, input: core.Array | None,
-                        input_grad: core.Array | None) -> None:
+def gpu_backward_kernel(stream: gpu_runtime.GpuStream, handle: gpu_runtime.GpuHandle, state: core.KernelState,
+                        attrs: ReshapeAttrs, output: core.Array | None, output_grad: core.Array,
+                        input: core.Array | None, input_grad: core.Array | None) -> None:
     """input_grad = output_grad, a device-to-device copy enqueued on the stream."""
     _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad)
-    if input_grad is not None:
-        gpu_paths.reach("reshape.copy")
-        gpu.copy_async(stream, input_grad, output_grad)
+    gpu.backward(stream, output_grad, input_grad)
 
 
 # --------------------------------------------------------------------------- the declaration

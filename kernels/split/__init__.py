@@ -2,35 +2,25 @@
 
 Backward joins the output gradients back into input_grad. Split forward is concat
 backward and split backward is concat forward: both use the one implementation in
-:mod:`kernels.concat` (PieceLayout, cpu_/gpu_join and cpu_/gpu_cut).
+:mod:`kernels.concat` (attrs.PieceLayout, cpu.cpu_join/cpu_cut and gpu.gpu_join/gpu_cut).
+
+The package: attrs.py holds the attrs; this module output_dims, init_kernel (the state's PieceLayout,
+concat.attrs.piece_layout), the checks and the entry points (each checks, then calls its device's code);
+cpu.py and gpu.py call concat's cut and join.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..concat import cpu_cut, cpu_join, gpu_cut, gpu_join, piece_layout
-from ..runtime import core, cpu, gpu
+from ..concat.attrs import piece_layout
+from ..runtime import core
+from ..runtime import cpu as cpu_runtime
+from ..runtime import gpu as gpu_runtime
 from ..runtime.core import MOVABLE_DTYPES, AttrsError, ShapeError, TensorShape, fail
 from ..runtime.spec import Arg, declare_op
-
-OP = "split"
-
-
-@dataclass(frozen=True)
-class SplitAttrs:
-    """`splits`: the size of each output along `axis` (at least one; a size may be 0)."""
-
-    splits: tuple[int, ...]
-    axis: int
-
-    def __post_init__(self) -> None:
-        splits = core.attr_ints(OP, "splits", self.splits, minimum=0)
-        if not splits:
-            raise fail(AttrsError, OP, "splits", "at least one size", "()")
-        core.set_attr(self, "splits", splits)
-        core.set_attr(self, "axis", core.attr_int(OP, "axis", self.axis))
+from . import cpu, gpu
+from .attrs import OP, SplitAttrs
 
 
 def output_dims(attrs: SplitAttrs, dims: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -77,46 +67,41 @@ def _check_backward(stream, handle, state, attrs, outputs, output_grads, input, 
     return output_grads
 
 
-# --------------------------------------------------------------------------- CPU
+# --------------------------------------------------------------------------- entry points
 
 
-@cpu.cpu_kernel
-def cpu_forward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
-                       input: core.Array, outputs: Sequence[core.Array]) -> None:
+@cpu_runtime.cpu_kernel
+def cpu_forward_kernel(stream: cpu_runtime.CpuStream, handle: cpu_runtime.CpuHandle, state: core.KernelState,
+                       attrs: SplitAttrs, input: core.Array, outputs: Sequence[core.Array]) -> None:
     """outputs[i] = input's i-th slice along the axis."""
     outputs = _check_forward(stream, handle, state, attrs, input, outputs)
-    cpu_cut(state.saved["layout"], input, outputs)
+    cpu.forward(state, input, outputs)
 
 
-@cpu.cpu_kernel
-def cpu_backward_kernel(stream: cpu.CpuStream, handle: cpu.CpuHandle, state: core.KernelState, attrs: SplitAttrs,
-                        outputs: Sequence[core.Array], output_grads: Sequence[core.Array], input: core.Array | None,
-                        input_grad: core.Array | None) -> None:
+@cpu_runtime.cpu_kernel
+def cpu_backward_kernel(stream: cpu_runtime.CpuStream, handle: cpu_runtime.CpuHandle, state: core.KernelState,
+                        attrs: SplitAttrs, outputs: Sequence[core.Array], output_grads: Sequence[core.Array],
+                        input: core.Array | None, input_grad: core.Array | None) -> None:
     """input_grad = concatenate(output_grads, axis)."""
     output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)
-    if input_grad is not None:
-        cpu_join(state.saved["layout"], output_grads, input_grad)
-
-
-# --------------------------------------------------------------------------- GPU
+    cpu.backward(state, output_grads, input_grad)
 
 
 @core.gpu_kernel
-def gpu_forward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: SplitAttrs,
-                       input: core.Array, outputs: Sequence[core.Array]) -> None:
+def gpu_forward_kernel(stream: gpu_runtime.GpuStream, handle: gpu_runtime.GpuHandle, state: core.KernelState,
+                       attrs: SplitAttrs, input: core.Array, outputs: Sequence[core.Array]) -> None:
     """outputs[i] = input's i-th slice, one launch per 12 outputs, enqueued on the stream."""
     outputs = _check_forward(stream, handle, state, attrs, input, outputs)
-    gpu_cut(stream, state.saved["layout"], input, outputs)
+    gpu.forward(stream, state, input, outputs)
 
 
 @core.gpu_kernel
-def gpu_backward_kernel(stream: gpu.GpuStream, handle: gpu.GpuHandle, state: core.KernelState, attrs: SplitAttrs,
-                        outputs: Sequence[core.Array], output_grads: Sequence[core.Array], input: core.Array | None,
-                        input_grad: core.Array | None) -> None:
+def gpu_backward_kernel(stream: gpu_runtime.GpuStream, handle: gpu_runtime.GpuHandle, state: core.KernelState,
+                        attrs: SplitAttrs, outputs: Sequence[core.Array], output_grads: Sequence[core.Array],
+                        input: core.Array | None, input_grad: core.Array | None) -> None:
     """input_grad = concatenate(output_grads, axis), enqueued on the stream."""
     output_grads = _check_backward(stream, handle, state, attrs, outputs, output_grads, input, input_grad)
-    if input_grad is not None:
-        gpu_join(stream, state.saved["layout"], output_grads, input_grad)
+    gpu.backward(stream, state, output_grads, input_grad)
 
 
 # --------------------------------------------------------------------------- the declaration

@@ -75,5 +75,5 @@ def test_concat(benchmark, bench, input_dims, axis, direction, dtype):
 def test_concat_method(benchmark, bench, input_dims, axis, direction, method, monkeypatch):
     if (bench.impl, bench.device) != ("ours", "gpu"):
         pytest.skip("the GPU methods are ours, on the GPU only")
-    monkeypatch.setattr(concat, "GPU_METHOD", method)
+    monkeypatch.setattr(concat.gpu, "GPU_METHOD", method)
     _run(benchmark, bench, input_dims, axis, direction)

@@ -1,0 +1,151 @@
+"""The join/cut primitive on the GPU, for concat and split alike: concat.cu's concat_copy, one launch
+per 12 pieces, or one cudaMemcpy2DAsync per piece (GPU_METHOD); the launch plans are made on first use
+and kept in the layout. And concat's forward and backward, which run after the package's checks
+(gpu_forward_kernel, gpu_backward_kernel, which run inside their stream). Everything is enqueued on
+the given stream.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..runtime import core, gpu, gpu_paths
+from .attrs import OP
+from .plan import _GRID_SPAN, MAX_PIECES, UNROLL, _blocks, kernel_paths
+
+if TYPE_CHECKING:
+    from .attrs import PieceLayout
+
+# "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
+# value in one `struct Ints` argument (no pointer table in device memory, so no copy to the device
+# per call). "memcpy2d": one cudaMemcpy2DAsync per piece (~5 us of host time each). "auto": per
+# shape class, chosen once per plan from the H200 timings (median per call incl. sync):
+# - small joins (SPPF's four 1x320x20x20 on channels, a whole of 2 MB): memcpy2d 34.7 us, kernel
+#   35.0 us, a tie; the kernel's host cost is one launch whatever the number of pieces, and the hot
+#   path below (one pass over the pieces, the pointer argument kept while the addresses repeat) is
+#   leaner than that measurement's -> the kernel (to be re-measured);
+# - large one-row joins of at most MEMCPY2D_MAX_PIECES pieces (four 1x256x160x160, a whole of 105 MB)
+#   are bound by the copy bandwidth, where memcpy2d won -> memcpy2d from MEMCPY2D_MIN_BYTES of whole;
+# - cuts (SPPF's backward: kernel 24.2 us, PyTorch 43.2) and joins of many rows -> the kernel.
+# Kept switchable so that the benchmarks compare the methods.
+GPU_METHOD = "auto"
+MEMCPY2D_MAX_PIECES = 4
+MEMCPY2D_MIN_BYTES = 16 << 20  # whole bytes from which a one-row join is bandwidth-bound on the H200 (see above)
+# The H200's SMs: a device's threshold is MEMCPY2D_MIN_BYTES in proportion to its SM count (a join
+# is bandwidth-bound once each SM has that share to move), so a small device takes memcpy2d sooner.
+MEMCPY2D_MEASURED_SMS = 132
+
+# The GPU paths of the join/cut primitive (concat, and split, which runs it the other way round).
+gpu_paths.declare(OP, {
+    "memcpy2d": "one cudaMemcpy2DAsync per piece (auto: a join of one row, <= 4 pieces, >= 16 MiB of whole on 132 SMs)",
+    "kernel.join": "concat_copy<..., ToWhole=true>: pieces -> whole (concat forward, split backward)",
+    "kernel.cut": "concat_copy<..., ToWhole=false>: whole -> pieces (split forward, concat backward)",
+    **{f"kernel.unit{unit}": f"concat_copy moving {unit}-byte units (the widest that sizes and addresses allow)"
+       for unit in (16, 8, 4, 2, 1)},
+    "kernel.one_row": "outer == 1: a piece's unit index is a plain offset into the whole (no division)",
+    "kernel.rows": "outer > 1: a piece's unit index is split into row and column",
+    "kernel.batches": "more than 12 pieces present: one launch per 12",
+    "kernel.unrolled": "a piece longer than CONCAT_UNROLL - 1 grid strides: the unrolled main loop runs",
+    "kernel.tail": "a piece not a multiple of CONCAT_UNROLL grid strides: the one-unit tail loop runs",
+})
+
+_CUDA = gpu.CudaModule("concat.cu", [
+    f"concat_copy<{bits}, {index}, {direction}>"
+    for bits in gpu.BITS_TYPES for index in gpu.INDEX_TYPES for direction in ("true", "false")
+], defines={"CONCAT_UNROLL": UNROLL})
+
+
+def gpu_join(stream: Any, layout: PieceLayout, pieces: Sequence[Any], whole: Any, method: str | None = None) -> None:
+    """whole = the pieces side by side along the axis, enqueued on the stream."""
+    _gpu_move(stream, layout, whole, pieces, True, method or GPU_METHOD)
+
+
+def gpu_cut(stream: Any, layout: PieceLayout, whole: Any, pieces: Sequence[Any], method: str | None = None) -> None:
+    """Each piece that is not None = its slice of whole, enqueued on the stream."""
+    _gpu_move(stream, layout, whole, pieces, False, method or GPU_METHOD)
+
+
+def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method: str) -> None:
+    """The hot path: look the plan up by what can change between calls (which pieces are None,
+    the addresses' alignment), then only build the pointer tables and launch."""
+    whole_ptr = whole.data.ptr
+    bits, present, widths = whole_ptr, 0, layout.piece_bytes
+    ptrs = [0] * len(pieces)  # each piece's address read once (0 for a None one)
+    for i, piece in enumerate(pieces):
+        if piece is not None:
+            ptrs[i] = ptr = piece.data.ptr
+            present |= 1 << i
+            if widths[i]:  # an empty piece's address does not matter
+                bits |= ptr
+    key = (to_whole, method, present, bits & 15)
+    plan = layout.plans.get(key)
+    if plan is None:
+        plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, method, present, bits & 15,
+                                                  gpu.sm_count(stream.device))
+    method, steps, paths = plan
+    for path in paths:
+        gpu_paths.reach(path)
+    if method == "memcpy2d":
+        runtime = gpu.cupy.cuda.runtime
+        for i, offset, destination_pitch, source_pitch, width, height in steps:
+            piece_ptr, at_whole = ptrs[i], whole_ptr + offset
+            destination, source = (at_whole, piece_ptr) if to_whole else (piece_ptr, at_whole)
+            try:
+                runtime.memcpy2DAsync(destination, destination_pitch, source, source_pitch, width, height,
+                                      runtime.memcpyDeviceToDevice, stream.ptr)
+            except runtime.CUDARuntimeError as error:
+                raise core.CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+        return
+    for kernel, grid, batch, tail, last in steps:
+        # The pointer argument of the addresses of the last call is kept (last[0]: (addresses, argument)):
+        # a model's buffers repeat from call to call, and comparing a tuple costs less than packing one.
+        addresses = tuple([ptrs[i] for i in batch])
+        kept = last[0]
+        if kept is not None and kept[0] == addresses:
+            pointers = kept[1]
+        else:
+            pointers = gpu.ints_arg(addresses)
+            last[0] = (addresses, pointers)
+        gpu.launch(stream, kernel, grid, gpu.BLOCK, (whole, tail[0], tail[1], pointers, tail[2], tail[3]))
+
+
+def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int,
+                   sm_count: int) -> tuple:
+    """(method, steps, paths): the launches (or 2D copies) of one direction, for the pieces in the `present`
+    bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once;
+    `paths` are the named GPU paths they take (kernels.runtime.gpu_paths)."""
+    widths, offsets = layout.piece_bytes, layout.offset_bytes
+    active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
+    if method == "auto":
+        memcpy = (to_whole and layout.outer == 1 and len(active) <= MEMCPY2D_MAX_PIECES
+                  and layout.row_bytes * MEMCPY2D_MEASURED_SMS >= MEMCPY2D_MIN_BYTES * sm_count)
+        method = "memcpy2d" if memcpy else "kernel"
+    if method == "memcpy2d":
+        return method, [(i, offsets[i], *((layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)),
+                         widths[i], layout.outer) for i in active], (OP + ".memcpy2d",) if active else ()
+    # A unit divides every address iff it divides their OR (units are powers of two up to 16).
+    unit = gpu.widest_unit(layout.unit, misalignment)
+    index = gpu.index_type(layout.outer * layout.row_bytes + _GRID_SPAN)
+    scalar = np.int32 if index == "int" else np.int64
+    kernel = _CUDA.function(f"concat_copy<{gpu.unit_type(unit)}, {index}, {'true' if to_whole else 'false'}>")
+    plan = []
+    for start in range(0, len(active), MAX_PIECES):
+        batch = tuple(active[start:start + MAX_PIECES])
+        units = [widths[i] // unit for i in batch]
+        grid = (_blocks(layout.outer * max(units), sm_count), len(batch))
+        tail = (scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.ints_arg(units),
+                gpu.ints_arg([offsets[i] // unit for i in batch]))
+        plan.append((kernel, grid, batch, tail, [None]))
+    return method, plan, kernel_paths(layout, to_whole, unit, active, sm_count) if active else ()
+
+
+def forward(stream: Any, state: core.KernelState, inputs: Sequence[Any], output: Any) -> None:
+    """output = concatenate(inputs, axis), one launch per 12 inputs, enqueued on the stream."""
+    gpu_join(stream, state.saved["layout"], inputs, output)
+
+
+def backward(stream: Any, state: core.KernelState, output_grad: Any, input_grads: Sequence[Any]) -> None:
+    """input_grads[i] = output_grad's slice of input i (None ones skipped), enqueued on the stream."""
+    gpu_cut(stream, state.saved["layout"], output_grad, input_grads)
