@@ -94,7 +94,7 @@ def _fold(step, buffers, state):
 
 def _emulate(state, steps, buffers):
     for step in steps:
-        if isinstance(step, conv_2d.Gemm):
+        if isinstance(step, conv_2d.plan.Gemm):
             _gemm(step, buffers)
         else:
             _fold(step, buffers, state)
@@ -119,11 +119,11 @@ _CONFIGS = [
 def _state(dims, attrs, dtype=np.float64, chunk=None):
     state = conv_2d.init_kernel(Dev("cpu").handle, attrs, TensorShape(dims, dtype),
                                 TensorShape(conv_2d.output_dims(attrs, dims), dtype))
-    conv_2d.choose_paths(state)
+    conv_2d.plan.choose_paths(state)
     if chunk is not None:
         state.chunk = chunk
         if state.paths["backward_filter"] == "columns":
-            _, _, _, p, k = conv_2d._sizes(state)
+            _, _, _, p, k = conv_2d.plan._sizes(state)
             state.partials_at = -(-chunk * k * p // 64) * 64
     return state
 
@@ -133,7 +133,7 @@ def _state(dims, attrs, dtype=np.float64, chunk=None):
 def test_plans_match_the_cpu(index, chunk):
     dims, attrs = _CONFIGS[index]
     state = _state(dims, attrs, chunk=chunk)
-    expected_path = "gemm" if conv_2d.pointwise(attrs) else "columns"
+    expected_path = "gemm" if conv_2d.plan.pointwise(attrs) else "columns"
     assert state.paths["backward_data"] == state.paths["backward_filter"] == expected_path
     assert state.paths["forward"] == ("gemm" if expected_path == "gemm" else "cudnn")
     rng = np.random.default_rng(index)
@@ -146,25 +146,25 @@ def test_plans_match_the_cpu(index, chunk):
     conv_2d.cpu_forward_kernel(cpu.stream, cpu.handle, state, attrs, input, filter, None, expected["output"])
     conv_2d.cpu_backward_kernel(cpu.stream, cpu.handle, state, attrs, None, grad, input, expected["input_grad"],
                                 filter, expected["filter_grad"], None)
-    n, c, o, p, k = conv_2d._sizes(state)
+    n, c, o, p, k = conv_2d.plan._sizes(state)
     # Garbage everywhere the plans write: every element must be overwritten (beta 0 first).
     buffers = {"input": input.ravel().copy(), "filter": filter.ravel().copy(), "grad": grad.ravel().copy(),
                "output": np.full(grad.size, np.nan), "input_grad": np.full(input.size, np.nan),
                "filter_grad": np.full(filter.size, np.nan),
-               "workspace": np.full(conv_2d.workspace_elements(state), np.nan)}
-    plans = {"input_grad": conv_2d.plan_backward_data(state), "filter_grad": conv_2d.plan_backward_filter(state)}
+               "workspace": np.full(conv_2d.plan.workspace_elements(state), np.nan)}
+    plans = {"input_grad": conv_2d.plan.plan_backward_data(state), "filter_grad": conv_2d.plan.plan_backward_filter(state)}
     if state.paths["forward"] == "gemm":
-        plans["output"] = conv_2d.plan_forward(state)
+        plans["output"] = conv_2d.plan.plan_forward(state)
     for name, steps in plans.items():
         _emulate(state, steps, buffers)
         np.testing.assert_array_equal(buffers[name].reshape(expected[name].shape), expected[name], err_msg=name)
-    gemms = [s for s in plans["filter_grad"] if isinstance(s, conv_2d.Gemm)]
-    sums = [(s.first, s.stop) for s in plans["filter_grad"] if isinstance(s, conv_2d.Fold) and s.kind == "sum"]
+    gemms = [s for s in plans["filter_grad"] if isinstance(s, conv_2d.plan.Gemm)]
+    sums = [(s.first, s.stop) for s in plans["filter_grad"] if isinstance(s, conv_2d.plan.Fold) and s.kind == "sum"]
     if state.chunk == 1:  # one GEMM per image, accumulating in cuBLAS
         assert [s.beta for s in gemms] == [0.0] + [1.0] * (n - 1) and not sums
     else:  # one batched GEMM and one ordered sum per chunk
-        assert [s.batch for s in gemms] == [stop - first for first, stop in conv_2d._chunks(state)]
-        assert sums == conv_2d._chunks(state)
+        assert [s.batch for s in gemms] == [stop - first for first, stop in conv_2d.plan._chunks(state)]
+        assert sums == conv_2d.plan._chunks(state)
 
 
 def test_grouped_stays_on_cudnn_and_depthwise_takes_its_kernels():
@@ -270,7 +270,7 @@ def _depthwise_tiled_emulated(state, input, filter):
     its taps inside the input in (i, j) order, reading them from the region. Asserts that every tap read
     lies inside the region and that every output is written by exactly one block."""
     a = state.attrs
-    tile_h, tile_w, shared = state.tile if state.tile is not None else conv_2d.depthwise_tile(state)
+    tile_h, tile_w, shared = state.tile if state.tile is not None else conv_2d.plan.depthwise_tile(state)
     n_images, c, h, w = input.shape
     o = a.out_channels
     out_h, out_w = conv_2d.output_dims(a, input.shape)[2:]
@@ -321,7 +321,7 @@ def test_tiled_depthwise_forward_reads_its_region_and_matches_the_cpu(dims, attr
         monkeypatch.setattr(conv_2d.plan, "DEPTHWISE_SHARED_LIMIT", shared_limit)
     state = _state(dims, attrs)
     assert state.paths["forward"] == "depthwise"
-    tile = conv_2d.depthwise_tile(state)
+    tile = conv_2d.plan.depthwise_tile(state)
     assert tile is not None and (shared_limit is None or tile[0] * tile[1] < 64)
     rng = np.random.default_rng(8)
     input = rng.integers(-8, 9, dims).astype(np.float64)
@@ -341,9 +341,9 @@ def test_columns_too_large_fall_back_to_cudnn(monkeypatch):
     monkeypatch.setattr(conv_2d.plan, "COLUMN_LIMIT", 2 * (per_image + partial) + 7)
     state = _state(dims, attrs, np.float32)
     assert state.paths["backward_filter"] == "columns" and state.chunk == 2
-    assert conv_2d._chunks(state) == [(0, 2), (2, 3)]
+    assert conv_2d.plan._chunks(state) == [(0, 2), (2, 3)]
     assert state.partials_at >= 2 * 4 * 9 * 64 and state.partials_at % 64 == 0
-    assert conv_2d.workspace_elements(state) == state.partials_at + 2 * 2 * 4 * 9
+    assert conv_2d.plan.workspace_elements(state) == state.partials_at + 2 * 2 * 4 * 9
 
 
 # ------------------------------------------------------------------ GPU: the paths against the CPU
@@ -412,9 +412,9 @@ def test_forward_flops_and_workspace_limit(dims, attrs, dtype, flops, limit_mib)
     algorithm may ask for (twice the convolution's tensors where that passes 256 MiB: the NHWC copies of a
     half tensor-core algorithm)."""
     state = _state(dims, attrs, dtype)
-    assert conv_2d.forward_flops(state) == flops
-    assert conv_2d.workspace_limit(state) == round(limit_mib * 2**20)
-    assert (flops < conv_2d.IMPLICIT_GEMM_BELOW_FLOPS) == (flops < 2 * 10**7)
+    assert conv_2d.plan.forward_flops(state) == flops
+    assert conv_2d.plan.workspace_limit(state) == round(limit_mib * 2**20)
+    assert (flops < conv_2d.plan.IMPLICIT_GEMM_BELOW_FLOPS) == (flops < 2 * 10**7)
 
 
 @pytest.mark.parametrize("dims, attrs, dtype, tile", [
@@ -440,9 +440,9 @@ def test_depthwise_tile(dims, attrs, dtype, tile):
     memory of their input region and the taps (None: the untiled kernel)."""
     state = _state(dims, attrs, dtype)
     assert state.paths["forward"] == "depthwise"
-    assert conv_2d.depthwise_tile(state) == tile
+    assert conv_2d.plan.depthwise_tile(state) == tile
     if tile is not None:
-        assert tile[2] <= conv_2d.DEPTHWISE_SHARED_LIMIT
+        assert tile[2] <= conv_2d.plan.DEPTHWISE_SHARED_LIMIT
 
 
 @pytest.mark.gpu
@@ -473,15 +473,15 @@ def test_gpu_init_picks_the_paths_and_implicit_gemm(monkeypatch):
                 expected = _state(dims, attrs, dtype)
                 assert state.paths == expected.paths and state.chunk == expected.chunk
                 if state.paths["forward"] == "cudnn":
-                    small = conv_2d.forward_flops(state) < conv_2d.IMPLICIT_GEMM_BELOW_FLOPS
-                    assert ("forward", conv_2d.workspace_limit(state),
+                    small = conv_2d.plan.forward_flops(state) < conv_2d.plan.IMPLICIT_GEMM_BELOW_FLOPS
+                    assert ("forward", conv_2d.plan.workspace_limit(state),
                             cudnn.FWD_ALGO_IMPLICIT_GEMM if small else None) in asked
                     assert small == ((dims, attrs) not in above)
                     if small:
                         assert state.algorithms["forward"].algo == cudnn.FWD_ALGO_IMPLICIT_GEMM
                     assert state.algorithms["forward"].algo in cudnn.EXACT_FWD_ALGOS
                 if state.paths["backward_data"] == "columns":
-                    _, _, _, p, k = conv_2d._sizes(state)
+                    _, _, _, p, k = conv_2d.plan._sizes(state)
                     assert state.workspace_size >= state.chunk * k * p * np.dtype(dtype).itemsize
                 conv_2d.cleanup_kernel(dev.handle, state)
     finally:
@@ -492,7 +492,7 @@ def test_no_gemm_path_needs_no_workspace():
     """Grouped (not depthwise) convolutions stay on cuDNN in every direction: the GEMM workspace is empty."""
     state = _state((2, 4, 6, 6), Conv2DAttrs(6, 3, 3, groups=2))
     assert set(state.paths.values()) == {"cudnn"}
-    assert conv_2d.workspace_elements(state) == 0
+    assert conv_2d.plan.workspace_elements(state) == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BFLOAT16])
@@ -505,14 +505,14 @@ def test_half_precision_paths(dtype):
         state = _state((n, 5, 6, 7), Conv2DAttrs(3, 1, 1), dtype)
         assert state.paths == {"forward": "gemm", "backward_data": "gemm",
                                "backward_filter": "gemm" if n == 1 else "cudnn"}
-        assert state.chunk == 1 and conv_2d.workspace_elements(state) == 0
-        assert [(s.batch, s.beta) for s in conv_2d.plan_forward(state)] == [(n, 0.0)]
+        assert state.chunk == 1 and conv_2d.plan.workspace_elements(state) == 0
+        assert [(s.batch, s.beta) for s in conv_2d.plan.plan_forward(state)] == [(n, 0.0)]
         if n == 1:
-            assert [(s.batch, s.beta) for s in conv_2d.plan_backward_filter(state)] == [(1, 0.0)]
+            assert [(s.batch, s.beta) for s in conv_2d.plan.plan_backward_filter(state)] == [(1, 0.0)]
     state = _state((2, 3, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1), dtype)
-    assert state.paths == dict.fromkeys(conv_2d.DIRECTIONS, "cudnn")
-    assert conv_2d.workspace_elements(state) == 0
+    assert state.paths == dict.fromkeys(conv_2d.plan.DIRECTIONS, "cudnn")
+    assert conv_2d.plan.workspace_elements(state) == 0
     state32 = _state((2, 3, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1), np.float32)
     assert "cudnn" not in (state32.paths["backward_data"], state32.paths["backward_filter"])
     depthwise = _state((2, 4, 9, 8), Conv2DAttrs(4, 3, 3, 2, 2, 1, 1, groups=4), dtype)
-    assert depthwise.paths == dict.fromkeys(conv_2d.DIRECTIONS, "depthwise")
+    assert depthwise.paths == dict.fromkeys(conv_2d.plan.DIRECTIONS, "depthwise")

@@ -13,7 +13,7 @@ from conformance.cases import element_binary as cases
 from conformance.compare import compare
 from conformance.golden import GoldenStore
 from kernels import BinaryOpType, ElementBinaryAttrs, TensorShape, cpu_handle, cpu_stream, element_binary
-from kernels.element_binary import Space, divider, gpu_plan
+from kernels.element_binary.plan import Space, divider, gpu_plan
 from kernels.runtime.core import HALF_DTYPES
 
 # --------------------------------------------------------------------------- the emulation
@@ -63,7 +63,7 @@ def emulate_forward(op, lhs, rhs, out_dims):
 
 def _grad_values(op, side, l, r, g):
     with np.errstate(all="ignore"):
-        return element_binary._cpu_grad(op, side, l, r, g)
+        return element_binary.cpu.grad(op, side, l, r, g)
 
 
 def _shuffle_tree(lanes):
@@ -106,7 +106,7 @@ def emulate_backward(op, lhs, rhs, output_grad):
                     lanes[:, k % 32] = lanes[:, k % 32] + chunk[:, k]
                 total = _shuffle_tree(lanes)
             partials.append(total)
-        if grad.chunks > element_binary.WARP_SUM_CHUNKS:  # binary_sum_partials_warps
+        if grad.chunks > element_binary.plan.WARP_SUM_CHUNKS:  # binary_sum_partials_warps
             lanes = np.zeros((kept_count, 32), dtype=g.dtype)
             for s, partial in enumerate(partials):
                 lanes[:, s % 32] = lanes[:, s % 32] + partial
@@ -176,7 +176,7 @@ def test_plans_reach_every_reduction_path():
         kinds.add("same" if plan.same else "broadcast")
         if not plan.same:
             kinds.update(f"{g.kind}{'_split' if g.chunks > 1 else ''}" for g in plan.grads)
-            kinds.update("warp_sum" for g in plan.grads if g.chunks > element_binary.WARP_SUM_CHUNKS)
+            kinds.update("warp_sum" for g in plan.grads if g.chunks > element_binary.plan.WARP_SUM_CHUNKS)
     assert kinds >= {"same", "broadcast", "rows", "rows_split", "warps", "warps_split", "warp_sum"}, kinds
 
 
@@ -209,11 +209,11 @@ def test_emulated_gpu_meets_goldens(case, store):
 
 
 def test_collapse_merges_and_drops_size_one_dims():
-    assert element_binary.collapse((2, 3, 4), (2, 3, 4), (2, 3, 4)) == ([24], [1], [1])
-    assert element_binary.collapse((2, 5, 3, 4), (2, 1, 3, 4), (2, 5, 1, 4)) == ([2, 5, 3, 4], [12, 0, 4, 1], [20, 4, 0, 1])
-    assert element_binary.collapse((1, 80, 7, 7), (1, 80, 7, 7), (1, 80, 1, 1)) == ([80, 49], [49, 1], [1, 0])
-    assert element_binary.collapse((1, 1), (1,), (1, 1)) == ([1], [1], [1])
-    assert element_binary.collapse((2, 0, 3), (2, 0, 3), (2, 1, 3)) == ([2, 0, 3], [0, 3, 1], [3, 0, 1])
+    assert element_binary.plan.collapse((2, 3, 4), (2, 3, 4), (2, 3, 4)) == ([24], [1], [1])
+    assert element_binary.plan.collapse((2, 5, 3, 4), (2, 1, 3, 4), (2, 5, 1, 4)) == ([2, 5, 3, 4], [12, 0, 4, 1], [20, 4, 0, 1])
+    assert element_binary.plan.collapse((1, 80, 7, 7), (1, 80, 7, 7), (1, 80, 1, 1)) == ([80, 49], [49, 1], [1, 0])
+    assert element_binary.plan.collapse((1, 1), (1,), (1, 1)) == ([1], [1], [1])
+    assert element_binary.plan.collapse((2, 0, 3), (2, 0, 3), (2, 1, 3)) == ([2, 0, 3], [0, 3, 1], [3, 0, 1])
     # Every (lhs, rhs) broadcast on three dims collapses to strides that address the same elements.
     for mask in itertools.product([0, 1], repeat=6):
         out = (2, 3, 4)
@@ -229,7 +229,7 @@ def test_collapse_merges_and_drops_size_one_dims():
 
 def test_reduction_split_depends_on_the_shapes_alone():
     """The split orders the sums, so it is the same on every GPU: 2**18 threads' worth of chunks."""
-    assert element_binary.REDUCTION_THREADS == 262144
+    assert element_binary.plan.REDUCTION_THREADS == 262144
     dims = ((1, 64, 400, 400), (64, 1, 1), (1, 64, 400, 400))
     assert gpu_plan(*dims).grads[1].chunks == 125
 

@@ -189,7 +189,7 @@ def test_names_computed_by_the_plans_are_declared():
             for pool_type in PoolOp:
                 for kernel in (3, 16):
                     attrs = Pool2DAttrs(kernel, kernel, 1, 1, 0, 0, pool_type)
-                    assert set(pool_2d.plan_paths(attrs, direction, aligned and direction == "forward")) <= set(DECLARED)
+                    assert set(pool_2d.plan.plan_paths(attrs, direction, aligned and direction == "forward")) <= set(DECLARED)
 
 
 @pytest.mark.parametrize("lhs, rhs, expected", [
@@ -310,7 +310,7 @@ def test_small_device_plans_of_the_golden_launch_shapes():
     # pool_2d: a window past 48 KB of shared memory even for a one-row tile: the direct forward, int taps.
     case = _golden("pool_2d", "max_64x97_direct_f64")
     assert pool_plan.max_forward_tile(case.attrs, 1, 2, 8) is None
-    assert pool_2d.plan_paths(case.attrs, "forward", False) == ("pool_2d.max.forward_direct", "pool_2d.max.taps_i32")
+    assert pool_2d.plan.plan_paths(case.attrs, "forward", False) == ("pool_2d.max.forward_direct", "pool_2d.max.taps_i32")
     # concat: pieces longer than 3 strides of a 2-block grid run the unrolled copy, aligned and misaligned;
     # on 132 SMs the grid covers them in one round.
     case = _golden("concat", "rows_past_unrolled_small_device")

@@ -149,8 +149,8 @@ def test_max_tile_too_large_for_shared_memory_falls_back():
     """A 41x41 window in float64: a 16x32 tile reads 56x72 inputs and keeps 56x32 row maxima and taps,
     52.5 KiB of shared memory, over the 48 KiB limit: no tile (the direct kernel); SPPF's 5x5 window gets one."""
     big = Pool2DAttrs(41, 41, 1, 1, 20, 20, PoolOp.MAX)
-    assert pool_2d.max_forward_tile(big, 64, 64, 8) is None
-    tile_h, tile_w, tiles_h, tiles_w, shared = pool_2d.max_forward_tile(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), 20, 20, 4)
+    assert pool_2d.plan.max_forward_tile(big, 64, 64, 8) is None
+    tile_h, tile_w, tiles_h, tiles_w, shared = pool_2d.plan.max_forward_tile(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), 20, 20, 4)
     assert (tile_w, tiles_w) == (20, 1) and tile_h * tiles_h >= 20 and shared <= pool_2d.plan.TILE_SHARED_LIMIT
 
 
@@ -158,13 +158,13 @@ def test_max_tile_aligns_int_taps_after_half_values():
     """2-byte values can end at an odd multiple of 2 bytes: the int32 taps after them start at the next
     multiple of 4 (the kernel's column_offset), and the shared size counts that padding."""
     attrs = ODD_INT_TAPS[0]  # 272 taps: int32
-    tile_h, tile_w, _, _, shared = pool_2d.max_forward_tile(attrs, 5, 10, 2)
+    tile_h, tile_w, _, _, shared = pool_2d.plan.max_forward_tile(attrs, 5, 10, 2)
     in_h, in_w = tile_h - 1 + 17, tile_w - 1 + 16
     values = (in_h * in_w + in_h * tile_w) * 2
     taps = in_h * tile_w * 4
     assert values % 4 == 2  # this geometry needs the padding
     assert shared == values + 2 + taps
-    assert pool_2d.max_forward_tile(attrs, 5, 10, 4)[4] == (in_h * in_w + in_h * tile_w) * 4 + taps
+    assert pool_2d.plan.max_forward_tile(attrs, 5, 10, 4)[4] == (in_h * in_w + in_h * tile_w) * 4 + taps
 
 
 def test_output_dims_refuse_a_rank_other_than_4():

@@ -92,7 +92,7 @@ def cudnn_calls():
     st = k.conv_2d.init_kernel(handle, a, S.of(xi), S.of(oo))
     k.conv_2d.forward_kernel(stream, handle, st, a, xi, w, b, oo)
     d, h = st.descriptors, handle.cudnn(stream)
-    ws, wsb = k.conv_2d._workspace(handle, st)
+    ws, wsb = k.conv_2d.gpu._workspace(handle, st)
     one, zero = cudnn.scalar(f32, 1), cudnn.scalar(f32, 0)
     yield "cudnnConvolutionForward 1x1", lambda: cudnn.convolution_forward(
         h, one, d.x, xi.data.ptr, d.w, w.data.ptr, d.conv, st.algorithms["forward"], ws, wsb, zero, d.y,

@@ -139,7 +139,7 @@ _add("yolov10_residual_add", ADD, (1, 4, 5, 3), (1, 4, 5, 3))
 _add("yolov10_attention_scale_mul", MUL, (1, 2, 4, 6), (1, 2, 1, 6))
 _add("yolov10_per_channel_mul", MUL, (1, 4, 5, 3), (1, 4, 1, 1))
 
-# The GPU's reduction paths (element_binary.grad_plan): a warp per gradient element with
+# The GPU's reduction paths (element_binary.plan.grad_plan): a warp per gradient element with
 # two reduced dims; split reductions (partial sums, then their sum) in both kernels.
 _add("per_channel_batch2_mul", MUL, (2, 3, 5, 8), (1, 3, 1, 1),
      description="rhs_grad: warp per channel, reduced over batch and 40 positions")

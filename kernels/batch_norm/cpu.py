@@ -19,11 +19,11 @@ from .. import activation as activations
 from ..runtime import cpu as cpu_runtime
 from ..runtime import cpu_paths
 from ..runtime.core import HALF_DTYPES
-from . import SavedForward
+from .attrs import SavedForward
 from .plan import Layout
 
 if TYPE_CHECKING:
-    from . import BatchNormAttrs, BatchNormState
+    from .attrs import BatchNormAttrs, BatchNormState
 
 # Elements of one block: its few float64 buffers (512 KB each) stay in cache, and the calls are long
 # enough for two threads not to wait on each other for the GIL (2^14: twice the time). A statistic's

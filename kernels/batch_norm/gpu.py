@@ -38,11 +38,11 @@ import numpy as np
 
 from .. import activation as activations
 from ..runtime import gpu, gpu_paths
-from . import SavedForward
+from .attrs import SavedForward
 from .plan import APPLY_UNROLL, BLOCK, PACK_BYTES, GpuPlan, gpu_plan, grid2, inference_launch
 
 if TYPE_CHECKING:
-    from . import BatchNormAttrs, BatchNormState
+    from .attrs import BatchNormAttrs, BatchNormState
 
 _NULL = np.uint64(0)  # a null pointer argument (absent gamma, beta or gradient)
 # bn_spatial_partials' `what` and bn_forward_apply's `stats_from` (BN_PARTIALS_*, BN_STATS_* of batch_norm.cu)

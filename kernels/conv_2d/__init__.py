@@ -61,82 +61,25 @@ cudnnAddTensor adds the bias; conv_2d.cu sums the bias gradient. The GEMM and
 fold steps of each path are planned as data (plan_*), so their index math is
 checked on the CPU against NumPy (tests/test_conv_2d_gemm_plan.py).
 
-The package: this module holds the attrs, the state, init_kernel, the checks and
-the entry points (each checks, then calls its device's code); cpu.py the NumPy
-code; plan.py the device-free path choice and GEMM/fold plans; gpu.py the GPU
-code; conv_2d.cu the CUDA kernels.
+The package: this module holds the shapes, init_kernel, the checks and the entry
+points (each checks, then calls its device's code); attrs.py the attrs and the state;
+cpu.py the NumPy code; plan.py the device-free path choice and GEMM/fold plans; gpu.py
+the GPU code; conv_2d.cu the CUDA kernels.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .. import activation
 from ..runtime import core
 from ..runtime import cpu as cpu_runtime
-from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, StateError, TensorShape, fail
 from ..runtime.spec import UNARY_SHAPES, Arg, declare_op, unary_backward
 from . import cpu, gpu
-
-# The plans and the names tests and tools read (tests/test_conv_2d_gemm_plan.py, tools/profile_overhead.py).
-from .gpu import _workspace  # noqa: F401
-from .plan import (  # noqa: F401
-    DEPTHWISE_SHARED_LIMIT,
-    DIRECTIONS,
-    IMPLICIT_GEMM_BELOW_FLOPS,
-    Direction,
-    Fold,
-    Gemm,
-    Path,
-    _chunks,
-    _sizes,
-    choose_paths,
-    depthwise,
-    depthwise_tile,
-    forward_flops,
-    plan_backward_data,
-    plan_backward_filter,
-    plan_forward,
-    pointwise,
-    workspace_elements,
-    workspace_limit,
-)
-
-OP = "conv_2d"
-
-
-@dataclass(frozen=True)
-class Conv2DAttrs:
-    out_channels: int
-    kernel_h: int
-    kernel_w: int
-    stride_h: int = 1
-    stride_w: int = 1
-    padding_h: int = 0
-    padding_w: int = 0
-    dilation_h: int = 1
-    dilation_w: int = 1
-    groups: int = 1
-    use_bias: bool = False
-    activation: activation.Activation | None = None  # applied after the bias
-    # False: no backward will be called on the state (inference only). A fused activation's forward then
-    # keeps no pre-activation (it is applied in the output itself) and backward_kernel raises StateError.
-    backward: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("out_channels", "kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w",
-                     "groups"):
-            core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=1))
-        for name in ("padding_h", "padding_w"):
-            core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=0))
-        if self.out_channels % self.groups:
-            raise fail(AttrsError, OP, "groups", f"a divisor of out_channels ({self.out_channels})", self.groups)
-        core.set_attr(self, "use_bias", core.attr_bool(OP, "use_bias", self.use_bias))
-        core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
-        core.set_attr(self, "backward", core.attr_bool(OP, "backward", self.backward))
+from .attrs import OP, Conv2DAttrs, Conv2DState
+from .attrs import Conv2DDescriptors as Conv2DDescriptors  # public: the type of Conv2DState.descriptors
 
 
 def _check_extent(attrs: Conv2DAttrs, dims: tuple[int, ...]) -> None:
@@ -170,70 +113,6 @@ def flops(attrs: Conv2DAttrs, input_dims: tuple[int, ...]) -> int:
     """Multiply-adds of one forward, counted as 2 flops each."""
     n, o, out_h, out_w = output_dims(attrs, input_dims)
     return 2 * n * o * out_h * out_w * (input_dims[1] // attrs.groups) * attrs.kernel_h * attrs.kernel_w
-
-
-
-@dataclass(eq=False)
-class Conv2DDescriptors:
-    """The cuDNN descriptors of one GPU state (None where not made: a zero-size convolution, no bias),
-    owned by it until cleanup."""
-
-    x: Any = None  # the input
-    w: Any = None  # the filter
-    y: Any = None  # the output
-    bias: Any = None  # (1, O, 1, 1)
-    conv: Any = None  # the convolution
-
-    def destroy(self) -> list[core.KernelError]:
-        """Destroy every descriptor made, each once; return the failures (the others are destroyed anyway)."""
-        errors = []
-        for name in ("y", "bias", "x", "w", "conv"):
-            descriptor = getattr(self, name)
-            if descriptor is None:
-                continue
-            setattr(self, name, None)
-            try:
-                descriptor.destroy()
-            except core.KernelError as error:
-                errors.append(error)
-        return errors
-
-
-@dataclass(eq=False)
-class Conv2DState(core.KernelState):
-    """The state of one conv_2d: the pre-activation its last forward kept (a fused activation's
-    backward reads it); on the GPU also its cuDNN descriptors, the path and cuDNN algorithm of each
-    direction (chosen at init), the workspace they need, and what the calls make once and keep.
-    core.KernelState's `saved` dict is unused."""
-
-    # The forward's pre-activation, for the backward of a fused activation (None: no forward yet).
-    pre: Any = None
-    # GPU, made at init.
-    descriptors: Conv2DDescriptors = field(default_factory=Conv2DDescriptors)
-    algorithms: dict[Direction, Any] = field(default_factory=dict)  # cudnn.Algorithm of each direction
-    paths: dict[Direction, Path] = field(default_factory=dict)  # plan.choose_paths
-    workspace_size: int = 0  # bytes of the handle's workspace the calls use
-    tf32: bool = False  # float32 with the handle's allow_tf32: cuDNN and cuBLAS may use TF32 tensor cores
-    chunk: int = 1  # images whose columns and per-image filter gradients the workspace holds at once
-    partials_at: int = 0  # where in the workspace (elements) the per-image filter gradients start
-    tile: tuple[int, int, int] | None = None  # a depthwise forward's (tile_h, tile_w, shared bytes): plan.depthwise_tile
-    # GPU, made on first use and kept until cleanup: the shapes and attrs never change after init.
-    pre_buffer: Any = None  # the pre-activation (a fused activation's forward writes it, then output)
-    pre_grad_buffer: Any = None  # the pre-activation's gradient
-    geometry: Any = None  # struct ConvGeometry of conv_2d.cu (a NumPy scalar)
-    forward_plan: list[Gemm] | None = None
-    backward_data_plan: list[Gemm | Fold] | None = None
-    backward_filter_plan: list[Gemm | Fold] | None = None
-
-    def release(self) -> None:
-        errors = self.descriptors.destroy()  # destroy them all, then report the first failure
-        self.pre = self.pre_buffer = self.pre_grad_buffer = self.geometry = None
-        self.forward_plan = self.backward_data_plan = self.backward_filter_plan = None
-        self.algorithms.clear()
-        self.paths.clear()
-        super().release()
-        if errors:
-            raise errors[0]
 
 
 def init_kernel(handle: Any, attrs: Conv2DAttrs, input_shape: TensorShape, output_shape: TensorShape) -> Conv2DState:

@@ -22,7 +22,7 @@ from ..runtime import core, cpu_paths
 from ..runtime import cpu as cpu_runtime
 
 if TYPE_CHECKING:
-    from . import Conv2DAttrs, Conv2DState
+    from .attrs import Conv2DAttrs, Conv2DState
 
 
 # im2col of rows at least this long (output width) copies fast enough as a strided view; shorter

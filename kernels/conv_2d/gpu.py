@@ -36,7 +36,7 @@ from .plan import (
 )
 
 if TYPE_CHECKING:
-    from . import Conv2DState
+    from .attrs import Conv2DState
 
 # Shared with conv_2d.cu, which gets them as -D options (CudaModule's defines): the block sizes of the
 # kernels that reduce in a shared-memory tree of that many doubles (powers of two), and the fields of

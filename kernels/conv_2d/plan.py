@@ -24,7 +24,7 @@ from ..runtime import gpu
 from ..runtime.core import HALF_DTYPES
 
 if TYPE_CHECKING:
-    from . import Conv2DAttrs, Conv2DState
+    from .attrs import Conv2DAttrs, Conv2DState
 
 # The most bytes of im2col columns held at once (a chunk of whole images); an image needing more
 # takes cuDNN's backward algorithms instead.

@@ -19,56 +19,21 @@ operations, then sums each gradient over the dims its operand was broadcast alon
 
 Forward MAX/MIN propagate NaN and, on a tie of +0 and -0, return lhs (torch's choice).
 
-A package: this module holds the attrs, the state, the checks and the entry points;
-cpu.py the NumPy code, plan.py the GPU plans (pure Python, no device), gpu.py the
-launches of element_binary.cu.
+A package: this module holds the checks and the entry points; attrs.py the attrs,
+BinaryOpType and the state; cpu.py the NumPy code, plan.py the GPU plans (pure Python,
+no device), gpu.py the launches of element_binary.cu.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..runtime import core
 from ..runtime import cpu as cpu_runtime
 from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, TensorShape, fail
 from ..runtime.spec import BINARY_FORWARD, BINARY_SHAPES, binary_backward, declare_op
-from .plan import (  # noqa: F401  (element_binary's plans, as tests and tools know them)
-    REDUCTION_THREADS,
-    WARP_SUM_CHUNKS,
-    GpuPlan,
-    GradPlan,
-    Space,
-    collapse,
-    divider,
-    gpu_plan,
-    grad_plan,
-)
-
-if TYPE_CHECKING:
-    from .gpu import BackwardStep, ForwardLaunch
-
-OP = "element_binary"
-
-
-class BinaryOpType(enum.Enum):
-    """The binary ops; the values are the op codes of element_binary.cu (OP_ADD ..., -D options from gpu.py)."""
-
-    ADD = 0
-    SUB = 1
-    MUL = 2
-    DIV = 3
-    MAX = 4
-    MIN = 5
-
-
-@dataclass(frozen=True)
-class ElementBinaryAttrs:
-    op_type: BinaryOpType
-
-    def __post_init__(self) -> None:
-        core.set_attr(self, "op_type", core.attr_enum(OP, "op_type", self.op_type, BinaryOpType))
+from . import cpu, gpu
+from .attrs import OP, BinaryOpType, ElementBinaryAttrs, ElementBinaryState
 
 
 def broadcast_dims(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -82,23 +47,6 @@ def broadcast_dims(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...]) -> tupl
             return None
         out.append(b if a == 1 else a)
     return tuple(out)
-
-
-@dataclass(eq=False)
-class ElementBinaryState(core.KernelState):
-    """The shapes, and on the GPU what each call would otherwise work out again: the plan, the
-    forward's launch, the backward's launches for each (lhs_grad wanted, rhs_grad wanted) and the
-    buffer of partial sums of a split reduction (made on first need, kept until cleanup)."""
-
-    plan: GpuPlan | None = None
-    gpu_forward: ForwardLaunch | None = None
-    gpu_backward: dict[tuple[bool, bool], list[BackwardStep] | None] = field(default_factory=dict)
-    partials: Any = None
-
-    def release(self) -> None:
-        super().release()
-        self.gpu_forward = self.partials = None
-        self.gpu_backward.clear()
 
 
 def init_kernel(handle: Any, attrs: ElementBinaryAttrs, lhs_shape: TensorShape, rhs_shape: TensorShape,
@@ -141,12 +89,6 @@ def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: An
         ("rhs_grad", rhs_grad, state.shapes["rhs_shape"], False),
     ])
 
-
-# --------------------------------------------------------------------------- the implementations
-
-# Imported here, below BinaryOpType, which they import from this module.
-from . import cpu, gpu  # noqa: E402
-from .cpu import grad as _cpu_grad  # noqa: E402, F401  (the emulation of tests/test_element_binary_plan.py)
 
 # --------------------------------------------------------------------------- entry points
 

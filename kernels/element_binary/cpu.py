@@ -9,7 +9,7 @@ import numpy as np
 
 from ..runtime import core, cpu_paths
 from ..runtime import cpu as cpu_runtime
-from . import BinaryOpType
+from .attrs import BinaryOpType
 
 _CPU_PARALLEL_MIN = 1 << 16  # outputs below which one thread does the whole call
 

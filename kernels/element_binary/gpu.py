@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runtime import core, gpu, gpu_paths
-from . import BinaryOpType
+from .attrs import BinaryOpType
 from .plan import WARP_SUM_CHUNKS, GpuPlan, GradPlan, gpu_plan
 
 if TYPE_CHECKING:
-    from . import ElementBinaryAttrs, ElementBinaryState
+    from .attrs import ElementBinaryAttrs, ElementBinaryState
 
 # 16-byte loads and stores (`struct Vec` of element_binary.cu) where every pointer is aligned to them.
 VECTOR_BYTES = 16

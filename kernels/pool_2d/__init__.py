@@ -30,58 +30,23 @@ activation is evaluated in float32 at the half pre-activation kept in the state,
 and its derivative's product rounded to the dtype before the gather, as the GPU's
 activation kernels do.
 
-A package: this module holds the attrs, the checks, init and the entry points; cpu.py the NumPy
+A package: this module holds the checks, init and the entry points; attrs.py the attrs, PoolOp
+and what cpu.py and gpu.py share (the taps' dtype, the state's kept buffers); cpu.py the NumPy
 code, plan.py the GPU tile and the path names (pure Python, no device), gpu.py the launches of
 pool_2d.cu.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .. import activation
 from ..runtime import core
 from ..runtime import cpu as cpu_runtime
 from ..runtime import gpu as gpu_runtime
-from ..runtime.core import ALL_FLOAT_DTYPES, AttrsError, ShapeError, StateError, TensorShape, fail
+from ..runtime.core import ALL_FLOAT_DTYPES, ShapeError, StateError, TensorShape, fail
 from ..runtime.spec import UNARY_FORWARD, UNARY_SHAPES, declare_op, unary_backward
-
-OP = "pool_2d"
-
-
-class PoolOp(enum.Enum):
-    MAX = "MAX"
-    AVG = "AVG"
-
-
-@dataclass(frozen=True)
-class Pool2DAttrs:
-    kernel_h: int
-    kernel_w: int
-    stride_h: int
-    stride_w: int
-    padding_h: int
-    padding_w: int
-    pool_type: PoolOp
-    count_include_pad: bool = True  # AVG only, PyTorch's default
-    activation: activation.Activation | None = None  # applied after the pooling
-
-    def __post_init__(self) -> None:
-        for name in ("kernel_h", "kernel_w", "stride_h", "stride_w"):
-            core.set_attr(self, name, core.attr_int(OP, name, getattr(self, name), minimum=1))
-        for name, kernel_name in (("padding_h", "kernel_h"), ("padding_w", "kernel_w")):
-            padding = core.attr_int(OP, name, getattr(self, name), minimum=0)
-            half = getattr(self, kernel_name) // 2
-            if padding > half:
-                raise fail(AttrsError, OP, name, f"at most half of {kernel_name} ({half})", padding)
-            core.set_attr(self, name, padding)
-        core.set_attr(self, "pool_type", core.attr_enum(OP, "pool_type", self.pool_type, PoolOp))
-        core.set_attr(self, "count_include_pad", core.attr_bool(OP, "count_include_pad", self.count_include_pad))
-        core.set_attr(self, "activation", activation.attr_activation(OP, self.activation))
+from . import cpu, gpu
+from .attrs import OP, Pool2DAttrs, PoolOp
 
 
 def _check_window(attrs: Pool2DAttrs, dims: tuple[int, ...]) -> None:
@@ -103,11 +68,6 @@ def output_dims(attrs: Pool2DAttrs, dims: tuple[int, ...]) -> tuple[int, ...]:
     n, c, h, w = dims
     return (n, c, (h + 2 * attrs.padding_h - attrs.kernel_h) // attrs.stride_h + 1,
             (w + 2 * attrs.padding_w - attrs.kernel_w) // attrs.stride_w + 1)
-
-
-def tap_dtype(attrs: Pool2DAttrs) -> np.dtype:
-    """The dtype of the saved argmax taps: one byte while the window has at most 255 taps."""
-    return np.dtype(np.uint8 if attrs.kernel_h * attrs.kernel_w <= 255 else np.int32)
 
 
 def init_kernel(handle: Any, attrs: Pool2DAttrs, input_shape: TensorShape, output_shape: TensorShape) -> core.KernelState:
@@ -133,19 +93,6 @@ def _check_backward(stream, handle, state, attrs, output, output_grad, input, in
     if attrs.activation is not None and "pre" not in state.saved:
         raise fail(StateError, OP, "state", f"a forward before the backward (it saves the pre-{attrs.activation.name} values)",
                    "none")
-
-
-def _saved(state, name: str, xp: Any, dims: tuple[int, ...], dtype: Any) -> Any:
-    """A buffer the state keeps across calls (argmax taps, pre-activation), made on first use
-    (on the GPU by gpu.device_empty: outside CuPy's pool, freed only once the device is done)."""
-    if name not in state.saved:
-        state.saved[name] = np.empty(dims, dtype=dtype) if xp is np else gpu_runtime.device_empty(
-            dims, dtype, state.device)
-    return state.saved[name]
-
-
-from . import cpu, gpu  # noqa: E402  (they import the names above)
-from .plan import max_forward_tile, plan_paths  # noqa: E402, F401  (tests/test_pool_2d_paths.py)
 
 
 @cpu_runtime.cpu_kernel

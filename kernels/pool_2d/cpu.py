@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import activation
 from ..runtime import core, cpu, cpu_paths
-from . import Pool2DAttrs, PoolOp, _saved, tap_dtype
+from .attrs import Pool2DAttrs, PoolOp, _saved, tap_dtype
 
 
 def _window_tap(array: np.ndarray, attrs: Pool2DAttrs, out_h: int, out_w: int, row: int, column: int) -> np.ndarray:

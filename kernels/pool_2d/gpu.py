@@ -9,8 +9,8 @@ import numpy as np
 
 from .. import activation
 from ..runtime import core, gpu, gpu_paths
-from . import OP, Pool2DAttrs, PoolOp, _saved, tap_dtype
 from . import plan as _plan
+from .attrs import OP, Pool2DAttrs, PoolOp, _saved, tap_dtype
 from .plan import plan_paths
 
 _CUDA = gpu.CudaModule("pool_2d.cu", [

@@ -4,7 +4,7 @@ tile (max_forward_tile) and the named GPU paths of a launch (plan_paths)."""
 from __future__ import annotations
 
 from ..runtime import gpu
-from . import OP, Pool2DAttrs, PoolOp, tap_dtype
+from .attrs import OP, Pool2DAttrs, PoolOp, tap_dtype
 
 TILE_OUTPUTS = 512  # outputs a block of the tiled MAX forward aims at (two a thread)
 TILE_SHARED_LIMIT = gpu.SHARED_MEMORY_LIMIT  # a larger tile falls back to the direct kernel
