@@ -46,8 +46,10 @@ Contract:
   is ordered by its caller: make its inputs and read its results on that stream. Torch
   tensors are ordered on the way in (DLPack hands ``cupy.from_dlpack`` the producer's
   stream) and on the way out (torch's current stream waits for ours) either way.
-- **Errors** are the kernels' own ``kernels.KernelError`` subclasses, let through;
-  what this layer checks itself (argument forms torch accepts but the kernels do not,
+- **Errors** are the kernels' own ``kernels.KernelError`` subclasses, in the caller's terms: a
+  kernel's message naming itself and its argument (``conv_2d: filter: ...``) is raised again, as the
+  same class, naming the function called and the argument passed (``conv2d: weight: ...``), the
+  kernel's error as its ``__cause__`` (kernels/functional_errors.py); what this layer checks itself (argument forms torch accepts but the kernels do not,
   like ``ceil_mode=True``) raises them too, naming the function and the argument.
 - **batch_norm** keeps torch's signature: ``running_mean``/``running_var`` are the
   caller's arrays, updated in place when training (the kernel updates the state's

@@ -202,3 +202,17 @@ def test_bad_arguments_are_the_kernel_models_errors():
         YOLOv10("n", device="meta")
     with pytest.raises(kernels.DTypeError, match="dtype"):
         YOLOv10("n", dtype=torch.int32)
+
+
+def test_the_training_example_runs():
+    """examples/train_torch.py as documented (the plain loss: ultralytics is not a dependency)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).parents[1]
+    result = subprocess.run([sys.executable, "examples/train_torch.py", "--steps", "2", "--plain-loss"], cwd=root,
+                            capture_output=True, text=True, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    losses = [float(line.split("loss ")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 2 and all(np.isfinite(losses))
