@@ -46,9 +46,12 @@ Contract:
   is ordered by its caller: make its inputs and read its results on that stream. Torch
   tensors are ordered on the way in (DLPack hands ``cupy.from_dlpack`` the producer's
   stream) and on the way out (torch's current stream waits for ours) either way.
-- **Errors** are the kernels' own ``kernels.KernelError`` subclasses, let through;
-  what this layer checks itself (argument forms torch accepts but the kernels do not,
-  like ``ceil_mode=True``) raises them too, naming the function and the argument.
+- **Errors** are the kernels' own ``kernels.KernelError`` subclasses, in the caller's terms: a
+  kernel's message naming itself and its argument (``conv_2d: filter: ...``) is raised again, as the
+  same class, naming the function called and the argument passed (``conv2d: weight: ...``), the
+  kernel's error as its ``__cause__`` (kernels/functional_errors.py); what this layer checks itself
+  (argument forms torch accepts but the kernels do not, like ``ceil_mode=True``) raises them too,
+  naming the function and the argument.
 - **batch_norm** keeps torch's signature: ``running_mean``/``running_var`` are the
   caller's arrays, updated in place when training (the kernel updates the state's
   running statistics; the state is pointed at the caller's arrays for the call).
@@ -68,7 +71,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import batch_matmul, concat, conv_2d, element_binary, element_unary, pool_2d
+from . import batch_matmul, concat, conv_2d, element_binary, element_unary, functional_errors, pool_2d
 from . import batch_norm as batch_norm_op
 from . import gradient_reduction as gradient_reduction_op
 from . import reshape as reshape_op
@@ -86,8 +89,8 @@ from .element_unary import ElementUnaryAttrs, UnaryOpType
 from .gradient_reduction import GradientReductionAttrs
 from .pool_2d import Pool2DAttrs, PoolOp
 from .reshape import ReshapeAttrs
-from .runtime import core, cpu, gpu, handle
-from .runtime.core import AttrsError, DeviceError, ShapeError, StateError, TensorShape, fail
+from .runtime import core, cpu, dlpack, gpu, handle
+from .runtime.core import AttrsError, DeviceError, KernelError, ShapeError, StateError, TensorShape, fail
 from .softmax import SoftmaxAttrs
 from .split import SplitAttrs
 from .transpose import TransposeAttrs
@@ -174,6 +177,7 @@ def _freeze(value: Any) -> Any:
 _OP_MODULES = {m.OP: m for m in (batch_matmul, batch_norm_op, concat, conv_2d, element_binary, element_unary,
                                  gradient_reduction_op, pool_2d, reshape_op, softmax_op, split_op, transpose_op,
                                  upsample_op)}
+_KERNEL_OPS = frozenset(_OP_MODULES)
 
 _LOCK = threading.Lock()
 _CPU: dict[str, Any] = {}  # "stream", "runtime"
@@ -317,7 +321,7 @@ class _Env:
             if not isinstance(obj, np.ndarray):
                 if _device_of(self.op, name, obj) != "cpu":
                     raise fail(DeviceError, self.op, name, "a CPU tensor (as the input)", _where(_device_of(self.op, name, obj)))
-                obj = np.from_dlpack(obj)
+                obj = dlpack.from_dlpack(obj, np)  # a torch bfloat16 tensor through uint16 (kernels/runtime/dlpack.py)
             return obj if obj.flags.c_contiguous else np.ascontiguousarray(obj)
         cupy = self.xp  # pragma: no cover - GPU: CuPy arrays
         with self.stream:  # pragma: no cover - GPU: CuPy arrays
@@ -325,7 +329,7 @@ class _Env:
                 device = _device_of(self.op, name, obj)
                 if device != self.device:
                     raise fail(DeviceError, self.op, name, f"a tensor on GPU {self.device} (as the input)", _where(device))
-                obj = cupy.from_dlpack(obj)  # under our stream: the producer's work is ordered before ours
+                obj = dlpack.from_dlpack(obj, cupy)  # under our stream: the producer's work is ordered before ours
             return obj if obj.flags.c_contiguous else cupy.ascontiguousarray(obj)
 
     def empty(self, dims: Sequence[int], dtype: Any) -> Any:
@@ -344,10 +348,8 @@ class _Env:
         """A result as the caller gave its input: a torch tensor sharing the memory, or the array itself."""
         if array is None or not self.torch:
             return array
-        import torch
-
         with self.active():  # torch's stream waits for ours (CuPy's __dlpack__ sees our stream as current)
-            return torch.from_dlpack(array)
+            return dlpack.to_torch(array)
 
 
 # The (default stream, CuPy current stream) pairs of the calls made inside the outermost public call of
@@ -368,6 +370,11 @@ def _ordered(function: Any) -> Any:
         _ORDER.pending = []
         try:
             return function(*args, **kwargs)
+        except KernelError as error:  # a kernel's error in the terms of this call (kernels/functional_errors.py)
+            translated = functional_errors.in_user_terms(error, function.__name__, _KERNEL_OPS)
+            if translated is None:
+                raise
+            raise translated from error
         finally:
             pending, _ORDER.pending = _ORDER.pending, None
             for stream, current in pending:  # pragma: no cover - GPU: a call on a default stream
@@ -657,13 +664,13 @@ def _stat_view(env: _Env, name: str, given: Any) -> Any:
     if _is_torch(given) and given.requires_grad:
         given = given.detach()
     if env.device == "cpu":
-        view = np.from_dlpack(given)
+        view = dlpack.from_dlpack(given, np)
         if not view.flags.writeable and _is_torch(given):
             # NumPy before 2.2.5 imports every DLPack tensor read-only; torch's own view shares the memory writably.
             view = given.numpy()
         return view
     with env.stream:  # pragma: no cover - GPU: CuPy arrays
-        return env.xp.from_dlpack(given)
+        return dlpack.from_dlpack(given, env.xp)
 
 
 def _contiguous_copy(env: _Env, array: Any, dtype: Any) -> Any:

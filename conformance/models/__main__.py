@@ -13,9 +13,19 @@ import re
 import sys
 from typing import Any, Callable
 
+from kernels.models.yolov10 import VARIANTS
+
 from .comparison import BOUNDS, CONDITION_FACTOR, HEADER, KINDS
-from .reference import VARIANTS
-from .session import HEADROOM, Report, Settings, run
+
+try:  # the PyTorch reference program: torch is the `models` extra's, not a runtime dependency
+    from .session import HEADROOM, Report, Settings, run
+except ModuleNotFoundError as error:
+    if error.name != "torch":
+        raise
+    TORCH_MISSING: str | None = ("python -m conformance.models compares with a PyTorch program and needs torch, which "
+                                 "is not installed: pip install 'yolov10-kernels[models]' (torch==2.13.0)")
+else:
+    TORCH_MISSING = None
 
 MODELS = tuple(f"yolov10{v}" for v in VARIANTS)
 
@@ -34,9 +44,11 @@ In float16, where a gradient of the reference would overflow (or come within
 for both models, and the report says by how much.
 Then a timing of ours beside PyTorch (on a GPU with TF32 off).
 
+Needs PyTorch (the `models` extra: pip install 'yolov10-kernels[models]').
+
 Exit status: 0 when every tensor is within its bound; 1 when one is not; 2 when
 the comparison could not start (a bad option, an unknown model, a device that
-cannot run here, no kernel model)."""
+cannot run here, no kernel model, no torch)."""
 
 EPILOG = f"""\
 models: {", ".join(MODELS)} (or --variant {"|".join(VARIANTS)}|all)
@@ -155,6 +167,8 @@ def main(argv: list[str] | None = None, model_class: Callable[..., Any] | None =
     """The command line, `argv` without the program name; returns the exit status. `model_class`
     stands in for kernels.models.YOLOv10 (tests)."""
     arguments = _parser().parse_args(argv)
+    if TORCH_MISSING:
+        return _error(TORCH_MISSING)
     variants, problem = _variants(arguments)
     if problem:
         return _error(problem)

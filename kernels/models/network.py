@@ -9,12 +9,14 @@ forward, backward, gradients, cleanup) is here.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..runtime import cpu as cpu_runtime
+from ..runtime import dlpack
 from ..runtime import gpu as gpu_runtime
 from ..runtime.core import (
     ALL_FLOAT_DTYPES,
@@ -29,6 +31,7 @@ from ..runtime.core import (
     compute_dtype,
     fail,
 )
+from . import checkpoint
 from .graph import Graph, Plan
 
 
@@ -291,21 +294,33 @@ class Network:
         return result
 
     def _as_array(self, value: Any) -> Any:
-        """A NumPy (CPU) or CuPy (GPU) view or copy of a state_dict value."""
+        """A NumPy (CPU) or CuPy (GPU) view or copy of a state_dict value (a torch tensor through DLPack)."""
+        if dlpack.is_torch(value):
+            value = value.detach()
+            if self.xp is np or value.device.type != "cuda":
+                return self._as_array(dlpack.from_dlpack(value.cpu(), np))
+            return dlpack.from_dlpack(value, self.xp)  # pragma: no cover - GPU: a CUDA tensor to a GPU model
         if self.xp is np:
             if type(value).__module__.startswith("cupy"):  # pragma: no cover - GPU: a CuPy array given to a CPU model
                 value = value.get()
             return np.asarray(value)
         return self.xp.asarray(value)  # pragma: no cover - GPU: NumPy or CuPy arrays to the device
 
-    def load_state_dict(self, mapping: Any) -> "Network":
-        """Copy every entry of `mapping` (ultralytics' names -> arrays: NumPy, CuPy on the GPU, anything
-        numpy.asarray takes) into the network, cast to each entry's dtype (dtype_of: in a half network the
-        BatchNorms' gamma, beta and running statistics float32, every other parameter the half dtype; a value
-        of another dtype is rounded once to it, on the host). Raises StateDictError, naming them, for
-        missing, extra or misshapen entries, before anything is copied. Returns self."""
+    def load_state_dict(self, mapping: Any, strict: bool = True) -> Any:
+        """Copy every entry of `mapping` (ultralytics' names -> arrays: NumPy, CuPy on the GPU, torch tensors,
+        anything numpy.asarray takes) into the network, cast to each entry's dtype (dtype_of: in a half network
+        the BatchNorms' gamma, beta and running statistics float32, every other parameter the half dtype; a
+        value of another dtype is rounded once to it, on the host). A checkpoint wrapper or a common key prefix
+        is recognised (kernels/models/checkpoint.py). Raises StateDictError, naming them, for misshapen
+        entries and (strict, the default) missing or extra ones, before anything is copied; saying why where
+        no key is a name at all. Returns self; with strict=False, as torch, the entries it has are loaded
+        and IncompatibleKeys(missing_keys, unexpected_keys) is returned."""
         self._require_open()
         expected = {entry.name: entry for entry in self.registry.entries}
+        mapping, done = checkpoint.normalize(mapping, list(expected))
+        if not isinstance(mapping, Mapping):
+            raise fail(StateDictError, self.OP, "load_state_dict", "a mapping of names to arrays (or a checkpoint)",
+                       type(mapping).__name__)
         with self.active():
             arrays = {name: self._as_array(value) for name, value in mapping.items()}
         missing = [name for name in expected if name not in arrays]
@@ -313,11 +328,16 @@ class Network:
         misshapen = [f"{name} (expected {expected[name].dims}, found {tuple(array.shape)})"
                      for name, array in arrays.items() if name in expected and tuple(array.shape) != expected[name].dims]
         problems = [f"{what}: {', '.join(names)}" for what, names in
-                    (("missing", missing), ("unexpected", extra), ("misshapen", misshapen)) if names]
+                    ((("missing", missing), ("unexpected", extra)) if strict else ()) + (("misshapen", misshapen),)
+                    if names]
+        if strict and arrays and len(missing) == len(expected):  # nothing matched: say why, not all the names
+            raise StateDictError(f"{self.OP}: load_state_dict: {checkpoint.unmatched(arrays, list(expected), done)}")
         if problems:
-            raise StateDictError(f"{self.OP}: load_state_dict: " + "; ".join(problems))
+            raise StateDictError(f"{self.OP}: load_state_dict: " + "; ".join(problems) + (f" (after {done})" if done else ""))
         with self.active():
             for entry in self.registry.entries:
+                if entry.name not in arrays:
+                    continue  # strict=False: left as it is
                 array = arrays[entry.name]
                 if entry.kind == "count":
                     self.counts[entry.name[: -len(".num_batches_tracked")]] = int(array)
@@ -331,7 +351,7 @@ class Network:
                     target[...] = array
         if self.fused_params:
             self._fold()
-        return self
+        return self if strict else checkpoint.IncompatibleKeys(missing, extra)
 
     # ----------------------------------------------------------------- running
 

@@ -381,8 +381,11 @@ class YOLOv10(Network):
     GRAD_OUTPUTS = ("one2many", "one2one")
 
     def __init__(self, variant: str = "n", num_classes: int = 80, device: Any = "cpu", dtype: Any = "float32"):
+        if isinstance(variant, str) and variant.startswith("yolov10") and variant[len("yolov10"):] in VARIANTS:
+            variant = variant[len("yolov10"):]  # the name the CLI and ultralytics take: yolov10n
         if variant not in VARIANTS:
-            raise fail(AttrsError, OP, "variant", f"one of {', '.join(VARIANTS)}", repr(variant))
+            names = ", ".join("yolov10" + v for v in VARIANTS)
+            raise fail(AttrsError, OP, "variant", f"one of {', '.join(VARIANTS)} (or {names})", repr(variant))
         if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
             raise fail(AttrsError, OP, "num_classes", "an integer >= 1", repr(num_classes))
         self.variant, self.num_classes = variant, int(num_classes)
