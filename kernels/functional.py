@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 import threading
 import weakref
@@ -71,7 +72,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import batch_matmul, concat, conv_2d, element_binary, element_unary, functional_errors, pool_2d
+from . import batch_matmul, concat, conv_2d, element_binary, element_unary, functional_errors, pool_2d, registry
 from . import batch_norm as batch_norm_op
 from . import gradient_reduction as gradient_reduction_op
 from . import reshape as reshape_op
@@ -174,9 +175,8 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-_OP_MODULES = {m.OP: m for m in (batch_matmul, batch_norm_op, concat, conv_2d, element_binary, element_unary,
-                                 gradient_reduction_op, pool_2d, reshape_op, softmax_op, split_op, transpose_op,
-                                 upsample_op)}
+# Every op's module, by name (kernels.registry): the states and contexts name their op.
+_OP_MODULES = {name: importlib.import_module(spec.module) for name, spec in registry.OPS.items()}
 _KERNEL_OPS = frozenset(_OP_MODULES)
 
 _LOCK = threading.Lock()
@@ -550,6 +550,7 @@ def _conv_padding(op: str, padding: Any, weight_dims: tuple[int, ...], dilation:
     return _pair(op, "padding", padding)
 
 
+@_ordered
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
            padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1, *,
            activation: ActivationArg = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -573,6 +574,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     return env.out(output)
 
 
+@_ordered
 def conv2d_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                     stream: Any = None) -> Conv2dGrads:
     """Gradients of the conv2d forward recorded in `ctx`: input, weight and bias (where the forward had one)."""
@@ -600,6 +602,7 @@ class BatchNormGrads(NamedTuple):
     bias: Tensor | None
 
 
+@_ordered
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5, *,
                activation: ActivationArg = None, mode: BatchNormMode | str = BatchNormMode.SPATIAL,
@@ -678,6 +681,7 @@ def _contiguous_copy(env: _Env, array: Any, dtype: Any) -> Any:
         return env.xp.ascontiguousarray(array, dtype=dtype)
 
 
+@_ordered
 def batch_norm_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None,
                         retain: bool = False, stream: Any = None) -> BatchNormGrads:
     """Gradients of the batch_norm forward recorded in `ctx` (through the batch statistics after a
@@ -716,6 +720,7 @@ def _pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, 
     return env.out(output)
 
 
+@_ordered
 def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False, *,
                activation: ActivationArg = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -729,6 +734,7 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
     return _pool(op, input, kernel_size, stride, padding, PoolOp.MAX, True, activation, ctx, stream)
 
 
+@_ordered
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None, *,
                activation: ActivationArg = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -752,11 +758,13 @@ def _unary_like_backward(op: str, module: Any, grad_output: Tensor, ctx: Context
     return env.out(input_grad)
 
 
+@_ordered
 def max_pool2d_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the max_pool2d forward recorded in `ctx` (its argmax)."""
     return _unary_like_backward("max_pool2d_backward", pool_2d, grad_output, ctx, retain, stream)
 
 
+@_ordered
 def avg_pool2d_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the avg_pool2d forward recorded in `ctx`."""
     return _unary_like_backward("avg_pool2d_backward", pool_2d, grad_output, ctx, retain, stream)
@@ -765,6 +773,7 @@ def avg_pool2d_backward(grad_output: Tensor, ctx: Context, *, retain: bool = Fal
 # --------------------------------------------------------------------------- interpolate / upsample
 
 
+@_ordered
 def interpolate(input: Tensor, size: IntPair | None = None, scale_factor: float | Sequence[float] | None = None,
                 mode: str = "nearest", align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -803,11 +812,13 @@ def interpolate(input: Tensor, size: IntPair | None = None, scale_factor: float 
     return env.out(output)
 
 
+@_ordered
 def interpolate_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the interpolate forward recorded in `ctx`."""
     return _unary_like_backward("interpolate_backward", upsample_op, grad_output, ctx, retain, stream)
 
 
+@_ordered
 def upsample(input: Tensor, size: IntPair | None = None, scale_factor: float | Sequence[float] | None = None,
               mode: str = "nearest", align_corners: bool | None = None, *, ctx: Context | None = None,
               stream: Any = None) -> Tensor:
@@ -821,6 +832,7 @@ upsample_backward = interpolate_backward
 # --------------------------------------------------------------------------- softmax
 
 
+@_ordered
 def softmax(input: Tensor, dim: int, *, dtype: Any = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.softmax over `dim` (negative counts from the end); `dtype` casts the input first."""
     op = "softmax"
@@ -836,6 +848,7 @@ def softmax(input: Tensor, dim: int, *, dtype: Any = None, ctx: Context | None =
     return env.out(output)
 
 
+@_ordered
 def softmax_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the softmax forward recorded in `ctx` (from its output)."""
     return _unary_like_backward("softmax_backward", softmax_op, grad_output, ctx, retain, stream)
@@ -844,6 +857,7 @@ def softmax_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False,
 # --------------------------------------------------------------------------- cat, split
 
 
+@_ordered
 def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.cat of two or more tensors along `dim` (any rank, any numeric dtype)."""
     op = "cat"
@@ -861,6 +875,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, 
     return env.out(output)
 
 
+@_ordered
 def cat_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[bool] | None = None, retain: bool = False,
                  stream: Any = None) -> list[Tensor | None]:
     """The gradients of the cat forward recorded in `ctx`, one per tensor (None where `needs[i]` is false)."""
@@ -877,6 +892,7 @@ def cat_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[bool] | N
     return [env.out(a) for a in grads]
 
 
+@_ordered
 def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0, *, ctx: Context | None = None,
           stream: Any = None) -> tuple[Tensor, ...]:
     """torch.split: pieces of `split_size_or_sections` each (the last smaller), or of the sizes listed."""
@@ -904,6 +920,7 @@ def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int 
     return tuple(env.out(o) for o in outputs)
 
 
+@_ordered
 def split_backward(grad_outputs: Sequence[Tensor | None], ctx: Context, *, retain: bool = False,
                    stream: Any = None) -> Tensor:
     """The input gradient of the split forward recorded in `ctx`; a None entry stands for zeros."""
@@ -947,6 +964,7 @@ def _shape_only_backward(op: str, module: Any, grad_output: Tensor, ctx: Context
     return env.out(input_grad)
 
 
+@_ordered
 def reshape(input: Tensor, shape: Sequence[int], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.reshape (one -1 inferred); always a copy, made on the stream."""
     env = _Env("reshape", input, stream)
@@ -955,11 +973,13 @@ def reshape(input: Tensor, shape: Sequence[int], *, ctx: Context | None = None, 
     return _shape_only_forward("reshape", reshape_op, env, x, attrs, reshape_op.output_dims(attrs, tuple(x.shape)), ctx)
 
 
+@_ordered
 def reshape_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the reshape forward recorded in `ctx`."""
     return _shape_only_backward("reshape_backward", reshape_op, grad_output, ctx, retain, stream)
 
 
+@_ordered
 def permute(input: Tensor, dims: Sequence[int], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.permute: output dim d is input dim dims[d] (negative dims count from the end); a copy."""
     op = "permute"
@@ -972,11 +992,13 @@ def permute(input: Tensor, dims: Sequence[int], *, ctx: Context | None = None, s
     return _shape_only_forward(op, transpose_op, env, x, attrs, transpose_op.output_dims(attrs, tuple(x.shape)), ctx)
 
 
+@_ordered
 def permute_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the permute forward recorded in `ctx` (the inverse permutation)."""
     return _shape_only_backward("permute_backward", transpose_op, grad_output, ctx, retain, stream)
 
 
+@_ordered
 def transpose(input: Tensor, dim0: int, dim1: int, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.transpose: dims dim0 and dim1 swapped; a copy."""
     op = "transpose"
@@ -989,6 +1011,7 @@ def transpose(input: Tensor, dim0: int, dim1: int, *, ctx: Context | None = None
     return _shape_only_forward(op, transpose_op, env, x, attrs, transpose_op.output_dims(attrs, tuple(x.shape)), ctx)
 
 
+@_ordered
 def transpose_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the transpose forward recorded in `ctx`."""
     return _shape_only_backward("transpose_backward", transpose_op, grad_output, ctx, retain, stream)
@@ -1037,6 +1060,7 @@ def _binary_backward(op: str, grad_output: Tensor, ctx: Context, needs: Sequence
     return BinaryGrads(env.out(lhs_grad), env.out(rhs_grad))
 
 
+@_ordered
 def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.matmul of (..., M, K) by (..., K, N), rank >= 3 with identical leading dims (no broadcasting)."""
     op = "matmul"
@@ -1050,6 +1074,7 @@ def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: 
                            ctx)
 
 
+@_ordered
 def matmul_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                     stream: Any = None) -> BinaryGrads:
     """Gradients of the matmul forward recorded in `ctx`: BinaryGrads(input, other)."""
@@ -1080,66 +1105,78 @@ def _elementwise(op: str, op_type: BinaryOpType, input: Tensor, other: Tensor | 
     return _binary_forward(op, element_binary, ElementBinaryAttrs(op_type), env, lhs, rhs, dims, ctx)
 
 
+@_ordered
 def add(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.add (NumPy broadcasting on either side; a number `other` runs as a scalar op)."""
     return _elementwise("add", BinaryOpType.ADD, input, other, ctx, stream)
 
 
+@_ordered
 def sub(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.sub (broadcasting; a number `other` runs as a scalar op)."""
     return _elementwise("sub", BinaryOpType.SUB, input, other, ctx, stream)
 
 
+@_ordered
 def mul(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.mul (broadcasting; a number `other` runs as a scalar op)."""
     return _elementwise("mul", BinaryOpType.MUL, input, other, ctx, stream)
 
 
+@_ordered
 def div(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.div, true division (broadcasting; a number `other` runs as a scalar op)."""
     return _elementwise("div", BinaryOpType.DIV, input, other, ctx, stream)
 
 
+@_ordered
 def maximum(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.maximum (broadcasting; NaN propagates; a tie gives each side half the gradient)."""
     return _elementwise("maximum", BinaryOpType.MAX, input, other, ctx, stream)
 
 
+@_ordered
 def minimum(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.minimum (broadcasting; NaN propagates; a tie gives each side half the gradient)."""
     return _elementwise("minimum", BinaryOpType.MIN, input, other, ctx, stream)
 
 
+@_ordered
 def add_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the add forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("add_backward", grad_output, ctx, needs, retain, stream)
 
 
+@_ordered
 def sub_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the sub forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("sub_backward", grad_output, ctx, needs, retain, stream)
 
 
+@_ordered
 def mul_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the mul forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("mul_backward", grad_output, ctx, needs, retain, stream)
 
 
+@_ordered
 def div_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the div forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("div_backward", grad_output, ctx, needs, retain, stream)
 
 
+@_ordered
 def maximum_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                      stream: Any = None) -> BinaryGrads:
     """Gradients of the maximum forward in `ctx`, summed over broadcast dims."""
     return _binary_backward("maximum_backward", grad_output, ctx, needs, retain, stream)
 
 
+@_ordered
 def minimum_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                      stream: Any = None) -> BinaryGrads:
     """Gradients of the minimum forward in `ctx`, summed over broadcast dims."""
@@ -1149,6 +1186,7 @@ def minimum_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] 
 # --------------------------------------------------------------------------- gradient_reduction
 
 
+@_ordered
 def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """The sum of one or more same-shape tensors, left to right (the gradients of a tensor read more than once)."""
     op = "gradient_reduction"
@@ -1165,6 +1203,7 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     return env.out(output)
 
 
+@_ordered
 def gradient_reduction_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False,
                                 stream: Any = None) -> list[Tensor]:
     """The gradients of the gradient_reduction forward in `ctx`: grad_output copied, once per tensor."""
@@ -1197,37 +1236,44 @@ def _unary_backward(op: str, grad_output: Tensor, ctx: Context, retain: bool, st
     return _unary_like_backward(op, element_unary, grad_output, ctx, retain, stream)
 
 
+@_ordered
 def relu(input: Tensor, inplace: bool = False, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.relu (relu'(0) = 0); `inplace` is accepted as False only (outputs are new)."""
     _refuse("relu", "inplace", inplace, False, "the functional layer returns new arrays")
     return _unary("relu", UnaryOpType.RELU, input, None, ctx, stream)
 
 
+@_ordered
 def relu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the relu forward recorded in `ctx`."""
     return _unary_backward("relu_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def sigmoid(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.sigmoid."""
     return _unary("sigmoid", UnaryOpType.SIGMOID, input, None, ctx, stream)
 
 
+@_ordered
 def sigmoid_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the sigmoid forward recorded in `ctx`."""
     return _unary_backward("sigmoid_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def tanh(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.tanh."""
     return _unary("tanh", UnaryOpType.TANH, input, None, ctx, stream)
 
 
+@_ordered
 def tanh_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the tanh forward recorded in `ctx`."""
     return _unary_backward("tanh_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False, *, ctx: Context | None = None,
         stream: Any = None) -> Tensor:
     """torch.nn.functional.elu (elu'(0) = alpha, as torch)."""
@@ -1235,73 +1281,87 @@ def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False, *, ctx: Contex
     return _unary("elu", UnaryOpType.ELU, input, alpha, ctx, stream)
 
 
+@_ordered
 def elu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the elu forward recorded in `ctx`."""
     return _unary_backward("elu_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def gelu(input: Tensor, approximate: str = "none", *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.gelu, exact (erf) form; approximate='tanh' is refused."""
     _refuse("gelu", "approximate", approximate, "none", "the kernel is the exact erf form")
     return _unary("gelu", UnaryOpType.GELU, input, None, ctx, stream)
 
 
+@_ordered
 def gelu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the gelu forward recorded in `ctx`."""
     return _unary_backward("gelu_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def silu(input: Tensor, inplace: bool = False, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.silu: x * sigmoid(x)."""
     _refuse("silu", "inplace", inplace, False, "the functional layer returns new arrays")
     return _unary("silu", UnaryOpType.SILU, input, None, ctx, stream)
 
 
+@_ordered
 def silu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the silu forward recorded in `ctx`."""
     return _unary_backward("silu_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def exp(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.exp."""
     return _unary("exp", UnaryOpType.EXP, input, None, ctx, stream)
 
 
+@_ordered
 def exp_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the exp forward recorded in `ctx`."""
     return _unary_backward("exp_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def rsqrt(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.rsqrt."""
     return _unary("rsqrt", UnaryOpType.RSQRT, input, None, ctx, stream)
 
 
+@_ordered
 def rsqrt_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the rsqrt forward recorded in `ctx`."""
     return _unary_backward("rsqrt_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def sin(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.sin."""
     return _unary("sin", UnaryOpType.SIN, input, None, ctx, stream)
 
 
+@_ordered
 def sin_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the sin forward recorded in `ctx`."""
     return _unary_backward("sin_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def cos(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.cos."""
     return _unary("cos", UnaryOpType.COS, input, None, ctx, stream)
 
 
+@_ordered
 def cos_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the cos forward recorded in `ctx`."""
     return _unary_backward("cos_backward", grad_output, ctx, retain, stream)
 
 
+@_ordered
 def pow(input: Tensor, exponent: float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:  # noqa: A001
     """torch.pow with a number exponent (a tensor exponent is refused)."""
     if not isinstance(exponent, (int, float, np.integer, np.floating)) or isinstance(exponent, bool):
@@ -1309,6 +1369,7 @@ def pow(input: Tensor, exponent: float, *, ctx: Context | None = None, stream: A
     return _unary("pow", UnaryOpType.POW, input, exponent, ctx, stream)
 
 
+@_ordered
 def pow_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the pow forward recorded in `ctx`."""
     return _unary_backward("pow_backward", grad_output, ctx, retain, stream)
@@ -1317,6 +1378,7 @@ def pow_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, str
 # --------------------------------------------------------------------------- any op's backward
 
 
+@_ordered
 def backward(ctx: Context, grad_output: Any, *, retain: bool = False, stream: Any = None) -> Any:
     """The backward of whichever forward `ctx` recorded, with every gradient it has
     (split takes the list of output gradients)."""
@@ -1324,11 +1386,3 @@ def backward(ctx: Context, grad_output: Any, *, retain: bool = False, stream: An
         raise fail(StateError, "backward", "ctx", "a Context a forward recorded into", repr(ctx))
     function = globals().get(f"{ctx.op}_backward")
     return function(grad_output, ctx, retain=retain, stream=stream)
-
-
-# Every public function that makes GPU calls orders them with CuPy's current stream (_ordered).
-for _name in __all__:
-    _value = globals()[_name]
-    if callable(_value) and not isinstance(_value, type) and _name not in ("default_stream", "clear_cache", "cache_info"):
-        globals()[_name] = _ordered(_value)
-del _name, _value

@@ -802,3 +802,17 @@ def test_gpu_stream_of_another_device_is_refused():
 def test_cpu_input_with_a_foreign_object_is_refused():
     with pytest.raises(kernels.DeviceError, match="relu: input: expected a NumPy or CuPy array or an object with __dlpack__"):
         F.relu([1.0, 2.0])
+
+
+def test_every_public_call_is_ordered_and_every_op_is_served():
+    """Each public function that runs kernels carries the ordering with CuPy's current stream and the
+    errors in the caller's terms (functional._ordered, written on each definition rather than applied
+    to the module's globals at import); the layer's op table is the registry's."""
+    from kernels.registry import OPS
+
+    plain = {"default_stream", "clear_cache", "cache_info"}
+    for name in F.__all__:
+        value = getattr(F, name)
+        if callable(value) and not isinstance(value, type) and name not in plain:
+            assert getattr(value, "__wrapped__", None) is not None, name
+    assert set(F._OP_MODULES) == set(OPS)
