@@ -10,8 +10,8 @@ between runs, the best of two runs is the steadier estimate of what the code can
 
 The floor of a row on p parts is W1 / p + h * (p - 1): W1 our one-thread time (NumPy's passes, one
 after another, the GIL released inside each), h the calling thread's cost of handing one part to
-a pool thread (default 18 us, the 16-core H200 host's: an empty cpu_parallel took 30 / 129 / 268-396
-us on 2 / 8 / 16 parts there, 2026-12-02; about 80 us a part on a 2-vCPU VM, so pass that there), and
+a pool thread (default 18 us, the 16-core H200 host's; about 80 us on a 2-vCPU VM, so pass that there:
+docs/performance.md#pool-hand-off-and-part-count), and
 no memory-bandwidth limit (so the floor is optimistic). Its minimum over p up to the
 threads is what any sharing of these passes into parts can reach; a row whose floor is over the
 target cannot reach it without fusing passes, which NumPy's one-pass-per-ufunc model does not do.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: every GPU test, in two processes at once (the whole-network files, and
 # everything else), then, with BENCH=1, the GPU benchmarks; logs and the bench summary JSON under $OUT.
-# On the H200 (2026-12-01) the two processes took 266 s and 235 s side by side (one after the other they
-# pass the device tool's 600 s a call), the benchmarks about 300 s more: run those in a call of their own.
+# The two processes run side by side to fit one call of the device tool (600 s); the benchmarks do not
+# fit beside them: run those in a call of their own (docs/performance.md#device-check).
 # Usage (from the repository root): [BENCH=1] bash tools/device_check.sh [pytest -k expression]
 set -uo pipefail
 export PYTHONUNBUFFERED=1

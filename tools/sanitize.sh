@@ -17,8 +17,7 @@ PYTHON=${PYTHON:-python3}
 tools=(memcheck racecheck initcheck synccheck)
 # memcheck shows device backtraces only: to show a host backtrace, compute-sanitizer keeps the Python
 # frames of every allocation's call stack alive, and with them every array and state they refer
-# to, so each allocation outlives the run and is reported as leaked (26 of 28 Envs of
-# batch_matmul were still alive at exit with host backtraces on, none without).
+# to, so each allocation outlives the run and is reported as leaked (docs/conformance.md#sanitizers).
 declare -A options=([memcheck]="--leak-check full --show-backtrace device" [racecheck]="--racecheck-report all"
                     [initcheck]="" [synccheck]="")
 declare -A shards=([memcheck]=${SHARDS_MEMCHECK:-16} [racecheck]=${SHARDS:-3} [initcheck]=${SHARDS:-3}

@@ -12,8 +12,8 @@ GPU machine from the repository root:
 --dtype float16 / bfloat16: ours YOLOv10(v, device="gpu", dtype=...) (half activations and conv weights,
 float32 BatchNorms); PyTorch's eval twin is ultralytics' half deployment, the reference with
 `model.half()` (`.to(torch.bfloat16)`: every tensor in the half dtype, BatchNorms too), cudnn.benchmark
-off; its training twin the mixed-precision reference (float32 BatchNorm modules), as ours. Issue 11's
-PyTorch fp16 CUDA-graph eval on the H200: 1.68 ms (n, batch 1), 4.3 ms (x, 1), 26.0 ms (x, 16).
+off; its training twin the mixed-precision reference (float32 BatchNorm modules), as ours. The PyTorch
+times the half-precision work was set against are in docs/performance.md#pytorchs-half-precision-times.
 
 Ours: YOLOv10(v, device="gpu"), eval calls with detections=False (the top-k is left out; PyTorch's
 eval includes ultralytics' top-k selection), graph = Plan.capture() replayed with Graph.launch.

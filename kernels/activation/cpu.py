@@ -69,16 +69,14 @@ def erf(x: Any) -> np.ndarray:
 
 # Elementwise formulas take several NumPy passes and temporaries; run over blocks this many
 # elements long, they stay in cache and a large tensor crosses memory about once. Not shorter:
-# with two threads, short ufunc calls spend their time handing the GIL over (SiLU backward over
-# 1x80x320x320: 16 ms with 2^14-element blocks, 8 ms with 2^16, 7 ms with 2^17).
+# with two threads, short ufunc calls spend their time handing the GIL over
+# (docs/performance.md#activation-blocks).
 BLOCK_ELEMENTS = 1 << 17
 # A part that runs beside others (cpu.cpu_parallel with two parts or more) goes in blocks this long
 # instead: every ufunc call takes the GIL to begin and to end, and with several threads a short call
-# waits for it. One thread alone keeps the cache-sized blocks. SiLU over 1x80x320x320 float32 on the
-# 2-core machine with 2 threads (2026-12-02): forward 8.6-8.8 ms in 2^17-element blocks, 7.8-8.2 in
-# 2^20, 7.2 in 2^21 (in 2^15 blocks the second thread gained nothing); backward 18.2-18.7, 16.3-16.4,
-# 15.8 ms. One thread: 14.6-16.2 and 26.0-27.0 ms whatever the size. Not 2^21: a pool thread keeps its
-# scratch (up to two slots of this size), 16 MB of float64 a slot there.
+# waits for it. One thread alone keeps the cache-sized blocks. Not 2^21, though it ran a little
+# faster: a pool thread keeps its scratch (up to two slots of a block), at 2^21 16 MB of float64 a
+# slot. The sweep is in docs/performance.md#activation-blocks.
 PARALLEL_BLOCK_ELEMENTS = 1 << 20
 
 # The size-gated paths of blockwise (kernels.runtime.cpu_paths).
@@ -216,7 +214,7 @@ def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.nda
     if activation is Activation.SILU:
         # torch: grad * sigmoid * (1 + x * (1 - sigmoid)), in that order. sigmoid is built in pre_grad
         # itself unless pre_grad overlaps an input (else in this thread's own buffer): one block fewer
-        # in cache (SiLU backward over 1x80x320x320 float32 on 2 cores: 11.3 ms -> 10.3 ms).
+        # in cache, which made the backward faster (docs/performance.md#activation-blocks).
         overlaps = np.may_share_memory(pre_grad, pre) or np.may_share_memory(pre_grad, output_grad)
         sigmoid = _scratch(pre, 0) if overlaps else pre_grad
         _forward_block(Activation.SIGMOID, pre, sigmoid)

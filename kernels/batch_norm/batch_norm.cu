@@ -347,7 +347,7 @@ __global__ void bn_forward_apply(const T* __restrict__ input, int stats_from, co
 // invstd once for the block, with bn_forward_apply's operations; ACT, the activation code
 // (KERNELS_ACTIVATION_NONE or _SILU), is fixed at compile time. Each element's operations are
 // forward_value's, as in bn_forward_apply: the same bits, with far fewer instructions an
-// element (bn_forward_apply's were about 112 a float16 element with SiLU on the H200).
+// element (docs/performance.md#batch-norm-inference-kernel).
 template <typename T, typename I, int V, int ACT>
 __global__ void bn_inference_apply(const T* __restrict__ input, double eps,
                                    const compute_t<T>* __restrict__ running_mean,

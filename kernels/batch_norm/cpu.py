@@ -26,18 +26,15 @@ if TYPE_CHECKING:
     from .attrs import BatchNormAttrs, BatchNormState
 
 # Elements of one block: its few float64 buffers (512 KB each) stay in cache, and the calls are long
-# enough for two threads not to wait on each other for the GIL (2^14: twice the time). A statistic's
-# sums are added part by part along its row, in parts this long: the length is part of their bits, and
-# never depends on the threads.
+# enough for two threads not to wait on each other for the GIL (docs/performance.md#batch-norm-blocks).
+# A statistic's sums are added part by part along its row, in parts this long: the length is part of
+# their bits, and never depends on the threads.
 CPU_BLOCK_ELEMENTS = 1 << 16
 # Elements of one block of a pass whose parts run beside each other: an apply's blocks are longer (it is
 # elementwise: any cut gives the same bits), a sums pass's hold more rows (its parts along a row stay).
 # Each block makes about fifteen NumPy calls, each taking the GIL to begin and to end, which the other
-# parts wait for: longer blocks, fewer calls. batch_norm+SiLU over 1x16x320x320 on the 16-core
-# host in 2^16 / 2^18 / 2^20-element blocks (2026-12-02, 16 threads): training forward 8364 / 5451 / 8791 us,
-# inference 6446 / 3603 / 6410, backward 13022 / 8370 / 15722 (2^20: 2 blocks, so 2 parts). On the
-# 2-core VM with 2 threads: 10105 / 8317 (2^18), 7197 / 5806, 15827 / 12726; one thread alone keeps
-# the cache-sized blocks (2^18: 10685 -> 12618 us for the training forward).
+# parts wait for: longer blocks, fewer calls, as long as a tensor still has a block for every part.
+# One thread alone keeps the cache-sized blocks. The sweep is in docs/performance.md#batch-norm-blocks.
 PARALLEL_BLOCK_ELEMENTS = 1 << 18
 
 # The size-gated paths of the passes (kernels.runtime.cpu_paths).

@@ -20,15 +20,13 @@ if TYPE_CHECKING:
 
 # "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
 # value in one `struct Ints` argument (no pointer table in device memory, so no copy to the device
-# per call). "memcpy2d": one cudaMemcpy2DAsync per piece (~5 us of host time each). "auto": per
-# shape class, chosen once per plan from the H200 timings (median per call incl. sync):
-# - small joins (SPPF's four 1x320x20x20 on channels, a whole of 2 MB): memcpy2d 34.7 us, kernel
-#   35.0 us, a tie; the kernel's host cost is one launch whatever the number of pieces, and the hot
-#   path below (one pass over the pieces, the pointer argument kept while the addresses repeat) is
-#   leaner than that measurement's -> the kernel (to be re-measured);
-# - large one-row joins of at most MEMCPY2D_MAX_PIECES pieces (four 1x256x160x160, a whole of 105 MB)
-#   are bound by the copy bandwidth, where memcpy2d won -> memcpy2d from MEMCPY2D_MIN_BYTES of whole;
-# - cuts (SPPF's backward: kernel 24.2 us, PyTorch 43.2) and joins of many rows -> the kernel.
+# per call). "memcpy2d": one cudaMemcpy2DAsync per piece, each with its own host cost. "auto": per
+# shape class, chosen once per plan from the H200's timings (docs/performance.md#concat-kernel-or-memcpy2d):
+# - small joins -> the kernel: the two tie on the device, and the kernel's host cost is one launch
+#   whatever the number of pieces;
+# - large one-row joins of at most MEMCPY2D_MAX_PIECES pieces are bound by the copy bandwidth, where
+#   memcpy2d won -> memcpy2d from MEMCPY2D_MIN_BYTES of whole;
+# - cuts and joins of many rows -> the kernel.
 # Kept switchable so that the benchmarks compare the methods.
 GPU_METHOD = "auto"
 MEMCPY2D_MAX_PIECES = 4

@@ -43,8 +43,8 @@ _BUFFERS = threading.local()  # each thread's scratch buffers by name: {name: by
 
 def _buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised array in this thread's scratch buffer `name`, which grows to the largest call's
-    and is kept: a new array of megabytes each call paid its page faults as it was first written (the
-    conv backward over 1x3x640x640 and SCDown's depthwise took about twice their time). An array
+    and is kept: a new array of megabytes each call paid its page faults as it was first written, which
+    slowed the largest layers (docs/performance.md#convolution-scratch-buffers). An array
     lives for its call only; a call's names are distinct, so none overlaps another in use. The
     buffers of a thread hold about the largest layer's im2col matrix, like a GPU workspace."""
     buffers = getattr(_BUFFERS, "buffers", None)

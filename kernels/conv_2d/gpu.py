@@ -134,8 +134,8 @@ def init(handle: Any, state: Conv2DState) -> None:
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
                 tensor_ops = dtype in core.HALF_DTYPES or state.tf32
                 # cuDNN is asked only for the directions it will run: a state without backward runs only the
-                # forward (for the half dtypes, the heuristics took most of the 155 s of a
-                # bfloat16 yolov10x's first forward on the H200 when every direction was asked).
+                # forward (for the half dtypes the heuristics are slow:
+                # docs/performance.md#cudnn-heuristics-per-direction).
                 # The forward keeps IMPLICIT_GEMM below IMPLICIT_GEMM_BELOW_FLOPS (plan.py says why).
                 small = forward_flops(state) < IMPLICIT_GEMM_BELOW_FLOPS
                 limit = workspace_limit(state)

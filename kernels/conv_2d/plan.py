@@ -32,21 +32,16 @@ COLUMN_LIMIT = 256 * 2**20
 
 # cuDNN's workspace: an algorithm may use WORKSPACE_LIMIT bytes, or twice the bytes of the convolution's
 # own tensors (input, filter, output) where that is more. Half-precision tensor-core algorithms on NCHW
-# data use about one copy of input and output (their NHWC transposes): for yolov10x's model.1 at batch 16
-# in float16 (16x80x320x320 -> 160, 3x3 s2) IMPLICIT_PRECOMP_GEMM asked 376 MiB and ran in 0.70 ms on
-# the H200, where the best algorithm within 256 MiB took 5.1 ms (tools/conv_algos.py --set x16).
+# data use about one copy of input and output (their NHWC transposes), so a large layer's fastest
+# algorithm needs more than a fixed limit (docs/performance.md#convolution-workspace).
 WORKSPACE_LIMIT = 256 * 2**20
 # A float32 or float64 forward (FMA math) of fewer flops (forward_flops) keeps cuDNN's IMPLICIT_GEMM,
-# the cheapest per call on the host (about 45 us against IMPLICIT_PRECOMP_GEMM's 70-100 on the H200);
-# from it, cuDNN's heuristics choose, IMPLICIT_PRECOMP_GEMM on the H200, which is faster on the device
-# (tools/conv_algos.py --set n1, yolov10n's dense 3x3 forwards at batch 1, device us IMPLICIT_GEMM ->
-# IMPLICIT_PRECOMP_GEMM: 64 channels at 80x80, 0.47 GFLOP, 38.4 -> 27.9; 128 at 20x20, 0.12 GFLOP,
-# 54.8 -> 29.7; 64 at 20x20, 0.03 GFLOP, 28.9 -> 16.6; PyTorch's the same as the latter). Where the
-# host no longer matters (a CUDA graph replay), the device time is all there is: with the bound at
-# 1 GFLOP, yolov10n at batch 1 replayed in 2.49 ms against PyTorch's 2.36; at 20 MFLOP, 1.84 against 2.34
-# (with every forward left to the heuristics, 1.86). The bound stays above every conformance case (at
-# most 0.2 MFLOP: their algorithms and bits are unchanged), where a few microseconds of device time are
-# not worth 20 more of host time. Eager at batch 1 pays that host time (docs/models.md).
+# the cheapest per call on the host; from it, cuDNN's heuristics choose (IMPLICIT_PRECOMP_GEMM on the
+# H200), which costs more host time a call and less device time, even on small forwards. Where the host
+# no longer matters (a CUDA graph replay), the device time is all there is, so the bound is low. It
+# stays above every conformance case (at most 0.2 MFLOP: their algorithms and bits are unchanged), where
+# a few microseconds of device time are not worth 20 more of host time. Eager at batch 1 pays that host
+# time (docs/models.md); the timings are in docs/performance.md#implicit_gemm-bound.
 IMPLICIT_GEMM_BELOW_FLOPS = 2 * 10**7
 
 
@@ -125,8 +120,7 @@ def depthwise(attrs: Conv2DAttrs, channels: int) -> bool:
 # The depthwise forward's tiles (conv_depthwise_forward_tiled): the shared memory a block may use
 # without opting in to more (gpu.SHARED_MEMORY_LIMIT), the threads of a block, and a tile's
 # most outputs (8 a thread) and columns. A block does one tile's loads, then its sums: small tiles
-# leave the loads of too few blocks in flight (16 x 16 tiles took 0.34 ms on yolov10x's 3x3 at
-# 16x640x40x40 in float16 on the H200, against the untiled kernel's 0.25).
+# leave the loads of too few blocks in flight, slower than no tiles (docs/performance.md#depthwise-tiles).
 DEPTHWISE_SHARED_LIMIT = gpu.SHARED_MEMORY_LIMIT
 DEPTHWISE_BLOCK = 256
 DEPTHWISE_TILE_OUTPUTS = 2048

@@ -67,7 +67,7 @@ class NcclCommunicator:
         self.rank, self.world_size, self.device = launch.rank, launch.world_size, int(device)
         what = f"ncclCommInitRank (rank {self.rank} of {self.world_size}, GPU {self.device})"
         with gpu.cupy.cuda.Device(self.device):
-            try:  # CuPy 14 takes the id as its 128 bytes (the H200's CuPy refused a tuple)
+            try:  # CuPy 14 takes the id as its 128 bytes, and refuses a tuple
                 self.comm = _call(what, nccl.NcclCommunicator, self.world_size, bytes(v & 0xFF for v in nccl_id),
                                   self.rank)
             except TypeError:  # older CuPy: the tuple of ints get_unique_id gave

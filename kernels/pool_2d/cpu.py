@@ -46,8 +46,8 @@ def _average_divisor(attrs: Pool2DAttrs, height: int, width: int, out_h: int, ou
 def _select(target: np.ndarray, value: Any, mask: np.ndarray) -> None:
     """target = value where mask, else unchanged, for integer targets: target += (value - target) * mask,
     in the target's type (its wrap-around makes the sum exact). Branch-free: NumPy's masked copies
-    (np.copyto's where=, np.where) branch per element, about 3 ns an element on the argmax masks of
-    random data against 0.1 ns here."""
+    (np.copyto's where=, np.where) branch per element, far slower than this sum on the argmax masks
+    of random data (docs/performance.md#pool-2d-max-backward)."""
     step = np.subtract(value, target, dtype=target.dtype, casting="unsafe")
     step *= mask
     target += step
@@ -187,15 +187,15 @@ def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarra
 
 
 CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles at once
-# A block of the CPU MAX backward costs about as much as copying 80 bytes an output (2.7 ns an output
-# on one core, its add.at most of it): cpu_parallel weighs its parts by that, not by the bytes moved.
+# A block of the CPU MAX backward costs about as much as copying 80 bytes an output, its add.at most of
+# it (docs/performance.md#pool-2d-max-backward): cpu_parallel weighs its parts by that, not by the bytes moved.
 CPU_BACKWARD_BYTES = 80
 _TARGETS = threading.local()  # each thread's buffer of a block's target offsets
 
 
 def _targets(count: int) -> np.ndarray:
     """This thread's intp buffer of `count` elements: a new buffer per block cost its page faults
-    (about 60 us over SPPF's 640 planes of 20x20)."""
+    (docs/performance.md#pool-2d-max-backward)."""
     buffer = getattr(_TARGETS, "buffer", None)
     if buffer is None or buffer.size < count:
         buffer = _TARGETS.buffer = np.empty(count, np.intp)
@@ -231,7 +231,7 @@ def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, in
             target = _targets((stop - start) * out_h * out_w).reshape(stop - start, out_h, out_w)
             np.copyto(target, taps[start:stop], casting="unsafe")  # then take reads intp indices (its fast path)
             # Taps are always < kernel_h * kernel_w, so mode="clip" changes no index; it skips the
-            # bounds check of mode="raise" (about 2.5x faster here).
+            # bounds check of mode="raise", which is much slower (docs/performance.md#pool-2d-max-backward).
             np.take(tap_offset, target, out=target, mode="clip")
             target += origin[:stop - start]
             block = input_grad[start:stop].reshape(-1)

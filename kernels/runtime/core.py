@@ -314,8 +314,8 @@ def arrays_checked() -> Iterator[None]:
     those of the stream, handle, state and attrs. For a caller that passes again arrays that an earlier
     call has checked, and that only it holds: a model's plan replays its calls on its own buffers and
     the network's parameters, which it never replaces (see Plan._run).
-    A launch-bound GPU network pays the checks a few hundred times a forward: in yolov10n's eager forward
-    at batch 1 on the H200 (cProfile), check_call took 12.9 us a call with its array checks, 5.5 without."""
+    A launch-bound GPU network pays the checks a few hundred times a forward, and they are more than half
+    of check_call's time (docs/performance.md#array-checks-in-replays)."""
     previous = arrays_are_checked()
     _ARRAYS_CHECKED.on = True
     try:

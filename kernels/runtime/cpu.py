@@ -204,13 +204,10 @@ def _new_pool() -> None:
 getattr(os, "register_at_fork", lambda **_: None)(after_in_child=_new_pool)  # POSIX; Windows has no fork
 
 
-# Handing a part to a pool thread costs about 15-30 us of the calling thread's time (the wake-up and
-# the GIL: an empty cpu_parallel measured 30 us with 2 parts and 129-396 us with 8 and 16 on the
-# 16-core GPU host, about 80 us with 2 on the 2-core VM), so parts grow with the square root of the
-# work, not with the threads: about sqrt(bytes / PIECE_BYTES) parts. On that host an addition of
-# 2M float32 ran fastest in 4-8 parts (the pool of 028bccc: 547 / 337 / 280 / 677 us on 2 / 4 / 8 /
-# 16), and a pass of 32 MB exponentials in 8-16. Smaller pieces (more parts: 256 KiB, 64 KiB) lost
-# on most rows there (2026-12-02, tests/bench at 16 threads).
+# Handing a part to a pool thread costs the calling thread tens of microseconds (the wake-up and the
+# GIL), so parts grow with the square root of the work, not with the threads: about
+# sqrt(bytes / PIECE_BYTES) parts. Smaller pieces (more parts) lost on most benchmark rows
+# (docs/performance.md#pool-hand-off-and-part-count).
 PIECE_BYTES = 1 << 20
 
 
@@ -223,9 +220,8 @@ def parallel_parts(nbytes: int | None = None) -> int:
     """The parts cpu_parallel makes of a pass over `nbytes` bytes (read and written) when it has at
     least that many items: the handle's threads (cpu_threads), and at most parts_for(nbytes). A kernel
     that cuts its work into blocks or picks an axis to cut along sizes them by this, not by the
-    threads: a softmax on 16 threads whose pass is worth 2 parts once cut 16 blocks for them, and its
-    two parts then ran 8 short blocks each (1493 us on the 16-core host, against 648 us when the
-    handle had 2 threads and the blocks were 2)."""
+    threads: cut for every thread, the few parts a pass is worth would each run many short blocks,
+    whose calls wait on the GIL (docs/performance.md#pool-hand-off-and-part-count)."""
     threads = cpu_threads()
     return threads if nbytes is None else min(threads, parts_for(nbytes))
 
@@ -281,7 +277,7 @@ def cpu_parallel(function: Callable[[int, int], None], count: int, nbytes: int |
 
 
 # Bytes of output below which a copy or an elementwise pass runs in one call: past them, the
-# hand-off to the pool (12-90 us measured) is small beside the work (2 MB: about 100 us of copying).
+# hand-off to the pool is small beside the work (docs/performance.md#smallest-parallel-pass).
 PARALLEL_MIN_BYTES = 1 << 21
 
 

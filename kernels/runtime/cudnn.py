@@ -526,8 +526,8 @@ def find_algorithm(direction: str, handle: int, descriptors: Sequence[_Descripto
     or `preferred` (in FMA math) where given, supported and its workspace fits.
 
     `preferred` exists because the v7 heuristics rank by device time alone: on the H200 they put
-    IMPLICIT_PRECOMP_GEMM first, whose per-call host cost (41-61 us at yolov10n's batch-1 3x3 shapes)
-    is about twice IMPLICIT_GEMM's. conv_2d prefers IMPLICIT_GEMM only for forwards below
+    IMPLICIT_PRECOMP_GEMM first, whose per-call host cost is about twice IMPLICIT_GEMM's
+    (docs/performance.md#implicit_gemm-bound). conv_2d prefers IMPLICIT_GEMM only for forwards below
     conv_2d.plan.IMPLICIT_GEMM_BELOW_FLOPS, where both take a few microseconds of device time.
 
     Heuristics work from the descriptors alone (cudnnGetConvolution*Algorithm_v7), so no user

@@ -16,14 +16,9 @@ from .attrs import OP, _axis
 # Each block is about this many elements: its several passes stay in cache.
 CPU_BLOCK_ELEMENTS = 1 << 17
 # A block's length where the parts run beside each other: each block makes five NumPy calls, each taking
-# the GIL to begin and to end, which the other parts wait for, so fewer and longer ones. Blocks of 2^17 /
-# 2^18 / 2^19 / 2^20 elements (2026-12-02), backward along dim 1 of (1, 16, 4, 8400), backward along the
-# last dim of (1, 5, 400, 400), forward along dim 1, forward along the last dim, us:
-# - the 16-core host, 16 threads (2 parts each): 569 / 495 / 595 / 815, 863 / 564 / 644 / 548,
-#   810 / 656 / 823 / 920, 1577 / 1277 / 1399 / 1310;
-# - the 2-core VM, 2 threads: 817 / 528 / 448 / 651, 974 / 622 / 591 / 633, 713 / 521 / 584 / 844,
-#   1108 / 814 / 949 / 1007 (2^18 and 2^19 from other runs than 2^17 and 2^20).
-# One part alone keeps the cache-sized blocks.
+# the GIL to begin and to end, which the other parts wait for, so fewer and longer ones; 2^18 was the
+# fastest on most rows of both machines (docs/performance.md#softmax-blocks). One part alone keeps the
+# cache-sized blocks.
 PARALLEL_BLOCK_ELEMENTS = 1 << 18
 
 # The size-gated paths of _cpu_blocks (kernels.runtime.cpu_paths).

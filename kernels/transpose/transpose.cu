@@ -6,8 +6,8 @@
 // out_dims are the output's dims; in_strides[d] is the input stride of output dim d.
 // __grid_constant__ (here and in transpose_tiled): the dims and strides, indexed by a
 // run-time d, are read in parameter space rather than copied to each thread's local
-// memory (with that copy, the (16, 4, 16, 8400) -> (16, 16, 4, 8400) float16 gather of
-// YOLOv10's DFL took 0.43 ms on the H200, 17x PyTorch's; without it, 0.07 ms).
+// memory, a copy that made the gather several times slower
+// (docs/performance.md#transpose-parameters).
 template <typename T, typename I>
 __global__ void transpose_gather(const T* __restrict__ input, T* __restrict__ output,
                                  I count, int rank, const __grid_constant__ Ints out_dims,
