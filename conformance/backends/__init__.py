@@ -143,8 +143,11 @@ def load(text: str) -> Backend:
 
 
 def unsupported(backend: Backend, case: Any, device: str, backward: bool) -> str | None:
-    """Why `backend` cannot run `case` on `device` (with its backward, where `backward`), or None: an op
-    it lacks, a function the case needs that it lacks, or its own `supports`."""
+    """Why `backend` cannot run `case` on `device` (with its backward, where `backward`), or None: its own
+    `supports`, an op it lacks, or a function the case needs that it lacks."""
+    reason = backend.supports(case, device)
+    if reason is not None:
+        return reason
     functions = backend.op(case.op)
     if functions is None:
         return f"backend {backend.name} has no {case.op}"
@@ -152,7 +155,7 @@ def unsupported(backend: Backend, case: Any, device: str, backward: bool) -> str
     missing = [f for f in needed if not callable(getattr(functions, f, None))]
     if missing:
         return f"backend {backend.name}'s {case.op} has no {', '.join(missing)}"
-    return backend.supports(case, device)
+    return None
 
 
 __all__ = ["Backend", "KernelsBackend", "KERNELS", "Unsupported", "adapt", "load", "unsupported", "FUNCTIONS",
