@@ -271,3 +271,69 @@ def test_pytest_judges_a_backend_through_its_option(example):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "exports no kb_concat_forward" in done.stdout
     assert " passed" in done.stdout
+
+
+# --------------------------------------------------------------------------- the torch backend
+
+EXACT_IN_TORCH = ("batch_matmul", "concat", "reshape", "split", "transpose")
+
+
+def _torch_results(store, device, ops, backend="torch"):
+    judged = load(backend)
+    return {case.key: run_case(case, store.get(case), device, backend=judged)
+            for op in ops for case in CASE_MODULES[op].TABLE}
+
+
+def test_torch_passes_what_pytorch_computes_as_the_goldens_do(store):
+    """Data movement and matmuls of dyadic values, every float64 case of the exact and elementwise ops, and
+    every float32 case of element_unary and element_binary: PyTorch's CPU results are the goldens'. Integer
+    cases with a backward are skipped: autograd does not differentiate them."""
+    results = _torch_results(store, "cpu", EXACT_IN_TORCH + ("element_unary", "element_binary"))
+    for key, result in results.items():
+        op = key.split("/")[0]
+        case = next(c for c in CASE_MODULES[op].TABLE if c.key == key)
+        dtype = np.dtype(case.dtype)
+        if dtype.kind in "iub":
+            assert (result.status, result.message) == (
+                "skipped", f"PyTorch's autograd differentiates floating-point tensors only, not {dtype}"), key
+        elif op in EXACT_IN_TORCH or dtype in (np.float32, np.float64):
+            assert result.status == "passed", result.message
+
+
+def test_torch_reports_settings_ulps_and_likely_causes(capsys, store):
+    status, out, _ = run_main(capsys, cli.main, ["--backend", "torch", "--device", "cpu", "--op", "element_unary",
+                                                 "-k", "*sigmoid_f16*"])
+    assert status == 1
+    assert "  cpu: torch " in out and "deterministic_algorithms=False" in out
+    assert "FAILED element_unary/sigmoid_f16[cpu] (max 1 ulps)" in out
+    assert "note (torch): float16: PyTorch rounds every op's result to float16" in out
+    torch_backend = load("torch")
+    conv = next(c for c in CASE_MODULES["conv_2d"].TABLE if np.dtype(c.dtype) == np.float32)
+    notes = torch_backend.notes(conv, "gpu")  # the settings are read, not the device: any machine can say
+    assert any(line.startswith("TF32: torch.backends.cudnn.allow_tf32 is True") for line in notes) == \
+        __import__("torch").backends.cudnn.allow_tf32
+    strict = load("torch-strict")
+    assert not any(line.startswith(("TF32", "non-deterministic")) for line in strict.notes(conv, "gpu"))
+
+
+def test_torch_strict_leaves_the_settings_as_they_were(store):
+    import torch
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
+              torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    case = _cases("batch_matmul")[0]
+    assert run_case(case, store.get(case), "cpu", backend=load("torch-strict")).status == "passed"
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction) == before
+
+
+@pytest.mark.gpu
+def test_torch_on_the_gpu_runs_on_the_harness_stream(store):
+    """On CUDA, under every schedule (the delayed and foreign ones hold the harness's stream back): the exact
+    ops pass, so PyTorch's work was ordered on the stream the harness synchronizes."""
+    from .conftest import require
+
+    require("gpu")
+    results = _torch_results(store, "gpu", EXACT_IN_TORCH, "torch-strict")
+    assert not [r.message for r in results.values() if r.status == "failed"]
+    assert any(r.status == "passed" for r in results.values())
