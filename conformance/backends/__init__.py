@@ -107,6 +107,25 @@ class _Adapted(Backend):
         return [] if method is None else list(method(case, device))
 
 
+def running_statistics(attrs: Any, input: Any, stream: Any) -> tuple[Any, Any]:
+    """batch_norm's running mean and variance for a backend's state: 0 and 1, of the statistics' shape
+    ((C,) SPATIAL, the input's (C, H, W) PER_ACTIVATION), float32 for half input, else its dtype; on the
+    input's device, made on the harness's stream (not CuPy's current one, which the foreign schedule
+    replaces)."""
+    import numpy as np
+
+    from kernels.runtime.core import HALF_DTYPES
+
+    dtype = np.float32 if np.dtype(input.dtype) in HALF_DTYPES else input.dtype
+    shape = input.shape[1:2] if attrs.mode.name == "SPATIAL" else input.shape[1:]
+    if isinstance(input, np.ndarray):
+        return np.zeros(shape, dtype), np.ones(shape, dtype)
+    import cupy
+
+    with stream.cupy_stream:
+        return cupy.zeros(shape, dtype), cupy.ones(shape, dtype)
+
+
 def adapt(target: Any, name: str = "backend") -> Backend:
     """`target` as a Backend: itself where it is one, else wrapped with the protocol's defaults."""
     return target if isinstance(target, Backend) else _Adapted(target, name)
@@ -158,5 +177,5 @@ def unsupported(backend: Backend, case: Any, device: str, backward: bool) -> str
     return None
 
 
-__all__ = ["Backend", "KernelsBackend", "KERNELS", "Unsupported", "adapt", "load", "unsupported", "FUNCTIONS",
-           "SCHEDULES"]
+__all__ = ["Backend", "KernelsBackend", "KERNELS", "Unsupported", "adapt", "load", "unsupported", "running_statistics",
+           "FUNCTIONS", "SCHEDULES"]

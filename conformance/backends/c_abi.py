@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from kernels.registry import OPS
-from kernels.runtime.core import BFLOAT16, HALF_DTYPES, TensorShape
+from kernels.runtime.core import BFLOAT16, TensorShape
 
 from ..case import attrs_to_jsonable
-from . import Backend, Unsupported
+from . import Backend, Unsupported, running_statistics
 
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels_backend.h")
 ABI_VERSION = 1
@@ -134,8 +134,10 @@ class _Op:
 
     def forward_kernel(self, stream: Any, handle: Any, state: _State, attrs: Any, *tensors: Any, **options: Any) -> None:
         args = self._args("forward", tensors)
-        if self.name == "batch_norm":
-            args += self._running_statistics(state, tensors[0])
+        if self.name == "batch_norm":  # the harness's running statistics follow the declared arguments
+            if state.running_mean is None:
+                state.running_mean, state.running_var = running_statistics(attrs, tensors[0], stream)
+            args += [("running_mean", "weight", [state.running_mean]), ("running_var", "weight", [state.running_var])]
         self._run("forward", self.entries["forward"], stream, state, attrs, args,
                   {**self.spec.forward_options, **options})
 
@@ -147,17 +149,6 @@ class _Op:
             self.entries["cleanup"].restype = None
             self.entries["cleanup"](ctypes.c_void_p(state.pointer))
         state.pointer = None
-
-    @staticmethod
-    def _running_statistics(state: _State, input: Any) -> list[tuple[str, str, list[Any]]]:
-        """batch_norm's running mean and variance (0 and 1 at first; float32 for half inputs), the
-        harness's to compare, handed to each forward after its own arguments."""
-        if state.running_mean is None:
-            xp = np if isinstance(input, np.ndarray) else __import__("cupy")
-            dtype = np.float32 if np.dtype(input.dtype) in HALF_DTYPES else input.dtype
-            shape = input.shape[1:2] if state.attrs.mode.name == "SPATIAL" else input.shape[1:]
-            state.running_mean, state.running_var = xp.zeros(shape, dtype), xp.ones(shape, dtype)
-        return [("running_mean", "weight", [state.running_mean]), ("running_var", "weight", [state.running_var])]
 
 
 class CBackend(Backend):

@@ -20,7 +20,7 @@ import numpy as np
 from kernels.registry import OPS
 from kernels.runtime.core import BFLOAT16, HALF_DTYPES, is_floating
 
-from . import SCHEDULES, Backend
+from . import SCHEDULES, Backend, running_statistics
 
 # What torch-strict sets around each call: (module path, attribute, strict value).
 _STRICT = (
@@ -179,7 +179,7 @@ class _Op:
                 leaves[arg.name] = wrapped
                 arguments.append(wrapped)
             if self.name == "batch_norm" and state.running_mean is None:
-                self._running_statistics(state, tensors[0], attrs)
+                state.running_mean, state.running_var = running_statistics(attrs, tensors[0], stream)
             outputs = FORWARD[self.name](attrs, state, *arguments, **options)
             written = [value for arg, value in zip(self.spec.forward, tensors) if arg.role == "output"]
             with torch.no_grad():
@@ -194,13 +194,6 @@ class _Op:
             return None
         tensor = to_torch(array)
         return tensor.requires_grad_() if tensor.is_floating_point() else tensor
-
-    @staticmethod
-    def _running_statistics(state: _State, input: Any, attrs: Any) -> None:
-        xp = np if isinstance(input, np.ndarray) else __import__("cupy")
-        dtype = np.float32 if np.dtype(input.dtype) in HALF_DTYPES else input.dtype
-        shape = input.shape[1:2] if attrs.mode.name == "SPATIAL" else input.shape[1:]
-        state.running_mean, state.running_var = xp.zeros(shape, dtype), xp.ones(shape, dtype)
 
     def backward_kernel(self, stream: Any, handle: Any, state: _State, attrs: Any, *tensors: Any) -> None:
         torch = _torch()
