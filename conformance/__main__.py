@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 
 from kernels.runtime import cpu_paths, gpu_paths
 
+from .backends import KERNELS, Backend, load
 from .case import Case
 from .cases import CASE_MODULES, all_cases
 from .golden import GoldenFileError, GoldenStore, find_goldens, golden_candidates
@@ -79,6 +80,20 @@ examples:
                                                  which named GPU paths the run reached
   python -m conformance --device cpu --cpu-paths paths.json
                                                  which size-gated CPU paths the run reached
+  python -m conformance --backend torch --device cpu
+                                                 judge PyTorch's ops instead (docs/backends.md)
+  python -m conformance --backend c:./libmykernels.so --device cpu
+                                                 judge a library of the C ABI (kernels_backend.h)
+
+backends (--backend, or the environment variable KERNELS_BACKEND):
+  kernels        this library (the default)
+  torch          each op through torch / torch.nn.functional, with PyTorch's defaults
+  torch-strict   the same with TF32, reduced-precision reductions and non-deterministic
+                 algorithms off
+  c:PATH         a shared library exporting kb_<op>_forward / kb_<op>_backward
+                 (conformance/backends/kernels_backend.h)
+  module:attr    any Python object of the protocol (docs/backends.md)
+  Cases a backend cannot run are skipped with its reason.
 """
 
 
@@ -132,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="deal the cases out to N worker processes (default 1: this one); 'gpus': one per "
                              "visible GPU. Worker w runs the cases of --device gpu on CUDA device w mod (visible "
                              "GPUs); the merged results read as a run in one process")
+    parser.add_argument("--backend", metavar="BACKEND", default=os.environ.get("KERNELS_BACKEND", "kernels"),
+                        help="the kernel library to judge: kernels, torch, torch-strict, c:PATH or module:attr "
+                             "(default: $KERNELS_BACKEND, else kernels)")
     parser.add_argument("--junit-xml", metavar="FILE", help="also write the results as JUnit XML (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results and a summary as JSON")
     parser.add_argument("--gpu-paths", metavar="FILE",
@@ -185,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         if reason is not None:
             return _error(f"--device {device} cannot run here: {reason}")
 
+    try:
+        backend = load(arguments.backend)
+    except Exception as error:  # an unknown name, a library that does not load, a module that raises
+        return _error(f"--backend {arguments.backend}: {error}")
+
     path, why_not = _golden_path(arguments.goldens)
     if path is None:
         return _error(why_not)
@@ -209,18 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     paths: dict[str, dict] = {}
     cpu_seen: dict[str, dict] = {}
     if arguments.jobs > 1:
-        results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths, cpu_seen)
+        results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths, cpu_seen,
+                                      arguments.backend)
         if arguments.verbose:
             for result in results:
                 _print_result(result)
     else:
-        results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths, cpu_seen)
+        results, seconds = _run(store, cases, devices, arguments.verbose, arguments.schedule, paths, cpu_seen,
+                                backend)
     release_gpu_memory()  # so that a leak check at exit sees only what is still held
-    _print_summary(results)
+    about = backend_report(backend, devices)
+    _print_summary(results, about)
     if arguments.junit_xml:
-        write_junit_xml(arguments.junit_xml, results, seconds)
+        write_junit_xml(arguments.junit_xml, results, seconds, about)
     if arguments.json:
-        write_json(arguments.json, results, path)
+        write_json(arguments.json, results, path, about)
     if arguments.gpu_paths:
         write_gpu_paths(arguments.gpu_paths, paths)
     if arguments.cpu_paths:
@@ -228,9 +254,24 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.status == "failed" for r in results) else 0
 
 
+def backend_report(backend: Backend, devices: list[str]) -> dict:
+    """What a report says of the backend: its name, the schedules it ran under, whether the red zones'
+    margins applied (Backend.views) and its own description of each device's settings."""
+    settings = {}
+    for device in devices:
+        try:
+            line = backend.describe(device)
+        except Exception as error:  # a description that fails must not lose the results
+            line = f"describe raised {type(error).__name__}: {error}"
+        if line:
+            settings[device] = line
+    return {"name": backend.name, "schedules": list(backend.schedules), "margins": bool(backend.views),
+            "settings": settings}
+
+
 def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: bool,
          schedules: list[str] | None = None, paths: dict[str, dict] | None = None,
-         cpu_seen: dict[str, dict] | None = None) -> tuple[list[Result], list[float]]:
+         cpu_seen: dict[str, dict] | None = None, backend: Backend = KERNELS) -> tuple[list[Result], list[float]]:
     """Every case on every device, with progress on stderr; the results and each one's seconds. The
     named GPU paths each case reaches are added to `paths` (name -> {"first": case key, "count"}), the
     named CPU paths to `cpu_seen`."""
@@ -243,7 +284,7 @@ def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: boo
         for case in cases:
             start = time.perf_counter()
             with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
-                result = run_case(case, store.get(case), device, schedules)
+                result = run_case(case, store.get(case), device, schedules, backend)
             tally(paths, recording, result.key)
             tally(cpu_seen, cpu_recording, result.key)
             seconds.append(time.perf_counter() - start)
@@ -269,10 +310,22 @@ def _counts(results: list[Result]) -> dict[str, int]:
     return counts
 
 
-def _print_summary(results: list[Result]) -> None:
+def _ulps(result: Result) -> str:
+    """A failure's largest distance in ulps, as the report says it ("" where there is none)."""
+    if result.max_ulps is None:
+        return ""
+    return " (max inf ulps: NaN, or not a float)" if result.max_ulps == float("inf") else f" (max {result.max_ulps:.0f} ulps)"
+
+
+def _print_summary(results: list[Result], about: dict | None = None) -> None:
     for result in results:
         if result.status == "failed":
-            print(f"FAILED {result.key}\n{result.message}\n")
+            print(f"FAILED {result.key}{_ulps(result)}\n{result.message}\n")
+    if about is not None and about["name"] != KERNELS.name:
+        print(f"backend {about['name']}: schedules {', '.join(about['schedules'])}; red-zone margins "
+              + ("applied" if about["margins"] else "not applied (it takes no views into a larger allocation)"))
+        for device, line in about["settings"].items():
+            print(f"  {device}: {line}")
     table: dict[tuple[str, str], dict[str, int]] = {}
     for result in results:
         row = table.setdefault((result.op, result.device), {"passed": 0, "failed": 0, "skipped": 0})
@@ -282,8 +335,14 @@ def _print_summary(results: list[Result]) -> None:
         print(f"{op:<22}{device:<8}{row['passed']:>8}{row['failed']:>8}{row['skipped']:>9}")
     for reason in sorted({f"{r.device}: {r.message}" for r in results if r.status == "skipped"}):
         print(f"skipped {reason}")
+    failures = [r for r in results if r.status == "failed" and r.max_ulps is not None]
+    if failures and about is not None and about["name"] != KERNELS.name:
+        print("largest distance from the golden, in ulps, per failing case:")
+        for result in failures:
+            print(f"  {result.key:<70}{result.max_ulps:>12.0f}")
     counts = _counts(results)
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    named = "" if about is None or about["name"] == KERNELS.name else f" (backend {about['name']})"
+    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped{named}")
 
 
 # Characters XML 1.0 cannot hold (a traceback could carry one); replaced so the report stays readable.
@@ -294,33 +353,46 @@ def _xml_text(text: str) -> str:
     return _NOT_XML.sub("?", text)
 
 
-def write_junit_xml(path: str, results: list[Result], seconds: list[float]) -> None:
+def write_junit_xml(path: str, results: list[Result], seconds: list[float], about: dict | None = None) -> None:
     """One testsuite `conformance`, one testcase per (op, case, device): classname conformance.<op>,
-    name <case>[<device>], with a failure (its message) or skipped (the reason) element."""
+    name <case>[<device>], with a failure (its message) or skipped (the reason) element. The backend
+    is the suite's property `backend` (and `margins`, `settings.<device>`)."""
     counts = _counts(results)
     root = ET.Element("testsuites")
     suite = ET.SubElement(root, "testsuite", name="conformance", tests=str(counts["total"]),
                           failures=str(counts["failed"]), errors="0", skipped=str(counts["skipped"]),
                           time=f"{sum(seconds):.3f}")
+    if about is not None:
+        properties = ET.SubElement(suite, "properties")
+        named = {"backend": about["name"], "margins": str(about["margins"]).lower(),
+                 **{f"settings.{device}": line for device, line in about["settings"].items()}}
+        for name, value in named.items():
+            ET.SubElement(properties, "property", name=name, value=_xml_text(value))
     for result, elapsed in zip(results, seconds):
         testcase = ET.SubElement(suite, "testcase", classname=f"conformance.{result.op}",
                                  name=f"{result.case}[{result.device}]", time=f"{elapsed:.3f}")
         message = _xml_text(result.message)
         if result.status == "failed":
             # The attribute holds the first line (CI lists show it); the text, the whole report.
-            failure = ET.SubElement(testcase, "failure", message=message.splitlines()[0] if message else "failed")
+            first = (message.splitlines()[0] if message else "failed") + _ulps(result)
+            failure = ET.SubElement(testcase, "failure", message=first)
             failure.text = message
         elif result.status == "skipped":
             ET.SubElement(testcase, "skipped", message=message)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def write_json(path: str, results: list[Result], goldens: str) -> None:
-    """{"summary": {passed, failed, skipped, total, goldens}, "results": [{op, case, device, status, message}]}."""
+def write_json(path: str, results: list[Result], goldens: str, about: dict | None = None) -> None:
+    """{"summary": {passed, failed, skipped, total, goldens, backend}, "results": [{op, case, device, status,
+    message, max_ulps}]}: backend as backend_report gives it; max_ulps a failure's largest distance in ulps
+    (null where none was measured, a string "inf" for NaN or a non-float mismatch)."""
+    def ulps(value: float | None) -> float | str | None:
+        return "inf" if value == float("inf") else value
+
     report = {
-        "summary": {**_counts(results), "goldens": goldens},
-        "results": [{"op": r.op, "case": r.case, "device": r.device, "status": r.status, "message": r.message}
-                    for r in results],
+        "summary": {**_counts(results), "goldens": goldens, **({} if about is None else {"backend": about})},
+        "results": [{"op": r.op, "case": r.case, "device": r.device, "status": r.status, "message": r.message,
+                     "max_ulps": ulps(r.max_ulps)} for r in results],
     }
     with open(path, "w", encoding="utf-8") as file:
         json.dump(report, file, indent=1)

@@ -23,9 +23,11 @@ import numpy as np
 
 import kernels
 from kernels import TensorShape
+from kernels.registry import OPS
 from kernels.runtime.core import is_floating
 
 from . import red_zones
+from .backends import KERNELS, Backend, KernelsBackend
 from .case import Case, Golden
 
 POISONS = ("random", "nan")
@@ -60,7 +62,7 @@ SMALL_DEVICE = {"sm_count": 1, "max_blocks": 2}
 _STREAM_SCHEDULES = ("plain", "delayed", "foreign")
 
 
-def runs(device: str) -> list[tuple[str, str, str]]:
+def runs(device: str, backend: Backend = KERNELS) -> list[tuple[str, str, str]]:
     """The (schedule, layout, poison) runs of every case on `device`, in order.
 
     Aligned: every schedule with both poisons, as before red zones had layouts. The layout is about
@@ -70,11 +72,16 @@ def runs(device: str) -> list[tuple[str, str, str]]:
     foreign current stream), the rest plain, the cheapest. On the GPU the small device runs too:
     aligned with both poisons (the pack paths) and misaligned with random values (the element-wise
     paths). On the GPU: 13 runs; on the CPU: 6 runs.
+
+    Only the schedules `backend` runs under (Backend.schedules: the small device is this library's);
+    a backend that takes no views (Backend.views) runs the aligned layout only.
     """
-    schedules = SCHEDULES[device_kind(device)]
+    schedules = [s for s in SCHEDULES[device_kind(device)] if s == "plain" or s in backend.schedules]
     streams = [schedule for schedule in schedules if schedule in _STREAM_SCHEDULES]
     strictest = streams[-1]
     result = [(schedule, "aligned", poison) for schedule in streams for poison in POISONS]
+    if not backend.views:
+        return result
     result += [("plain", "misaligned", "random"), (strictest, "misaligned", "nan")]
     result += [("plain", "staggered", poison) for poison in POISONS]
     if "small" in schedules:
@@ -163,15 +170,36 @@ def release_gpu_memory() -> None:
     cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
+class _Delayed:
+    """An op's functions with a spin on the kernels' stream before each forward and backward call: the
+    delayed schedule for a backend other than this library (whose every launch is held back by
+    kernels.runtime.core.before_gpu_call instead)."""
+
+    def __init__(self, functions: Any, stream: Any):
+        self._functions, self._stream = functions, stream
+
+    def __getattr__(self, name: str) -> Any:
+        function = getattr(self._functions, name)
+        if name not in ("forward_kernel", "backward_kernel"):
+            return function
+
+        def delayed(*args: Any, **kwargs: Any) -> Any:
+            spin(self._stream)
+            return function(*args, **kwargs)
+
+        return delayed
+
+
 class Env:
-    """What a case's ``run`` sees: the device, its stream and handle, and tensor factories."""
+    """What a case's ``run`` sees: the device, its stream and handle, the backend's ops (`op`), and
+    tensor factories."""
 
     def __init__(self, case: Case, golden: Golden, device: str, poison: str, schedule: str = "plain",
-                 layout: str = "aligned"):
+                 layout: str = "aligned", backend: Backend = KERNELS):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
         self.case, self.golden, self.device, self.poison, self.schedule = case, golden, device, poison, schedule
-        self.layout = layout
+        self.layout, self.backend = layout, backend
         self.attrs = case.attrs
         if device == "cpu":
             self.stream, self.handle = kernels.cpu_stream(), kernels.cpu_handle()
@@ -205,16 +233,25 @@ class Env:
         """The data pointer of a device array."""
         return array.ctypes.data if self.device == "cpu" else array.data.ptr
 
+    def op(self, name: str | None = None) -> Any:
+        """The backend's functions of op `name` (the case's op by default), held back by the delayed
+        schedules where the backend is not this library."""
+        functions = self.backend.op(name or self.case.op)
+        if self.schedule in ("delayed", "foreign") and not isinstance(self.backend, KernelsBackend):
+            return _Delayed(functions, self.stream)
+        return functions
+
     def _place(self, name: str, values: np.ndarray, role: str) -> Any:
-        """A device copy of `values` in a red zone (red_zones.place); the view, C-contiguous."""
+        """A device copy of `values` in a red zone (red_zones.place); the view, C-contiguous. For a
+        backend that takes no views, an allocation of its own with no margins (red_zones.alone)."""
+        place = red_zones.place if self.backend.views else red_zones.alone
         if self.device == "cpu":
-            zone, _ = red_zones.place(values, role, self._shift(), np.empty, self.address, GUARD_OF[self.poison])
+            zone, _ = place(values, role, self._shift(), np.empty, self.address, GUARD_OF[self.poison])
         else:
             # On the kernels' stream: a copy from pageable memory may still be in flight when the
             # call returns, and our non-blocking stream is not ordered after the legacy default stream.
             with self.stream:
-                zone, host = red_zones.place(values, role, self._shift(), self.xp.empty, self.address,
-                                             GUARD_OF[self.poison])
+                zone, host = place(values, role, self._shift(), self.xp.empty, self.address, GUARD_OF[self.poison])
                 zone.buffer.set(host, stream=self.stream.cupy_stream)
             zone.host = host
         self.zones[(role, name)] = zone
@@ -288,50 +325,99 @@ class Env:
         if self.schedule == "plain":
             yield
             return
+        if not isinstance(self.backend, KernelsBackend):  # held back call by call instead (op)
+            with contextlib.ExitStack() as stack:
+                if self.schedule == "foreign":
+                    stack.enter_context(self._foreign())
+                yield
+            return
         if self.schedule == "small":  # the case's states are made inside: they keep the small plans
             with kernels.runtime.gpu.simulated_device(**SMALL_DEVICE):
                 yield
             return
-        import cupy
-
         with contextlib.ExitStack() as stack:
             stack.enter_context(kernels.runtime.core.before_gpu_call(spin))
             if self.schedule == "foreign":
-                with cupy.cuda.Device(self.stream.device):
-                    foreign = cupy.cuda.Stream(non_blocking=True)
-                stack.enter_context(foreign)
+                stack.enter_context(self._foreign())
             yield
+
+    def _foreign(self) -> Any:
+        """Another non-blocking CuPy stream of the case's device, to be entered as the current one."""
+        import cupy
+
+        with cupy.cuda.Device(self.stream.device):
+            return cupy.cuda.Stream(non_blocking=True)
 
     def close(self) -> None:
         self.handle.close()
 
 
-# --------------------------------------------------------------------------- harnesses shared by ops
+# --------------------------------------------------------------------------- the harness of a case
 
 
-def run_unary(module: Any, case: Case, env: Env) -> None:
-    """The harness of every op with one input and one output (docs/api.md#signatures, the row
-    'reshape, transpose, upsample, element_unary, softmax'): init, forward, backward, cleanup."""
-    input = env.read("input")
-    output = env.write("output")
-    state = module.init_kernel(env.handle, case.attrs, env.shape("input"), env.shape("output"))
-    module.forward_kernel(env.stream, env.handle, state, case.attrs, input, output)
-    if "input_grad" in env.golden.expected:
-        output_grad = env.read("output_grad")
-        input_grad = env.write("input_grad")
-        module.backward_kernel(env.stream, env.handle, state, case.attrs, output, output_grad, input, input_grad)
-    module.cleanup_kernel(env.handle, state)
+def _listed(pool: Any, name: str) -> int:
+    """How many tensors of list `name` (name.0, name.1, ...) `pool` holds."""
+    return sum(1 for key in pool if key.startswith(name + "."))
 
 
-def run_binary(module: Any, case: Case, env: Env) -> None:
-    """The harness of ops with lhs, rhs -> output (batch_matmul, element_binary)."""
-    lhs, rhs = env.read("lhs"), env.read("rhs")
-    output = env.write("output")
-    state = module.init_kernel(env.handle, case.attrs, env.shape("lhs"), env.shape("rhs"), env.shape("output"))
-    module.forward_kernel(env.stream, env.handle, state, case.attrs, lhs, rhs, output)
-    if "lhs_grad" in env.golden.expected:
-        output_grad = env.read("output_grad")
-        lhs_grad, rhs_grad = env.write("lhs_grad"), env.write("rhs_grad")
-        module.backward_kernel(env.stream, env.handle, state, case.attrs, output, output_grad,
-                               lhs, lhs_grad, rhs, rhs_grad)
-    module.cleanup_kernel(env.handle, state)
+def has_backward(case: Case, golden: Golden) -> bool:
+    """Whether the case calls backward: its golden inputs hold an output gradient (a case declared
+    forward only, conv's attrs.backward False, has none). batch_norm's own run always does."""
+    if case.op == "batch_norm":
+        return True
+    spec = OPS[case.op]
+    return any(arg.name in golden.inputs or _listed(golden.inputs, arg.name)
+               for arg in spec.args("backward", "output_grad"))
+
+
+def run_op(case: Case, env: Env) -> None:
+    """The harness of an op as kernels.registry declares it: init with the shapes of its tensors, forward
+    with its tensors in the declared order, then (where the case has output gradients) backward, and
+    cleanup, all through the backend's functions (env.op).
+
+    Tensors are asked for in the order of the arguments, so the staggered layout alternates over them in
+    that order. Read: inputs, weights and output gradients (an optional one the case does not hold is
+    None); written: outputs, and each gradient the golden expects (else None: a gradient not wanted).
+    A forward tensor that backward takes again is the same array."""
+    spec = OPS[case.op]
+    functions = env.op()
+    inputs, expected = env.golden.inputs, env.golden.expected
+    tensors: dict[str, Any] = {}
+
+    def tensor(arg: Any) -> Any:
+        if arg.name in tensors:
+            return tensors[arg.name]
+        if arg.role == "output":
+            value = env.writes_list(arg.name) if arg.many else env.write(arg.name)
+        elif arg.role == "grad":
+            names = [f"{arg.name}.{i}" for i in range(_listed(inputs, arg.of))] if arg.many else [arg.name]
+            value = [env.write(name) if name in expected else None for name in names]
+            value = value if arg.many else value[0]
+        elif arg.many:
+            value = env.reads_list(arg.name)
+        else:
+            value = env.read(arg.name) if arg.name in inputs else None
+        tensors[arg.name] = value
+        return value
+
+    def shape(name: str) -> Any:
+        tensor_name = name.replace("_shape", "")  # input_shape -> input, input_shapes -> inputs
+        pool = inputs if _listed(inputs, tensor_name) else expected
+        if _listed(pool, tensor_name):
+            return [env.shape(f"{tensor_name}.{i}") for i in range(_listed(pool, tensor_name))]
+        return env.shape(tensor_name)
+
+    forward = [tensor(arg) for arg in spec.forward]
+    state = functions.init_kernel(env.handle, case.attrs, *[shape(name) for name in spec.shapes])
+    functions.forward_kernel(env.stream, env.handle, state, case.attrs, *forward)
+    if has_backward(case, env.golden):
+        functions.backward_kernel(env.stream, env.handle, state, case.attrs, *[tensor(arg) for arg in spec.backward])
+    functions.cleanup_kernel(env.handle, state)
+
+
+def execute(case: Case, env: Env) -> None:
+    """Run a case once in `env`: its module's own `run` where it has one (batch_norm's steps), else
+    `run_op`."""
+    from .cases import CASE_MODULES
+
+    getattr(CASE_MODULES[case.op], "run", run_op)(case, env)

@@ -156,3 +156,14 @@ def place(values: np.ndarray, role: str, shift: int, empty: Any, address: Any,
     zone = RedZone(buffer, start, tuple(values.shape), role,
                    raw[:start * width].copy(), raw[end * width:].copy())
     return zone, host
+
+
+def alone(values: np.ndarray, role: str, shift: int, empty: Any, address: Any,
+          guard: str = "nan") -> tuple[RedZone, np.ndarray]:
+    """`values` in an allocation of its own, with no margins (for a backend that takes no views into a
+    larger allocation): `place`'s signature and result, its shift and guard unused."""
+    buffer = empty(values.size, values.dtype)
+    host = buffer if isinstance(buffer, np.ndarray) else np.empty(values.size, values.dtype)
+    host[:] = values.reshape(-1)
+    empty_margin = np.empty(0, np.uint8)
+    return RedZone(buffer, 0, tuple(values.shape), role, empty_margin, empty_margin), host

@@ -49,12 +49,15 @@ def deal(count: int, jobs: int) -> list[list[int]]:
 
 
 def work(goldens: str, keys: list[str], devices: list[str], schedules: list[str] | None, worker: int,
-         gpus: int) -> WorkerOutput:
+         gpus: int, backend: str = "kernels") -> WorkerOutput:
     """One worker's share, in its own process: every case of `keys` on every device (in the order of a
-    run in one process), each result relabelled with the device name asked for."""
+    run in one process) through the backend named `backend` (backends.load), each result relabelled
+    with the device name asked for."""
+    from .backends import load
     from .cases import all_cases
     from .golden import GoldenStore
 
+    judged = load(backend)
     store = GoldenStore(goldens)
     by_key = {case.key: case for case in all_cases()}
     outputs: list[tuple[dict, float]] = []
@@ -66,7 +69,7 @@ def work(goldens: str, keys: list[str], devices: list[str], schedules: list[str]
             case = by_key[key]
             start = time.perf_counter()
             with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
-                result = run_case(case, store.get(case), where, schedules)
+                result = run_case(case, store.get(case), where, schedules, judged)
             result.device = device
             tally(paths, recording, result.key)
             tally(cpu_seen, cpu_recording, result.key)
@@ -82,7 +85,8 @@ def tally(seen: dict[str, dict], recording, key: str) -> None:
 
 
 def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, schedules: list[str] | None,
-               paths: dict[str, dict], cpu_seen: dict[str, dict] | None = None) -> tuple[list[Result], list[float]]:
+               paths: dict[str, dict], cpu_seen: dict[str, dict] | None = None,
+               backend: str = "kernels") -> tuple[list[Result], list[float]]:
     """Every case on every device over `jobs` worker processes (spawned: CUDA is never forked); the results
     and seconds in the order of a run in one process (devices, then cases), the GPU paths merged into
     `paths` and the CPU paths into `cpu_seen` (each path's first case: the first in that order)."""
@@ -94,7 +98,7 @@ def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, s
     gathered: list[tuple[dict, float]] = []
     found: list[tuple[dict[str, dict], dict[str, dict]]] = []
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(work, goldens, share, devices, schedules, worker, gpus)
+        futures = [pool.submit(work, goldens, share, devices, schedules, worker, gpus, backend)
                    for worker, share in enumerate(shares) if share]
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             outputs, worker_paths, worker_cpu = future.result()

@@ -32,6 +32,26 @@ def store():
     return load_store()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--backend", default=None, metavar="BACKEND",
+                     help="the kernel library tests/test_conformance.py judges: kernels, torch, torch-strict, c:PATH "
+                          "or module:attr (default: $KERNELS_BACKEND, else kernels; docs/backends.md)")
+
+
+@pytest.fixture(scope="session")
+def backend(request):
+    """The backend the conformance cases run through (--backend, else KERNELS_BACKEND, else kernels)."""
+    import os
+
+    from conformance.backends import load
+
+    name = request.config.getoption("--backend") or os.environ.get("KERNELS_BACKEND") or "kernels"
+    try:
+        return load(name)
+    except Exception as error:
+        pytest.fail(f"--backend {name}: {error}", pytrace=False)
+
+
 def require(device):
     reason = device_unavailable(device)
     if reason is not None:

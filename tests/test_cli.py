@@ -187,22 +187,26 @@ def test_junit_xml_and_json_of_a_real_failure(capsys, tmp_path, tampered_goldens
     failed = [t for t in testcases if t.find("failure") is not None]
     assert [t.get("name") for t in failed] == ["2d_3x5[cpu]"]
     failure = failed[0].find("failure")
-    assert failure.get("message") == "transpose / 2d_3x5 / cpu:"
+    assert failure.get("message") == "transpose / 2d_3x5 / cpu: (max 4194304 ulps)"  # 0.25 made 1.25: 2^22 float32 ulps
+    assert {p.get("name"): p.get("value") for p in suite.find("properties")} == {"backend": "kernels", "margins": "true"}
     assert "output (poison random):" in failure.text and "output (poison nan):" in failure.text
 
     data = json.loads(json_path.read_text())
     assert data["summary"] == {"passed": count - 1, "failed": 1, "skipped": 0, "total": count,
-                               "goldens": tampered_goldens}
+                               "goldens": tampered_goldens,
+                               "backend": {"name": "kernels", "schedules": ["plain", "delayed", "foreign", "small"],
+                                           "margins": True, "settings": {}}}
     assert len(data["results"]) == count
     wrong = [r for r in data["results"] if r["status"] == "failed"]
     assert [(r["op"], r["case"], r["device"]) for r in wrong] == [("transpose", "2d_3x5", "cpu")]
     assert wrong[0]["message"] == failure.text
-    assert set(data["results"][0]) == {"op", "case", "device", "status", "message"}
+    assert set(data["results"][0]) == {"op", "case", "device", "status", "message", "max_ulps"}
+    assert wrong[0]["max_ulps"] == 4194304 and {r["max_ulps"] for r in data["results"] if r["status"] == "passed"} == {None}
 
 
 def test_junit_xml_of_skips_and_odd_characters(capsys, tmp_path, monkeypatch):
     """Skipped testcases carry the reason; a character XML cannot hold does not break the file."""
-    def fake_run_case(case, golden, device, schedules=None):
+    def fake_run_case(case, golden, device, schedules=None, backend=None):
         if case.name == "2d_3x5":
             return Result(case.op, case.name, device, "failed", "bad\x00 value\nsecond line")
         return Result(case.op, case.name, device, "skipped", "no \x1b[1mdevice\x1b[0m here")
@@ -300,8 +304,11 @@ def test_json_report_values_are_plain(capsys, tmp_path):
     status, data = report(capsys, tmp_path, *ONE_CASE, "--device", "cpu")
     assert status == 0
     assert data == {
-        "summary": {"passed": 1, "failed": 0, "skipped": 0, "total": 1, "goldens": DEFAULT_PATH},
-        "results": [{"op": "transpose", "case": "3d_cycle_201", "device": "cpu", "status": "passed", "message": ""}],
+        "summary": {"passed": 1, "failed": 0, "skipped": 0, "total": 1, "goldens": DEFAULT_PATH,
+                    "backend": {"name": "kernels", "schedules": ["plain", "delayed", "foreign", "small"], "margins": True,
+                                "settings": {}}},
+        "results": [{"op": "transpose", "case": "3d_cycle_201", "device": "cpu", "status": "passed", "message": "",
+                     "max_ulps": None}],
     }
 
 
@@ -309,7 +316,7 @@ def test_schedule_filters_the_gpu_schedules(monkeypatch, capsys):
     """--schedule reaches the runner; an unknown schedule is refused by argparse (exit 2)."""
     seen = []
 
-    def fake_run_case(case, golden, device, schedules=None):
+    def fake_run_case(case, golden, device, schedules=None, backend=None):
         seen.append(schedules)
         return Result(case.op, case.name, device, "passed")
 
@@ -326,7 +333,7 @@ def test_shards_cover_every_case_once(monkeypatch):
     """--shard 1/3 .. 3/3 run disjoint parts whose union is the unsharded run; bad shards exit 2."""
     seen = []
 
-    def fake_run_case(case, golden, device, schedules=None):
+    def fake_run_case(case, golden, device, schedules=None, backend=None):
         seen.append(case.key)
         return Result(case.op, case.name, device, "passed")
 
@@ -354,7 +361,7 @@ def test_gpu_paths_report(capsys, tmp_path, monkeypatch):
     the ones no case reached. The GPU's launches are played by a run_case that reaches two paths."""
     real = cli.run_case
 
-    def run_case(case, golden, device, schedules=None):
+    def run_case(case, golden, device, schedules=None, backend=None):
         kernels.runtime.gpu_paths.reach("transpose.tiled32")
         if case.name == "3d_cycle_201":
             kernels.runtime.gpu_paths.reach("transpose.tiled32")

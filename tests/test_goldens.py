@@ -77,8 +77,8 @@ PROGRAM = "    input = tensors[\"input\"].requires_grad_()\n"
     ('"""softmax cases:', '"""The softmax cases (a reworded module docstring):'),
     ("def torch_program(case, tensors):\n", "def torch_program(case, tensors):\n    \"\"\"A new docstring.\"\"\"\n"),
     ("TABLE = CaseTable(\"softmax\")", "TABLE = CaseTable(  \"softmax\"  )  # spacing and a comment"),
-    # The harness calls the kernels and never feeds a golden.
-    ("    run_unary(softmax, case, env)", "    env.note = 1\n    run_unary(softmax, case, env)"),
+    # A module's own harness (run) calls the kernels and never feeds a golden.
+    ("TABLE = CaseTable(\"softmax\")", "def run(case, env):\n    env.op()\n\n\nTABLE = CaseTable(\"softmax\")"),
 ])
 def test_digest_ignores_comments_docstrings_and_the_harness(tmp_path, old, new):
     assert _digest(_edited_softmax(tmp_path, old, new)) == _digest(softmax)

@@ -391,6 +391,9 @@ class _FakeEnv:
     def observe(self, name, array):
         pass
 
+    def op(self, name=None):
+        return kernels.OPS[name or self.case.op]
+
     def shape(self, name):
         value = self.golden.inputs.get(name)
         value = self.golden.expected[name] if value is None else value
@@ -403,8 +406,8 @@ def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(d
     reaches every declared name of the ops the fake stands in for (conv_2d and batch_matmul call cuDNN
     and cuBLAS: theirs are the GPU test's); on 132 SMs the golden cases leave the unrolled copy, memcpy2d
     and the 64x64 transpose tiles out."""
-    from conformance.cases import CASE_MODULES, all_cases
-    from conformance.harness import SMALL_DEVICE
+    from conformance.cases import all_cases
+    from conformance.harness import SMALL_DEVICE, execute
 
     class Context:  # cupy.cuda.Device, Stream.null and Event, for batch_norm's state
         done = True
@@ -442,9 +445,9 @@ def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(d
                         env = _FakeEnv(device, case, store.get(case), misalign)
                         if simulated:
                             with gpu.simulated_device(**SMALL_DEVICE):
-                                CASE_MODULES[case.op].run(case, env)
+                                execute(case, env)
                         else:
-                            CASE_MODULES[case.op].run(case, env)
+                            execute(case, env)
         return recording.reached
 
     names = {name for name in DECLARED if name.split(".")[0] in faked + ["activation"]}

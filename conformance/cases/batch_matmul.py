@@ -18,11 +18,10 @@ and bfloat16 values far outside float16's range.
 
 import numpy as np
 
-from kernels import BatchMatmulAttrs, batch_matmul
+from kernels import BatchMatmulAttrs
 from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, nonfinite, pattern
-from ..harness import run_binary
 
 TABLE = CaseTable("batch_matmul")
 
@@ -108,7 +107,3 @@ def torch_program(case, tensors):
     output = torch.matmul(lhs, rhs)
     lhs_grad, rhs_grad = torch.autograd.grad(output, [lhs, rhs], tensors["output_grad"], allow_unused=True)
     return {"output": output, "lhs_grad": lhs_grad, "rhs_grad": rhs_grad}
-
-
-def run(case, env):
-    run_binary(batch_matmul, case, env)

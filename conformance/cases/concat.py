@@ -5,7 +5,7 @@ wanted (None), and YOLOv10's SPPF, C2f, upsample and detection-head concats."""
 
 import numpy as np
 
-from kernels import ConcatAttrs, concat
+from kernels import ConcatAttrs
 from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, nonfinite, pattern
@@ -114,16 +114,3 @@ def torch_program(case, tensors):
         if i not in case.extra["none_grads"]:
             expected[f"input_grads.{i}"] = grad
     return expected
-
-
-def run(case, env):
-    count = case.attrs.num_inputs
-    inputs = env.reads_list("inputs")
-    output = env.write("output")
-    state = concat.init_kernel(env.handle, case.attrs, [env.shape(f"inputs.{i}") for i in range(count)],
-                               env.shape("output"))
-    concat.forward_kernel(env.stream, env.handle, state, case.attrs, inputs, output)
-    output_grad = env.read("output_grad")
-    input_grads = [None if i in case.extra["none_grads"] else env.write(f"input_grads.{i}") for i in range(count)]
-    concat.backward_kernel(env.stream, env.handle, state, case.attrs, output, output_grad, inputs, input_grads)
-    concat.cleanup_kernel(env.handle, state)

@@ -380,21 +380,3 @@ def exact_program(case, values):
     for name, linear in zip(names, maps):
         expected[name + "_grad"] = linear.adjoint(grad)
     return expected
-
-
-def run(case, env):
-    attrs = case.attrs
-    input, filter = env.read("input"), env.read("filter")
-    bias = env.read("bias") if attrs.use_bias else None
-    output = env.write("output")
-    state = conv_2d.init_kernel(env.handle, attrs, env.shape("input"), env.shape("output"))
-    conv_2d.forward_kernel(env.stream, env.handle, state, attrs, input, filter, bias, output)
-    if not attrs.backward:
-        conv_2d.cleanup_kernel(env.handle, state)
-        return
-    output_grad = env.read("output_grad")
-    input_grad, filter_grad = env.write("input_grad"), env.write("filter_grad")
-    bias_grad = env.write("bias_grad") if attrs.use_bias else None
-    conv_2d.backward_kernel(env.stream, env.handle, state, attrs, output, output_grad, input, input_grad,
-                            filter, filter_grad, bias_grad)
-    conv_2d.cleanup_kernel(env.handle, state)

@@ -16,7 +16,6 @@ from kernels import BinaryOpType, ElementBinaryAttrs, element_binary
 from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
-from ..harness import run_binary
 
 TABLE = CaseTable("element_binary")
 
@@ -275,7 +274,3 @@ def exact_program(case, values):
 
     return {"output": lhs / rhs, "lhs_grad": reduce_to(output_grad / rhs, lhs.shape),
             "rhs_grad": reduce_to(-output_grad * lhs / (rhs * rhs), rhs.shape)}
-
-
-def run(case, env):
-    run_binary(element_binary, case, env)

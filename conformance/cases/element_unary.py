@@ -16,11 +16,10 @@ import math
 
 import numpy as np
 
-from kernels import ElementUnaryAttrs, UnaryOpType, element_unary
+from kernels import ElementUnaryAttrs, UnaryOpType
 from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
-from ..harness import run_unary
 
 TABLE = CaseTable("element_unary")
 F32, F64 = np.float32, np.float64
@@ -264,7 +263,3 @@ def exact_program(case, values):
         # derivative gives 0 even where dy is NaN or infinite.
         input_grad = exact.where(lambda d: d == 0, derivative, 0 * derivative, input_grad)
     return {"output": output, "input_grad": input_grad}
-
-
-def run(case, env):
-    run_unary(element_unary, case, env)

@@ -8,7 +8,7 @@ order; the kernels still sum left to right on both devices."""
 
 import numpy as np
 
-from kernels import GradientReductionAttrs, gradient_reduction
+from kernels import GradientReductionAttrs
 from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
@@ -84,16 +84,3 @@ def torch_program(case, tensors):
         if i not in case.extra["none_grads"]:
             expected[f"input_grads.{i}"] = grad
     return expected
-
-
-def run(case, env):
-    inputs = env.reads_list("inputs")
-    count = len(inputs)
-    output = env.write("output")
-    state = gradient_reduction.init_kernel(env.handle, case.attrs, [env.shape(f"inputs.{i}") for i in range(count)],
-                                           env.shape("output"))
-    gradient_reduction.forward_kernel(env.stream, env.handle, state, case.attrs, inputs, output)
-    output_grad = env.read("output_grad")
-    input_grads = [None if i in case.extra["none_grads"] else env.write(f"input_grads.{i}") for i in range(count)]
-    gradient_reduction.backward_kernel(env.stream, env.handle, state, case.attrs, output, output_grad, inputs, input_grads)
-    gradient_reduction.cleanup_kernel(env.handle, state)

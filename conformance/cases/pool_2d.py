@@ -16,7 +16,6 @@ from kernels import Activation, Pool2DAttrs, PoolOp, pool_2d
 from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, aperiodic, nonfinite, pattern, ulp
-from ..harness import run_unary
 
 TABLE = CaseTable("pool_2d")
 
@@ -317,7 +316,3 @@ def exact_program(case, values):
         return {"output": pre, "input_grad": linear.adjoint(values["output_grad"])}
     output, derivative = exact.activation(attrs.activation.name, pre)
     return {"output": output, "input_grad": linear.adjoint(values["output_grad"] * derivative)}
-
-
-def run(case, env):
-    run_unary(pool_2d, case, env)

@@ -7,7 +7,6 @@ from kernels import ReshapeAttrs, reshape
 from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, pattern
-from ..harness import run_unary
 
 TABLE = CaseTable("reshape")
 
@@ -47,7 +46,3 @@ def torch_program(case, tensors):
     output = input.reshape(case.attrs.shape)
     (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
     return {"output": output, "input_grad": input_grad}
-
-
-def run(case, env):
-    run_unary(reshape, case, env)

@@ -17,11 +17,10 @@ at least 1: MEASURED below.
 
 import numpy as np
 
-from kernels import SoftmaxAttrs, softmax
+from kernels import SoftmaxAttrs
 from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, nonfinite, pattern, ulp
-from ..harness import run_unary
 
 TABLE = CaseTable("softmax")
 
@@ -224,7 +223,3 @@ def exact_program(case, values):
     if case.dtype in (F16, BF16):
         stored = exact.hp(exact.round_to(y, case.dtype))
     return {"output": y, "input_grad": stored * (g - exact.total(g * stored, axis=dim, keepdims=True))}
-
-
-def run(case, env):
-    run_unary(softmax, case, env)

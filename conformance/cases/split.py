@@ -5,7 +5,7 @@ than one GPU launch takes (12), and YOLOv10's C2f split in halves and PSA's
 
 import numpy as np
 
-from kernels import SplitAttrs, split
+from kernels import SplitAttrs
 from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, nonfinite, pattern
@@ -69,15 +69,3 @@ def torch_program(case, tensors):
     expected = {f"outputs.{i}": output for i, output in enumerate(outputs)}
     expected["input_grad"] = input_grad
     return expected
-
-
-def run(case, env):
-    count = len(case.attrs.splits)
-    input = env.read("input")
-    outputs = env.writes_list("outputs")
-    state = split.init_kernel(env.handle, case.attrs, env.shape("input"), [env.shape(f"outputs.{i}") for i in range(count)])
-    split.forward_kernel(env.stream, env.handle, state, case.attrs, input, outputs)
-    output_grads = env.reads_list("output_grads")
-    input_grad = env.write("input_grad")
-    split.backward_kernel(env.stream, env.handle, state, case.attrs, outputs, output_grads, input, input_grad)
-    split.cleanup_kernel(env.handle, state)

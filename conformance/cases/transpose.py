@@ -3,11 +3,10 @@ shapes, every dtype family, and YOLOv10's PSA transpose of the last two dims."""
 
 import numpy as np
 
-from kernels import TransposeAttrs, transpose
+from kernels import TransposeAttrs
 from kernels.runtime.core import BFLOAT16
 
 from ..case import CaseTable, int_pattern, nonfinite, pattern
-from ..harness import run_unary
 
 TABLE = CaseTable("transpose")
 
@@ -61,7 +60,3 @@ def torch_program(case, tensors):
     output = input.permute(case.attrs.permutation)
     (input_grad,) = torch.autograd.grad(output, [input], tensors["output_grad"])
     return {"output": output, "input_grad": input_grad}
-
-
-def run(case, env):
-    run_unary(transpose, case, env)

@@ -8,7 +8,6 @@ from kernels import UpsampleAttrs, UpsampleMode, upsample
 from kernels.runtime.core import BFLOAT16
 
 from ..case import EXACT, CaseTable, int_pattern, nonfinite, pattern, ulp
-from ..harness import run_unary
 
 TABLE = CaseTable("upsample")
 
@@ -198,7 +197,3 @@ def exact_program(case, values):
 
     (linear,) = exact.linear_maps(interpolate, [case.inputs["input"]])
     return {"output": linear.forward(values["input"]), "input_grad": linear.adjoint(values["output_grad"])}
-
-
-def run(case, env):
-    run_unary(upsample, case, env)

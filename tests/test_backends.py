@@ -1,0 +1,339 @@
+"""The conformance run judging other libraries (conformance.backends, docs/backends.md): the protocol on
+small fake backends (one wrong on purpose is caught, one that raises is reported and the run goes on,
+what one lacks is skipped with the reason), the C ABI through the example library compiled here (it
+passes its goldens; its broken build fails them), and the command line and pytest options."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+import kernels
+from conformance import __main__ as cli
+from conformance.backends import KERNELS, Backend, Unsupported, load
+from conformance.cases import CASE_MODULES
+from conformance.harness import runs
+from conformance.runner import run_case
+
+from .conftest import run_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "c_backend", "kb_example.c")
+HEADER_DIR = os.path.join(ROOT, "conformance", "backends")
+C_OPS = ("transpose", "softmax", "element_binary")
+
+
+def _cases(op, *names):
+    return [case for case in CASE_MODULES[op].TABLE if not names or case.name in names]
+
+
+# --------------------------------------------------------------------------- fake backends
+
+
+class _Transpose:
+    """kernels' transpose with a forward that leaves the last element of the output unwritten."""
+
+    init_kernel, backward_kernel, cleanup_kernel = (kernels.transpose.init_kernel, kernels.transpose.backward_kernel,
+                                                    kernels.transpose.cleanup_kernel)
+
+    @staticmethod
+    def forward_kernel(stream, handle, state, attrs, input, output):
+        kernels.transpose.forward_kernel(stream, handle, state, attrs, input, output)
+        output.reshape(-1)[-1:] = 0
+
+
+class Wrong:
+    """A backend of one op, transpose, wrong in one element (its other ops: none)."""
+
+    name = "wrong"
+    transpose = _Transpose
+
+
+class Raising(Backend):
+    """Every op is kernels', but softmax's forward raises; supports raises for reshape."""
+
+    name = "raising"
+
+    def op(self, name):
+        if name != "softmax":
+            return KERNELS.op(name)
+
+        class Softmax:
+            init_kernel, backward_kernel, cleanup_kernel = (kernels.softmax.init_kernel, kernels.softmax.backward_kernel,
+                                                            kernels.softmax.cleanup_kernel)
+
+            @staticmethod
+            def forward_kernel(*args):
+                raise RuntimeError("softmax exploded")
+
+        return Softmax
+
+    def supports(self, case, device):
+        if case.op == "reshape":
+            raise ValueError("cannot say")
+        return None
+
+
+class NoViews(Backend):
+    """kernels' ops, declared to take no views: each tensor its own allocation, aligned runs only."""
+
+    name = "no-views"
+    views = False
+
+    def op(self, name):
+        return KERNELS.op(name)
+
+
+class ForwardOnly(Backend):
+    """kernels' ops without backward, which skips every case that calls backward; float64 only."""
+
+    name = "forward-only"
+
+    def op(self, name):
+        module = KERNELS.op(name)
+        return type("Forward", (), {f: staticmethod(getattr(module, f))
+                                    for f in ("init_kernel", "forward_kernel", "cleanup_kernel")})
+
+    def supports(self, case, device):
+        return None if np.dtype(case.dtype) == np.float64 else "float64 only"
+
+
+class UnsupportedInCall(Backend):
+    """Raises Unsupported from init: the case is skipped with the message."""
+
+    name = "unsupported-in-call"
+
+    def op(self, name):
+        class Op:
+            forward_kernel = backward_kernel = cleanup_kernel = staticmethod(lambda *args: None)
+
+            @staticmethod
+            def init_kernel(*args):
+                raise Unsupported("no plan for these shapes")
+
+        return Op
+
+
+def test_a_backend_wrong_in_one_element_is_caught(store):
+    backend = load("tests.test_backends:Wrong")
+    assert backend.name == "wrong"
+    result = run_case(_cases("transpose", "2d_3x5")[0], store.get(_cases("transpose", "2d_3x5")[0]), "cpu",
+                      backend=backend)
+    assert result.status == "failed"
+    assert "output (poison random): 1 of 15 values differ" in result.message
+    assert result.max_ulps is not None and result.max_ulps > 0
+    softmax = _cases("softmax")[0]
+    skipped = run_case(softmax, store.get(softmax), "cpu", backend=backend)
+    assert (skipped.status, skipped.message) == ("skipped", "backend wrong has no softmax")
+
+
+def test_a_backend_that_raises_is_reported_and_the_run_goes_on(store):
+    backend = Raising()
+    softmax = _cases("softmax")[0]
+    result = run_case(softmax, store.get(softmax), "cpu", backend=backend)
+    assert result.status == "failed" and "raised" in result.message and "softmax exploded" in result.message
+    reshape = _cases("reshape")[0]
+    result = run_case(reshape, store.get(reshape), "cpu", backend=backend)
+    assert result.status == "failed" and "supports raised" in result.message and "cannot say" in result.message
+    transpose = _cases("transpose")[0]
+    assert run_case(transpose, store.get(transpose), "cpu", backend=backend).status == "passed"
+
+
+def test_what_a_backend_lacks_is_skipped_with_the_reason(store):
+    backward_case = _cases("softmax", "f64_3d_dim0")[0]
+    result = run_case(backward_case, store.get(backward_case), "cpu", backend=ForwardOnly())
+    assert (result.status, result.message) == ("skipped", "backend forward-only's softmax has no backward_kernel")
+    float32 = _cases("softmax")[0]
+    assert run_case(float32, store.get(float32), "cpu", backend=ForwardOnly()).message == "float64 only"
+    forward_only = next(c for c in CASE_MODULES["conv_2d"].TABLE if not c.attrs.backward and np.dtype(c.dtype) == np.float64)
+    assert run_case(forward_only, store.get(forward_only), "cpu", backend=ForwardOnly()).status == "passed"
+    result = run_case(float32, store.get(float32), "cpu", backend=UnsupportedInCall())
+    assert (result.status, result.message) == ("skipped", "backend unsupported-in-call: no plan for these shapes")
+
+
+def test_a_backend_without_views_runs_without_margins(store):
+    assert {layout for _, layout, _ in runs("cpu", NoViews())} == {"aligned"}
+    assert {layout for _, layout, _ in runs("gpu", NoViews())} == {"aligned"}
+    assert {schedule for schedule, _, _ in runs("gpu", NoViews())} == {"plain", "delayed", "foreign"}
+    assert {schedule for schedule, _, _ in runs("gpu")} == {"plain", "delayed", "foreign", "small"}
+    for case in _cases("concat")[:3] + _cases("batch_norm")[:2]:
+        assert run_case(case, store.get(case), "cpu", backend=NoViews()).status == "passed", case.key
+
+
+def test_load_refuses_what_it_cannot_load():
+    with pytest.raises(ValueError, match="unknown backend 'nonsense'"):
+        load("nonsense")
+    with pytest.raises(ValueError, match="cannot import no_such_module"):
+        load("no_such_module:BACKEND")
+    with pytest.raises(ValueError, match="has no attribute Missing"):
+        load("tests.test_backends:Missing")
+    with pytest.raises(ValueError, match="cannot load"):
+        load("c:/no/such/library.so")
+    assert load("kernels") is KERNELS
+
+
+def test_the_command_line_names_the_backend_and_its_skips(capsys, tmp_path):
+    xml_path, json_path = tmp_path / "report.xml", tmp_path / "report.json"
+    status, out, _ = run_main(capsys, cli.main, ["--backend", "tests.test_backends:Wrong", "--device", "cpu",
+                                                 "--op", "transpose", "--op", "softmax", "--junit-xml", str(xml_path),
+                                                 "--json", str(json_path)])
+    assert status == 1
+    assert "backend wrong: schedules plain, delayed, foreign; red-zone margins applied" in out
+    assert "skipped cpu: backend wrong has no softmax" in out
+    assert "FAILED transpose/2d_3x5[cpu] (max " in out
+    transposes, softmaxes = len(CASE_MODULES["transpose"].TABLE), len(CASE_MODULES["softmax"].TABLE)
+    # It fails wherever the golden's last element is not 0.
+    failing = sum(1 for c in CASE_MODULES["transpose"].TABLE
+                  if c.inputs["input"].size and np.transpose(c.inputs["input"], c.attrs.permutation).flat[-1] != 0)
+    assert out.rstrip().endswith(f"{transposes - failing} passed, {failing} failed, {softmaxes} skipped (backend wrong)")
+    suite = ET.parse(xml_path).getroot()[0]
+    assert {p.get("name"): p.get("value") for p in suite.find("properties")}["backend"] == "wrong"
+    assert {s.get("message") for s in suite.iter("skipped")} == {"backend wrong has no softmax"}
+    data = json.loads(json_path.read_text())
+    assert data["summary"]["backend"]["name"] == "wrong"
+    status, _, err = run_main(capsys, cli.main, ["--backend", "nonsense", "--device", "cpu"])
+    assert status == 2 and "--backend nonsense: unknown backend" in err
+
+
+# --------------------------------------------------------------------------- the C ABI, on the example library
+
+
+def _compiler():
+    return next((path for path in (shutil.which(name) for name in ("cc", "gcc", "clang")) if path), None)
+
+
+def _build(tmp_path_factory, name, *defines):
+    compiler = _compiler()
+    if compiler is None:
+        pytest.skip("no C compiler (cc, gcc or clang) on PATH to build examples/c_backend")
+    output = tmp_path_factory.mktemp("c_backend") / f"lib{name}.so"
+    done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", *defines, "-I", HEADER_DIR, EXAMPLE, "-o", str(output),
+                           "-lm"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return str(output)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    return _build(tmp_path_factory, "kb_example")
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    return _build(tmp_path_factory, "kb_broken", "-DBREAK_TRANSPOSE", "-DBREAK_SOFTMAX")
+
+
+def _judge(library, store, ops=C_OPS):
+    backend = load(f"c:{library}")
+    return {case.key: run_case(case, store.get(case), "cpu", backend=backend)
+            for op in ops for case in CASE_MODULES[op].TABLE}
+
+
+def test_the_c_example_passes_its_goldens(example, store):
+    results = _judge(example, store)
+    assert not [r.message for r in results.values() if r.status == "failed"]
+    skipped = {key: r.message for key, r in results.items() if r.status == "skipped"}
+    # transpose moves bytes: every dtype; the others take float32 and float64 only, and say so.
+    assert not [key for key in skipped if key.startswith("transpose/")]
+    assert set(skipped.values()) == {f"backend c:{example}: kb_{op}_forward: the example takes float32 and float64 only"
+                                     for op in ("softmax", "element_binary")}
+    for key, result in results.items():
+        case = next(c for c in CASE_MODULES[key.split("/")[0]].TABLE if c.key == key)
+        floats = np.dtype(case.dtype) in (np.float32, np.float64)
+        assert result.status == ("passed" if floats or case.op == "transpose" else "skipped"), key
+
+
+def test_the_c_example_skips_the_ops_it_does_not_export(example, store):
+    case = _cases("concat")[0]
+    result = run_case(case, store.get(case), "cpu", backend=load(f"c:{example}"))
+    assert (result.status, result.message) == ("skipped", f"{example} exports no kb_concat_forward")
+
+
+def test_the_broken_c_example_fails(broken, store):
+    results = _judge(broken, store, ("transpose", "softmax"))
+    failed = {key for key, r in results.items() if r.status == "failed"}
+    # Every transpose that is not the identity or empty, and the softmaxes a naive exp overflows.
+    assert {c.key for c in CASE_MODULES["transpose"].TABLE
+            if list(c.attrs.permutation) != sorted(c.attrs.permutation) and c.inputs["input"].size} <= failed
+    assert {"softmax/stable_pm1000", "softmax/f64_3d_dim0"} <= failed
+
+
+def test_pytest_judges_a_backend_through_its_option(example):
+    env = {**os.environ, "KERNELS_BACKEND": f"c:{example}"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_conformance.py",
+                           "-k", "transpose and 2d_3x5 or concat and cpu and axis0_three_rank2", "-rs"],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exports no kb_concat_forward" in done.stdout
+    assert " passed" in done.stdout
+
+
+# --------------------------------------------------------------------------- the torch backend
+
+EXACT_IN_TORCH = ("batch_matmul", "concat", "reshape", "split", "transpose")
+
+
+def _torch_results(store, device, ops, backend="torch"):
+    judged = load(backend)
+    return {case.key: run_case(case, store.get(case), device, backend=judged)
+            for op in ops for case in CASE_MODULES[op].TABLE}
+
+
+def test_torch_passes_what_pytorch_computes_as_the_goldens_do(store):
+    """Data movement and matmuls of dyadic values, every float64 case of the exact and elementwise ops, and
+    every float32 case of element_unary and element_binary: PyTorch's CPU results are the goldens'. Integer
+    cases with a backward are skipped: autograd does not differentiate them."""
+    results = _torch_results(store, "cpu", EXACT_IN_TORCH + ("element_unary", "element_binary"))
+    for key, result in results.items():
+        op = key.split("/")[0]
+        case = next(c for c in CASE_MODULES[op].TABLE if c.key == key)
+        dtype = np.dtype(case.dtype)
+        if dtype.kind in "iub":
+            assert (result.status, result.message) == (
+                "skipped", f"PyTorch's autograd differentiates floating-point tensors only, not {dtype}"), key
+        elif op in EXACT_IN_TORCH or dtype in (np.float32, np.float64):
+            assert result.status == "passed", result.message
+
+
+def test_torch_reports_settings_ulps_and_likely_causes(capsys, store):
+    status, out, _ = run_main(capsys, cli.main, ["--backend", "torch", "--device", "cpu", "--op", "element_unary",
+                                                 "-k", "*sigmoid_f16*"])
+    assert status == 1
+    assert "  cpu: torch " in out and "deterministic_algorithms=False" in out
+    assert "FAILED element_unary/sigmoid_f16[cpu] (max 1 ulps)" in out
+    assert "note (torch): float16: PyTorch rounds every op's result to float16" in out
+    torch_backend = load("torch")
+    conv = next(c for c in CASE_MODULES["conv_2d"].TABLE if np.dtype(c.dtype) == np.float32)
+    notes = torch_backend.notes(conv, "gpu")  # the settings are read, not the device: any machine can say
+    assert any(line.startswith("TF32: torch.backends.cudnn.allow_tf32 is True") for line in notes) == \
+        __import__("torch").backends.cudnn.allow_tf32
+    strict = load("torch-strict")
+    assert not any(line.startswith(("TF32", "non-deterministic")) for line in strict.notes(conv, "gpu"))
+
+
+def test_torch_strict_leaves_the_settings_as_they_were(store):
+    import torch
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
+              torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction)
+    case = _cases("batch_matmul")[0]
+    assert run_case(case, store.get(case), "cpu", backend=load("torch-strict")).status == "passed"
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic,
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction) == before
+
+
+@pytest.mark.gpu
+def test_torch_on_the_gpu_runs_on_the_harness_stream(store):
+    """On CUDA, under every schedule (the delayed and foreign ones hold the harness's stream back): the exact
+    ops pass, so PyTorch's work was ordered on the stream the harness synchronizes."""
+    from .conftest import require
+
+    require("gpu")
+    results = _torch_results(store, "gpu", EXACT_IN_TORCH, "torch-strict")
+    assert not [r.message for r in results.values() if r.status == "failed"]
+    assert any(r.status == "passed" for r in results.values())
