@@ -74,7 +74,8 @@ def runs(device: str, backend: Backend = KERNELS) -> list[tuple[str, str, str]]:
     paths). On the GPU: 13 runs; on the CPU: 6 runs.
 
     Only the schedules `backend` runs under (Backend.schedules: the small device is this library's);
-    a backend that takes no views (Backend.views) runs the aligned layout only.
+    a backend that takes no views (Backend.views) runs the aligned layout only, and one that names its
+    layouts on a device (Backend.layouts) those alone.
     """
     schedules = [s for s in SCHEDULES[device_kind(device)] if s == "plain" or s in backend.schedules]
     streams = [schedule for schedule in schedules if schedule in _STREAM_SCHEDULES]
@@ -86,7 +87,8 @@ def runs(device: str, backend: Backend = KERNELS) -> list[tuple[str, str, str]]:
     result += [("plain", "staggered", poison) for poison in POISONS]
     if "small" in schedules:
         result += [("small", "aligned", poison) for poison in POISONS] + [("small", "misaligned", "random")]
-    return result
+    layouts = backend.layouts(device)
+    return result if layouts is None else [run for run in result if run[1] in layouts]
 
 
 _SPIN_SOURCE = r"""

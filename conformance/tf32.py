@@ -190,14 +190,13 @@ def run_case(case: Any, golden: Any) -> dict[str, np.ndarray]:
     """A conformance case's results (written and observed tensors, on the host) on GPU 0 with a handle
     made with allow_tf32=True: what tests/test_tf32.py compares with the goldens and
     tools/measure_tf32.py reports."""
-    from .cases import CASE_MODULES
-    from .harness import Env
+    from .harness import Env, execute
 
     env = Env(case, golden, "gpu", "random")
     env.handle.close()
     env.handle = kernels.gpu_handle(0, allow_tf32=True)
     try:
-        CASE_MODULES[case.op].run(case, env)
+        execute(case, env)
         env.stream.synchronize()
         produced = {name: env.to_host(array) for name, array in env.writes.items()}
         produced.update(env.observed)

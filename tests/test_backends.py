@@ -337,3 +337,26 @@ def test_torch_on_the_gpu_runs_on_the_harness_stream(store):
     results = _torch_results(store, "gpu", EXACT_IN_TORCH, "torch-strict")
     assert not [r.message for r in results.values() if r.status == "failed"]
     assert any(r.status == "passed" for r in results.values())
+
+
+def test_a_backend_may_name_its_layouts_per_device():
+    """Backend.layouts narrows the red-zone layouts on a device (the torch backend keeps the aligned one
+    on the GPU, as PyTorch's allocator places tensors), and an adapted object's method is used."""
+    from conformance.backends import adapt
+    from conformance.backends.torch_backend import TorchBackend
+
+    torch = TorchBackend()
+    assert {layout for _, layout, _ in runs("cpu", torch)} == {"aligned", "misaligned", "staggered"}
+    assert {layout for _, layout, _ in runs("gpu", torch)} == {"aligned"}
+    assert {schedule for schedule, _, _ in runs("gpu", torch)} == {"plain", "delayed", "foreign"}
+
+    class Plain:
+        def op(self, name):
+            return None
+
+        def layouts(self, device):
+            return ("aligned", "staggered") if device == "cpu" else None
+
+    adapted = adapt(Plain())
+    assert {layout for _, layout, _ in runs("cpu", adapted)} == {"aligned", "staggered"}
+    assert {layout for _, layout, _ in runs("gpu", adapted)} == {"aligned", "misaligned", "staggered"}

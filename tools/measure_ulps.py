@@ -6,16 +6,16 @@ import argparse
 import sys
 
 sys.path.insert(0, ".")
-from conformance.cases import CASE_MODULES, all_cases  # noqa: E402
+from conformance.cases import all_cases  # noqa: E402
 from conformance.compare import needed_ulps  # noqa: E402
 from conformance.golden import GoldenStore  # noqa: E402
-from conformance.harness import Env, device_unavailable  # noqa: E402
+from conformance.harness import Env, device_unavailable, execute  # noqa: E402
 
 
 def measure(case, golden, device):
     env = Env(case, golden, device, "random")
     try:
-        CASE_MODULES[case.op].run(case, env)
+        execute(case, env)
         env.stream.synchronize()
         produced = {name: env.to_host(array) for name, array in env.writes.items()}
         produced.update(env.observed)

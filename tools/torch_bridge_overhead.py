@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import kernels.functional as F
-import kernels.torch as KT
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone, as the other tools
+import kernels.functional as F  # noqa: E402
+import kernels.torch as KT  # noqa: E402
 
 
 def _timed(function, runs: int, sync) -> float:

@@ -63,6 +63,10 @@ class Backend:
         """Lines added to a failure of `case` on `device`: what in the backend may explain it."""
         return []
 
+    def layouts(self, device: str) -> tuple[str, ...] | None:
+        """The red-zone layouts (harness.LAYOUTS) it runs on `device`; None: every one its views allow."""
+        return None
+
 
 class KernelsBackend(Backend):
     """This library: each op's module as kernels.registry declares it. Runs under every GPU schedule,
@@ -105,6 +109,10 @@ class _Adapted(Backend):
     def notes(self, case: Any, device: str) -> list[str]:
         method = getattr(self.target, "notes", None)
         return [] if method is None else list(method(case, device))
+
+    def layouts(self, device: str) -> tuple[str, ...] | None:
+        method = getattr(self.target, "layouts", None)
+        return None if method is None else method(device)
 
 
 def running_statistics(attrs: Any, input: Any, stream: Any) -> tuple[Any, Any]:

@@ -251,6 +251,13 @@ class TorchBackend(Backend):
                 stack.callback(lambda: [setattr(owner, name, value) for owner, name, value in saved])
             yield
 
+    def layouts(self, device: str) -> tuple[str, ...] | None:
+        """On the GPU, tensors at 256-byte boundaries only (in their margins), as PyTorch's allocator
+        places them: the first run on the H200 with the misaligned layouts ended in
+        cudaErrorMisalignedAddress, a sticky error that fails every later case of the process
+        (docs/backends.md). On the CPU, every layout."""
+        return None if device == "cpu" else ("aligned",)
+
     def supports(self, case: Any, device: str) -> str | None:
         try:
             torch = _torch()

@@ -18,6 +18,7 @@ import numpy as np
 from ..runtime import cpu as cpu_runtime
 from ..runtime import dlpack
 from ..runtime import gpu as gpu_runtime
+from ..runtime import handle as gpu_handles
 from ..runtime.core import (
     ALL_FLOAT_DTYPES,
     HALF_DTYPES,
@@ -132,7 +133,7 @@ class Network:
             self.stream, self.handle, self.xp = cpu_runtime.cpu_stream(), cpu_runtime.cpu_handle(), np
             self.prefix, self._context = "cpu_", contextlib.nullcontext()
         else:  # pragma: no cover - GPU: a CUDA device and CuPy
-            self.stream, self.handle = gpu_runtime.gpu_stream(self.device), gpu_runtime.gpu_handle(self.device)
+            self.stream, self.handle = gpu_runtime.gpu_stream(self.device), gpu_handles.gpu_handle(self.device)
             self.xp, self.prefix, self._context = gpu_runtime.cupy, "gpu_", self.stream
         self.training = True  # as a torch module: training until eval()
         self.fused = False  # eval plans trace the fused graph (fuse())
