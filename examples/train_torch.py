@@ -49,7 +49,8 @@ def ultralytics_loss(model: YOLOv10, batch: int, generator: torch.Generator):
     index = torch.repeat_interleave(torch.arange(batch), counts).float()
     centres = torch.rand(len(index), 2, generator=generator) * 0.6 + 0.2
     sides = torch.rand(len(index), 2, generator=generator) * 0.3 + 0.1
-    labels = {"batch_idx": index.to(device), "cls": torch.randint(0, model.num_classes, (len(index), 1), generator=generator).float().to(device),
+    classes = torch.randint(0, model.num_classes, (len(index), 1), generator=generator).float()
+    labels = {"batch_idx": index.to(device), "cls": classes.to(device),
               "bboxes": torch.cat([centres, sides], 1).to(device)}  # normalized xywh, as ultralytics' dataloader
 
     def loss(out: dict) -> torch.Tensor:
