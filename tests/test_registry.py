@@ -141,3 +141,14 @@ SPEC = declare_op(OP, globals(), attrs=ScaleByTwoAttrs, shapes=UNARY_SHAPES, for
     state = spec.init_kernel(kernels.cpu_handle(), spec.attrs(), core.TensorShape.of(x), core.TensorShape.of(y))
     spec.forward_kernel(kernels.cpu_stream(), kernels.cpu_handle(), state, spec.attrs(), x, y)
     np.testing.assert_array_equal(y, np.arange(0, 12, 2, dtype=np.float32).reshape(2, 3))
+
+
+def test_the_per_op_test_tables_cover_every_declared_op():
+    """The tests that need a hand-written function per op (property samples, graph-capture builders)
+    keep a table of them: a declared op missing from one fails here, not silently untested."""
+    from . import test_gpu_graph_capture, test_properties
+
+    assert set(test_properties.OPS) == set(OPS)
+    built = {name for name in OPS if any(key == name or key.startswith(name + "_")
+                                         for key in test_gpu_graph_capture.BUILDERS)}
+    assert built == set(OPS)
