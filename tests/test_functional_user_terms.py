@@ -114,6 +114,11 @@ def test_bfloat16_exchange_shares_memory():
     assert torch.equal(back, x)
     plain = torch.arange(3.0)
     assert dlpack.from_dlpack(plain, np).ctypes.data == plain.data_ptr() and dlpack.producer(plain) is plain
+    # A read-only array (NumPy before 2.1 makes every DLPack import one) goes back sharing its memory too.
+    for fixed in (np.arange(4.0), np.arange(4.0).astype(kernels.runtime.core.BFLOAT16)):
+        fixed.flags.writeable = False
+        shared = dlpack.to_torch(fixed)
+        assert shared.data_ptr() == fixed.ctypes.data and shared.tolist() == [0.0, 1.0, 2.0, 3.0]
     # running statistics given as torch tensors to a bfloat16 batch_norm: float32, updated in place.
     mean, var = torch.zeros(3), torch.ones(3)
     F.batch_norm(torch.randn(2, 3, 4, 4).bfloat16(), mean, var, training=True)

@@ -11,6 +11,7 @@ the same: a torch bfloat16 tensor is exchanged as its ``view(torch.uint16)`` and
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,13 @@ def to_torch(array: Any) -> Any:
     """A torch tensor sharing the memory of a NumPy or CuPy array (ml_dtypes' bfloat16 as torch.bfloat16)."""
     import torch
 
-    if array.dtype == BFLOAT16:
-        return torch.from_dlpack(array.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_dlpack(array)
+    exported = array.view(np.uint16) if array.dtype == BFLOAT16 else array
+    if isinstance(exported, np.ndarray) and not exported.flags.writeable:
+        # A read-only array has no DLPack export (NumPy before 2.1 makes every array it imports by DLPack
+        # read-only); torch.from_numpy shares the same memory, and warns that torch may write it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(exported)
+    else:
+        tensor = torch.from_dlpack(exported)
+    return tensor.view(torch.bfloat16) if array.dtype == BFLOAT16 else tensor
