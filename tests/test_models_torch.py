@@ -90,7 +90,10 @@ def test_sgd_steps_agree_with_the_torch_reference(device):
     Bound: at every step, the distance of ours from the reference (losses, every parameter and running
     statistic, relative L2 per tensor) is at most 4 times the reference's distance from itself when every
     parameter starts perturbed by 1e-14 relative (about 45 float64 ulps: the size of the rounding
-    differences between two float64 programs after a step), and never less than 1e-13. The training
+    differences between two float64 programs after a step), the larger of a perturbation up and one
+    down, and never less than 1e-13. One direction alone is one sample of a chaotic divergence: at
+    NumPy 2.0 (another BLAS) the loss of step 5 measured 4.7 times the upward one's, while against both
+    the largest ratio was 1.0 there and 0.93 at the newest releases. The training
     batch norms (8 values a channel at P5) amplify any difference about 40 times a step: measured on the
     CPU, ours against the reference 3.9e-13, 5.4e-11, 1.1e-9, 9.2e-8, 4.0e-6 on the parameters, the
     perturbed reference 9.4e-13, 1.7e-10, 3.4e-9, 2.3e-7, 8.0e-6 (ratio at most 0.5, against 4).
@@ -99,17 +102,21 @@ def test_sgd_steps_agree_with_the_torch_reference(device):
     require(device)
     ours = YOLOv10("n", dtype=torch.float64, device="cpu" if device == "cpu" else "cuda")
     start = {name: value.detach().cpu().clone() for name, value in ours.state_dict().items()}
-    ref, perturbed = reference.build("n").double(), reference.build("n").double()
+    ref = reference.build("n").double()
     ref.load_state_dict(start)
-    perturbed.load_state_dict(start)
-    with torch.no_grad():
-        for parameter in perturbed.parameters():
-            parameter.mul_(1 + 1e-14)
+    perturbations = []  # the reference from parameters 1e-14 relative off, one way and the other
+    for factor in (1 + 1e-14, 1 - 1e-14):
+        perturbed = reference.build("n").double()
+        perturbed.load_state_dict(start)
+        with torch.no_grad():
+            for parameter in perturbed.parameters():
+                parameter.mul_(factor)
+        perturbations.append(perturbed)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64, generator=generator)
     dims = [(2, 144, 8, 8), (2, 144, 4, 4), (2, 144, 2, 2)] * 2
     targets = [torch.randn(d, dtype=torch.float64, generator=generator) for d in dims]
-    models = (ours, ref, perturbed)
+    models = (ours, ref, *perturbations)
     optimizers = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.01, momentum=0.9,
                                   weight_decay=5e-4) for m in models]
     where = next(ours.parameters()).device
@@ -123,11 +130,14 @@ def test_sgd_steps_agree_with_the_torch_reference(device):
             loss.backward()
             optimizer.step()
             losses.append(loss.detach().cpu())
-        assert _relative(losses[0], losses[1]) <= max(4 * _relative(losses[2], losses[1]), 1e-13), step
+        loss_spread = max(_relative(loss, losses[1]) for loss in losses[2:])
+        assert _relative(losses[0], losses[1]) <= max(4 * loss_spread, 1e-13), step
         ours_state, ref_state = ours.state_dict(), ref.state_dict()
-        got, spread = _worst(ours_state, ref_state), _worst(perturbed.state_dict(), ref_state)
+        got = _worst(ours_state, ref_state)
+        spreads = [_worst(model.state_dict(), ref_state) for model in perturbations]
         for kind in ("param", "running"):
-            assert got[kind] <= max(4 * spread[kind], 1e-13), (step, kind, got[kind], spread[kind])
+            spread = max(each[kind] for each in spreads)
+            assert got[kind] <= max(4 * spread, 1e-13), (step, kind, got[kind], spread)
         assert got["count"] == 0
         assert int(ours_state["model.0.bn.num_batches_tracked"]) == step + 1
 
