@@ -475,27 +475,43 @@ class _Plan:
     the output's dims and dtype, the key of its states in the cache), made by the first call of one
     form (_planned) and reused by the later calls of that form, which skip the functional layer's own
     checks and conversions: they are the first call's, on arguments of the same dims, dtypes, types
-    and values. The kernel's checks still run on every call (forward_kernel)."""
+    and values. The kernel runs with its checks of the stream, handle, state and attrs, and without those
+    of each array (core.arrays_checked): the plan's call has made them, on arrays of the same form, and the
+    outputs are new arrays of the plan's dims."""
 
-    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "dims", "dtype")
+    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "free", "dims", "dtype")
 
     def __init__(self, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any):
         self.runtime, self.stream, self.module, self.attrs, self.shapes = env.runtime, env.stream, module, attrs, shapes
         self.key = (module.OP, attrs, _freeze(shapes))
+        with self.runtime.lock:  # the pool's list of free states of the key: no hashing of attrs and shapes a call
+            self.free = self.runtime.free.setdefault(self.key, [])
         self.dims, self.dtype = dims, dtype  # one output's dims, or split's list of them
 
     def take(self) -> Any:
-        return self.runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
+        runtime = self.runtime
+        with runtime.lock:
+            if self.free and not runtime.closed:
+                return self.free.pop()
+        return runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
 
     def give_back(self, state: Any) -> None:
-        self.runtime.give_back(self.key, self.module, state)
+        runtime = self.runtime
+        with runtime.lock:
+            if not runtime.closed:
+                self.free.append(state)
+                return
+        self.module.cleanup_kernel(runtime.handle, state)
 
     def run(self, *arrays: Any, **kwargs: Any) -> None:
         """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) on a state of the cache."""
         state = self.take()
+        checked = core.arrays_are_checked()
+        core.skip_array_checks(True)
         try:
             self.module.forward_kernel(self.stream, self.runtime.handle, state, self.attrs, *arrays, **kwargs)
         finally:
+            core.skip_array_checks(checked)
             self.give_back(state)  # kernels check before they write: the state is intact
 
 
