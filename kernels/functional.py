@@ -506,13 +506,19 @@ class _Plan:
     def run(self, *arrays: Any, **kwargs: Any) -> None:
         """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) on a state of the cache."""
         state = self.take()
+        try:
+            self.run_on(state, *arrays, **kwargs)
+        finally:
+            self.give_back(state)  # kernels check before they write: the state is intact
+
+    def run_on(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
+        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs), the arrays unchecked."""
         checked = core.arrays_are_checked()
         core.skip_array_checks(True)
         try:
             self.module.forward_kernel(self.stream, self.runtime.handle, state, self.attrs, *arrays, **kwargs)
         finally:
             core.skip_array_checks(checked)
-            self.give_back(state)  # kernels check before they write: the state is intact
 
 
 # form -> _Plan. Emptied by clear_cache, and when it grows past _PLAN_LIMIT forms (a caller whose dims
@@ -712,6 +718,23 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     inference normalizes with them. Plus a fused activation, and mode PER_ACTIVATION (statistics over
     N only, weight and stats of shape (C, *spatial))."""
     op = "batch_norm"
+    given = [a for a in (running_mean, running_var, weight, bias) if a is not None]
+    form, plan = _planned(op, ctx, stream, [input] + given, (running_mean is None, running_var is None, weight is None,
+                                                              bias is None, training, momentum, eps, activation, mode))
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        state = plan.take()
+        own = state.running_mean, state.running_var
+        try:  # as call() below, on the caller's statistics themselves (the plan's first call needed no copy)
+            if running_mean is not None:
+                state.running_mean = running_mean
+            if running_var is not None:
+                state.running_var = running_var
+            plan.run_on(state, input, weight, bias, output, training=training)
+        finally:
+            state.running_mean, state.running_var = own
+            plan.give_back(state)
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     if not training and (running_mean is None or running_var is None):
@@ -754,9 +777,12 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                 if array is not view:
                     view[...] = array
 
-    _run_forward(env, op, batch_norm_op, attrs, (TensorShape.of(x), TensorShape.of(x)), call, ctx, True,
+    shapes = (TensorShape.of(x), TensorShape.of(x))
+    _run_forward(env, op, batch_norm_op, attrs, shapes, call, ctx, True,
                  input=x, weight=gamma, bias=beta, output=output, has_weight=weight is not None,
                  has_bias=bias is not None)
+    if attrs.affine == (weight is not None) == (bias is not None) and all(a is v for v, a in running.values()):
+        _remember(form, env, batch_norm_op, attrs, shapes, x.shape, x.dtype)  # no ones, zeros or copies made
     return env.out(output)
 
 
@@ -1368,6 +1394,11 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     op = "gradient_reduction"
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise fail(ShapeError, op, "tensors", "a non-empty list of tensors", type(tensors).__name__)
+    form, plan = _planned(op, ctx, stream, tensors, ())
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        plan.run(list(tensors), output)
+        return output
     env = _Env(op, tensors[0], stream)
     inputs = [env.array(f"tensors[{i}]", t) for i, t in enumerate(tensors)]
     output = env.empty(inputs[0].shape, inputs[0].dtype)
@@ -1376,6 +1407,7 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     _run_forward(env, op, gradient_reduction_op, attrs, shapes,
                  lambda state: gradient_reduction_op.forward_kernel(env.stream, env.handle, state, attrs, inputs, output),
                  ctx, False, piece_shapes=[(tuple(a.shape), a.dtype) for a in inputs])
+    _remember(form, env, gradient_reduction_op, attrs, shapes, output.shape, output.dtype)
     return env.out(output)
 
 
