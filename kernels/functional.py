@@ -541,12 +541,11 @@ def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: Sequ
             return None, None
         form.append(array.shape)
         form.append(array.dtype)
-    for value in values:
-        kind = type(value)
-        if kind is tuple or kind is list:
-            form.append((kind, tuple(value), tuple(map(type, value))))
-        else:
-            form.append((kind, value))
+    kinds = tuple(map(type, values))
+    if tuple in kinds or list in kinds:  # a pair or a list of ints: its items' types too, (1, True) is not (1, 1)
+        values = tuple((tuple(v), tuple(map(type, v))) if type(v) in (tuple, list) else v for v in values)
+    form.append(tuple(values))
+    form.append(kinds)
     key = tuple(form)
     try:
         return key, _PLANS.get(key)
