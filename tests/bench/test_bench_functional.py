@@ -3,7 +3,7 @@ NumPy (CPU) or CuPy (GPU) arrays of 16 to 64 elements, beside its torch twin (to
 torch.cat, ...) on the same values, so that the time is the layers' between the call and the kernel,
 not the arithmetic. The target is at most 5x torch's on every row.
 
-Each timed call is CALLS calls in a row (then a synchronize on the GPU, once): one call takes a few
+Each timed call is CALLS calls in a row (then a synchronize on the GPU, once, of the stream the calls ran on): one call takes a few
 microseconds, under pytest-benchmark's timer resolution to time alone, and a synchronize after each
 would be most of a GPU row. Our calls run as a user makes them: no stream= (a GPU call on the device's
 default stream, ordered with CuPy's current one), no ctx. tools/functional_overhead.py prints the same
@@ -55,9 +55,13 @@ def test_functional_per_call(benchmark, bench, row):
             bench.sync()  # the uploads, made on the bench's stream, done before the default stream reads them
         one = lambda: ours(*inputs)  # noqa: E731
 
+    # Ours on the GPU run on the functional layer's default stream, not the bench's: that is the one to wait for.
+    wait = F.default_stream(0).synchronize if bench.impl == "ours" and bench.device == "gpu" else (lambda: None)
+
     def calls():
         for _ in range(CALLS):
             one()
+        wait()
 
     nbytes = sum(int(np.prod(d)) * 4 for d in dims)
     bench.run(benchmark, calls, CALLS * nbytes, f"functional per call x{CALLS}: {row}")
