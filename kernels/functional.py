@@ -32,6 +32,10 @@ Contract:
   on exit). A forward without ``ctx`` saves nothing.
 - **States** are cached per (op, attrs, input shapes and dtypes, device, stream) and
   reused: repeated calls make no new state. ``clear_cache()`` releases them all.
+- **Plans.** A CPU forward without ctx keeps, per form of its arguments (the dims and
+  dtypes of its arrays, its other arguments with their types), what it worked out from
+  them; a repeated call of that form on C-contiguous NumPy arrays skips this layer's
+  checks and the kernel's checks of each array (_Plan; docs/performance.md).
 - **Streams and handles.** CPU calls use ``kernels.cpu_stream()``/``cpu_handle()``. A GPU
   call runs on the ``stream=`` given, or on a default stream of the input's device,
   made on first use (``default_stream(device)``); outputs are allocated inside that
@@ -140,8 +144,10 @@ class _Runtime:
         self.lock = threading.RLock()  # re-entrant: a Context released by the GC may give back mid-call
         self.closed = False
 
-    def acquire(self, module: Any, attrs: Any, shapes: tuple) -> tuple[tuple, Any]:
-        key = (module.OP, attrs, _freeze(shapes))
+    def acquire(self, module: Any, attrs: Any, shapes: tuple, key: tuple | None = None) -> tuple[tuple, Any]:
+        """A state for (module, attrs, shapes), free or new; `key` is their pool key where the caller has it."""
+        if key is None:
+            key = (module.OP, attrs, _freeze(shapes))
         with self.lock:
             free = self.free.get(key)
             if free:
@@ -221,6 +227,7 @@ def clear_cache() -> None:
         runtimes = ([_CPU.pop("runtime")] if "runtime" in _CPU else []) + list(_GPU_RUNTIMES.values())
         _CPU.pop("stream", None)
         _GPU_RUNTIMES.clear()
+        _PLANS.clear()  # each holds the CPU runtime just closed
     for runtime in runtimes:
         runtime.close()
 
@@ -464,6 +471,101 @@ def _run_forward(env: _Env, op: str, module: Any, attrs: Any, shapes: tuple, cal
     return result
 
 
+# --------------------------------------------------------------------------- plans: a form's checks made once
+
+
+class _Plan:
+    """What a CPU forward without ctx works out from its arguments before its kernel runs (the attrs,
+    the output's dims and dtype, the key of its states in the cache), made by the first call of one
+    form (_planned) and reused by the later calls of that form, which skip the functional layer's own
+    checks and conversions: they are the first call's, on arguments of the same dims, dtypes, types
+    and values. The kernel runs with its checks of the stream, handle, state and attrs, and without those
+    of each array (core.arrays_checked): the plan's call has made them, on arrays of the same form, and the
+    outputs are new arrays of the plan's dims."""
+
+    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "free", "dims", "dtype")
+
+    def __init__(self, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any):
+        self.runtime, self.stream, self.module, self.attrs, self.shapes = env.runtime, env.stream, module, attrs, shapes
+        self.key = (module.OP, attrs, _freeze(shapes))
+        with self.runtime.lock:  # the pool's list of free states of the key: no hashing of attrs and shapes a call
+            self.free = self.runtime.free.setdefault(self.key, [])
+        self.dims, self.dtype = dims, dtype  # one output's dims, or split's list of them
+
+    def take(self) -> Any:
+        runtime = self.runtime
+        with runtime.lock:
+            if self.free and not runtime.closed:
+                return self.free.pop()
+        return runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
+
+    def give_back(self, state: Any) -> None:
+        runtime = self.runtime
+        with runtime.lock:
+            if not runtime.closed:
+                self.free.append(state)
+                return
+        self.module.cleanup_kernel(runtime.handle, state)
+
+    def run(self, *arrays: Any, **kwargs: Any) -> None:
+        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) on a state of the cache."""
+        state = self.take()
+        try:
+            self.run_on(state, *arrays, **kwargs)
+        finally:
+            self.give_back(state)  # kernels check before they write: the state is intact
+
+    def run_on(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
+        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs), the arrays unchecked."""
+        checked = core.arrays_are_checked()
+        core.skip_array_checks(True)
+        try:
+            self.module.forward_kernel(self.stream, self.runtime.handle, state, self.attrs, *arrays, **kwargs)
+        finally:
+            core.skip_array_checks(checked)
+
+
+# form -> _Plan. Emptied by clear_cache, and when it grows past _PLAN_LIMIT forms (a caller whose dims
+# change on every call gains nothing from plans, and must not grow the cache without bound).
+_PLANS: dict[tuple, _Plan] = {}
+_PLAN_LIMIT = 4096
+
+
+def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: Sequence[Any]) -> tuple[Any, Any]:
+    """(form, plan) of a forward call: the form is the op, the dims and dtype of each of `arrays`, and
+    each of `values` (the other arguments) with its type, since 1, 1.0 and True are equal keys but not
+    the same argument to check; the plan is the form's, or None where no call of it has run yet. The form
+    is None where the call takes the full path every time: a ctx, a GPU stream, an array that is not a
+    C-contiguous NumPy array (a CuPy array, a torch tensor, a strided view), an argument that is not hashable."""
+    if ctx is not None or (stream is not None and type(stream) is not cpu.CpuStream):
+        return None, None
+    form: list[Any] = [op]
+    for array in arrays:
+        if type(array) is not np.ndarray or not array.flags.c_contiguous:
+            return None, None
+        form.append(array.shape)
+        form.append(array.dtype)
+    kinds = tuple(map(type, values))
+    if tuple in kinds or list in kinds:  # a pair or a list of ints: its items' types too, (1, True) is not (1, 1)
+        values = tuple((tuple(v), tuple(map(type, v))) if type(v) in (tuple, list) else v for v in values)
+    form.append(tuple(values))
+    form.append(kinds)
+    key = tuple(form)
+    try:
+        return key, _PLANS.get(key)
+    except TypeError:  # an argument that is not hashable: checked on every call
+        return None, None
+
+
+def _remember(form: Any, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any) -> None:
+    """Keep the plan of a call of `form` that has just run through the full path (a form of None: none)."""
+    if form is None:
+        return
+    if len(_PLANS) >= _PLAN_LIMIT:
+        _PLANS.clear()
+    _PLANS[form] = _Plan(env, module, attrs, shapes, dims, dtype)
+
+
 def _begin_backward(op: str, ctx: Any, grad_output: Any, stream: Any) -> tuple[_Env, dict[str, Any]]:
     if not isinstance(ctx, Context):
         raise fail(StateError, op, "ctx", "the Context a forward recorded into", type(ctx).__name__)
@@ -557,6 +659,12 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     """torch.nn.functional.conv2d, plus an optional fused activation (RELU, SIGMOID, TANH, GELU, SILU)
     applied after the bias."""
     op = "conv2d"
+    form, plan = _planned(op, ctx, stream, (input, weight) if bias is None else (input, weight, bias),
+                          (bias is None, stride, padding, dilation, groups, activation))
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        plan.run(input, weight, bias, output)
+        return output
     env = _Env(op, input, stream)
     x, w = env.array("input", input), env.array("weight", weight)
     b = None if bias is None else env.array("bias", bias)
@@ -571,6 +679,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     _run_forward(env, op, conv_2d, attrs, shapes,
                  lambda state: conv_2d.forward_kernel(env.stream, env.handle, state, attrs, x, w, b, output),
                  ctx, attrs.activation is not None, input=x, weight=w, output=output, has_bias=b is not None)
+    _remember(form, env, conv_2d, attrs, shapes, dims, x.dtype)
     return env.out(output)
 
 
@@ -612,6 +721,23 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     inference normalizes with them. Plus a fused activation, and mode PER_ACTIVATION (statistics over
     N only, weight and stats of shape (C, *spatial))."""
     op = "batch_norm"
+    given = [a for a in (running_mean, running_var, weight, bias) if a is not None]
+    form, plan = _planned(op, ctx, stream, [input] + given, (running_mean is None, running_var is None, weight is None,
+                                                              bias is None, training, momentum, eps, activation, mode))
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        state = plan.take()
+        own = state.running_mean, state.running_var
+        try:  # as call() below, on the caller's statistics themselves (the plan's first call needed no copy)
+            if running_mean is not None:
+                state.running_mean = running_mean
+            if running_var is not None:
+                state.running_var = running_var
+            plan.run_on(state, input, weight, bias, output, training=training)
+        finally:
+            state.running_mean, state.running_var = own
+            plan.give_back(state)
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     if not training and (running_mean is None or running_var is None):
@@ -654,9 +780,12 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                 if array is not view:
                     view[...] = array
 
-    _run_forward(env, op, batch_norm_op, attrs, (TensorShape.of(x), TensorShape.of(x)), call, ctx, True,
+    shapes = (TensorShape.of(x), TensorShape.of(x))
+    _run_forward(env, op, batch_norm_op, attrs, shapes, call, ctx, True,
                  input=x, weight=gamma, bias=beta, output=output, has_weight=weight is not None,
                  has_bias=bias is not None)
+    if attrs.affine == (weight is not None) == (bias is not None) and all(a is v for v, a in running.values()):
+        _remember(form, env, batch_norm_op, attrs, shapes, x.shape, x.dtype)  # no ones, zeros or copies made
     return env.out(output)
 
 
@@ -705,7 +834,7 @@ def batch_norm_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[st
 
 
 def _pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, padding: IntPair, pool_type: PoolOp,
-          count_include_pad: bool, activation: ActivationArg, ctx: Context | None, stream: Any) -> Tensor:
+          count_include_pad: bool, activation: ActivationArg, ctx: Context | None, stream: Any, form: Any) -> Tensor:
     env = _Env(op, input, stream)
     x = env.array("input", input)
     kernel_hw = _pair(op, "kernel_size", kernel_size)
@@ -714,10 +843,23 @@ def _pool(op: str, input: Tensor, kernel_size: IntPair, stride: IntPair | None, 
                         count_include_pad=count_include_pad, activation=activation)
     dims = pool_2d.output_dims(attrs, tuple(x.shape))
     output = env.empty(dims, x.dtype)
-    _run_forward(env, op, pool_2d, attrs, (TensorShape.of(x), TensorShape(dims, x.dtype)),
+    shapes = (TensorShape.of(x), TensorShape(dims, x.dtype))
+    _run_forward(env, op, pool_2d, attrs, shapes,
                  lambda state: pool_2d.forward_kernel(env.stream, env.handle, state, attrs, x, output), ctx,
                  pool_type is PoolOp.MAX or attrs.activation is not None, input=x, output=output)
+    _remember(form, env, pool_2d, attrs, shapes, dims, x.dtype)
     return env.out(output)
+
+
+def _planned_unary(op: str, ctx: Any, stream: Any, input: Any, values: Sequence[Any]) -> tuple[Any, Any]:
+    """(form, output): the output of a one-input, one-output forward run on its form's plan, or None where
+    the call takes the full path (its form, None or not planned yet, is then for _remember)."""
+    form, plan = _planned(op, ctx, stream, (input,), values)
+    if plan is None:
+        return form, None
+    output = np.empty(plan.dims, plan.dtype)
+    plan.run(input, output)
+    return form, output
 
 
 @_ordered
@@ -728,10 +870,14 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
     NaN propagates; the first maximum in window order takes the gradient), plus a fused activation.
     dilation, ceil_mode and return_indices are accepted at their defaults only."""
     op = "max_pool2d"
+    form, output = _planned_unary(op, ctx, stream, input, (kernel_size, stride, padding, dilation, ceil_mode,
+                                                          return_indices, activation))
+    if output is not None:
+        return output
     _refuse(op, "dilation", _pair(op, "dilation", dilation), (1, 1), "the kernel has no dilated pooling")
     _refuse(op, "ceil_mode", ceil_mode, False, "the kernel's output size is the floor formula")
     _refuse(op, "return_indices", return_indices, False, "the argmax stays in the Context's state")
-    return _pool(op, input, kernel_size, stride, padding, PoolOp.MAX, True, activation, ctx, stream)
+    return _pool(op, input, kernel_size, stride, padding, PoolOp.MAX, True, activation, ctx, stream, form)
 
 
 @_ordered
@@ -741,9 +887,13 @@ def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
     """torch.nn.functional.avg_pool2d, plus a fused activation; ceil_mode and divisor_override are
     accepted at their defaults only."""
     op = "avg_pool2d"
+    form, output = _planned_unary(op, ctx, stream, input, (kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                                          divisor_override, activation))
+    if output is not None:
+        return output
     _refuse(op, "ceil_mode", ceil_mode, False, "the kernel's output size is the floor formula")
     _refuse(op, "divisor_override", divisor_override, None, "the kernel divides by the window's count")
-    return _pool(op, input, kernel_size, stride, padding, PoolOp.AVG, count_include_pad, activation, ctx, stream)
+    return _pool(op, input, kernel_size, stride, padding, PoolOp.AVG, count_include_pad, activation, ctx, stream, form)
 
 
 def _unary_like_backward(op: str, module: Any, grad_output: Tensor, ctx: Context, retain: bool, stream: Any) -> Tensor:
@@ -781,6 +931,10 @@ def interpolate(input: Tensor, size: IntPair | None = None, scale_factor: float 
     (scale_factor, or a size that is such a multiple): mode 'nearest', or 'bilinear' with
     align_corners False/None."""
     op = "interpolate"
+    form, output = _planned_unary(op, ctx, stream, input, (size, scale_factor, mode, align_corners,
+                                                          recompute_scale_factor, antialias))
+    if output is not None:
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     _rank(op, "input", x, 4, "(N, C, H, W)")
@@ -806,9 +960,11 @@ def interpolate(input: Tensor, size: IntPair | None = None, scale_factor: float 
     attrs = UpsampleAttrs(scale, UpsampleMode.NEAREST if mode == "nearest" else UpsampleMode.BILINEAR)
     dims = upsample_op.output_dims(attrs, tuple(x.shape))
     output = env.empty(dims, x.dtype)
-    _run_forward(env, op, upsample_op, attrs, (TensorShape.of(x), TensorShape(dims, x.dtype)),
+    shapes = (TensorShape.of(x), TensorShape(dims, x.dtype))
+    _run_forward(env, op, upsample_op, attrs, shapes,
                  lambda state: upsample_op.forward_kernel(env.stream, env.handle, state, attrs, x, output), ctx, False,
                  input=x, output=output)
+    _remember(form, env, upsample_op, attrs, shapes, dims, x.dtype)
     return env.out(output)
 
 
@@ -836,15 +992,21 @@ upsample_backward = interpolate_backward
 def softmax(input: Tensor, dim: int, *, dtype: Any = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.softmax over `dim` (negative counts from the end); `dtype` casts the input first."""
     op = "softmax"
+    form, output = _planned_unary(op, ctx, stream, input, (dim, dtype))
+    if output is not None:
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     if dtype is not None and np.dtype(dtype) != x.dtype:
         x = _contiguous_copy(env, x, np.dtype(dtype))
+        form = None  # the plans run on the input as given
     attrs = SoftmaxAttrs(dim)
     output = env.empty(x.shape, x.dtype)
-    _run_forward(env, op, softmax_op, attrs, (TensorShape.of(x), TensorShape.of(x)),
+    shapes = (TensorShape.of(x), TensorShape.of(x))
+    _run_forward(env, op, softmax_op, attrs, shapes,
                  lambda state: softmax_op.forward_kernel(env.stream, env.handle, state, attrs, x, output), ctx, False,
                  input=x, output=output)
+    _remember(form, env, softmax_op, attrs, shapes, x.shape, x.dtype)
     return env.out(output)
 
 
@@ -863,6 +1025,11 @@ def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, 
     op = "cat"
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise fail(ShapeError, op, "tensors", "a non-empty list of tensors", type(tensors).__name__)
+    form, plan = _planned(op, ctx, stream, tensors, (dim,))
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        plan.run(list(tensors), output)
+        return output
     env = _Env(op, tensors[0], stream)
     inputs = [env.array(f"tensors[{i}]", t) for i, t in enumerate(tensors)]
     attrs = ConcatAttrs(axis=dim, num_inputs=len(inputs))
@@ -872,6 +1039,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, 
     _run_forward(env, op, concat, attrs, shapes,
                  lambda state: concat.forward_kernel(env.stream, env.handle, state, attrs, inputs, output), ctx, False,
                  piece_shapes=[(tuple(a.shape), a.dtype) for a in inputs])
+    _remember(form, env, concat, attrs, shapes, dims, inputs[0].dtype)
     return env.out(output)
 
 
@@ -897,6 +1065,11 @@ def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int 
           stream: Any = None) -> tuple[Tensor, ...]:
     """torch.split: pieces of `split_size_or_sections` each (the last smaller), or of the sizes listed."""
     op = "split"
+    form, plan = _planned(op, ctx, stream, (tensor,), (split_size_or_sections, dim))
+    if plan is not None:
+        outputs = [np.empty(d, plan.dtype) for d in plan.dims]
+        plan.run(tensor, outputs)
+        return tuple(outputs)
     env = _Env(op, tensor, stream)
     x = env.array("tensor", tensor)
     if x.ndim < 1:
@@ -917,6 +1090,7 @@ def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int 
     _run_forward(env, op, split_op, attrs, shapes,
                  lambda state: split_op.forward_kernel(env.stream, env.handle, state, attrs, x, outputs), ctx, False,
                  input_shape=(tuple(x.shape), x.dtype), output_dims=out_dims)
+    _remember(form, env, split_op, attrs, shapes, out_dims, x.dtype)
     return tuple(env.out(o) for o in outputs)
 
 
@@ -945,11 +1119,13 @@ def split_backward(grad_outputs: Sequence[Tensor | None], ctx: Context, *, retai
 
 
 def _shape_only_forward(op: str, module: Any, env: _Env, x: Any, attrs: Any, dims: tuple[int, ...],
-                        ctx: Context | None) -> Tensor:
+                        ctx: Context | None, form: Any) -> Tensor:
     output = env.empty(dims, x.dtype)
-    _run_forward(env, op, module, attrs, (TensorShape.of(x), TensorShape(dims, x.dtype)),
+    shapes = (TensorShape.of(x), TensorShape(dims, x.dtype))
+    _run_forward(env, op, module, attrs, shapes,
                  lambda state: module.forward_kernel(env.stream, env.handle, state, attrs, x, output), ctx, False,
                  input_shape=(tuple(x.shape), x.dtype))
+    _remember(form, env, module, attrs, shapes, dims, x.dtype)
     return env.out(output)
 
 
@@ -967,10 +1143,14 @@ def _shape_only_backward(op: str, module: Any, grad_output: Tensor, ctx: Context
 @_ordered
 def reshape(input: Tensor, shape: Sequence[int], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.reshape (one -1 inferred); always a copy, made on the stream."""
+    form, output = _planned_unary("reshape", ctx, stream, input, (shape,))
+    if output is not None:
+        return output
     env = _Env("reshape", input, stream)
     x = env.array("input", input)
     attrs = ReshapeAttrs(tuple(shape))
-    return _shape_only_forward("reshape", reshape_op, env, x, attrs, reshape_op.output_dims(attrs, tuple(x.shape)), ctx)
+    return _shape_only_forward("reshape", reshape_op, env, x, attrs, reshape_op.output_dims(attrs, tuple(x.shape)), ctx,
+                               form)
 
 
 @_ordered
@@ -983,13 +1163,17 @@ def reshape_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False,
 def permute(input: Tensor, dims: Sequence[int], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.permute: output dim d is input dim dims[d] (negative dims count from the end); a copy."""
     op = "permute"
+    form, output = _planned_unary(op, ctx, stream, input, (dims,))
+    if output is not None:
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     permutation = tuple(core.normalize_axis(op, f"dims[{i}]", d, x.ndim) for i, d in enumerate(dims))
     attrs = TransposeAttrs(permutation)
     if len(permutation) != x.ndim:
         raise fail(ShapeError, op, "dims", f"{x.ndim} dims (the input's rank)", len(permutation))
-    return _shape_only_forward(op, transpose_op, env, x, attrs, transpose_op.output_dims(attrs, tuple(x.shape)), ctx)
+    return _shape_only_forward(op, transpose_op, env, x, attrs, transpose_op.output_dims(attrs, tuple(x.shape)), ctx,
+                               form)
 
 
 @_ordered
@@ -1002,13 +1186,17 @@ def permute_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False,
 def transpose(input: Tensor, dim0: int, dim1: int, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.transpose: dims dim0 and dim1 swapped; a copy."""
     op = "transpose"
+    form, output = _planned_unary(op, ctx, stream, input, (dim0, dim1))
+    if output is not None:
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     a, b = core.normalize_axis(op, "dim0", dim0, x.ndim), core.normalize_axis(op, "dim1", dim1, x.ndim)
     permutation = list(range(x.ndim))
     permutation[a], permutation[b] = b, a
     attrs = TransposeAttrs(tuple(permutation))
-    return _shape_only_forward(op, transpose_op, env, x, attrs, transpose_op.output_dims(attrs, tuple(x.shape)), ctx)
+    return _shape_only_forward(op, transpose_op, env, x, attrs, transpose_op.output_dims(attrs, tuple(x.shape)), ctx,
+                               form)
 
 
 @_ordered
@@ -1026,12 +1214,13 @@ class BinaryGrads(NamedTuple):
 
 
 def _binary_forward(op: str, module: Any, attrs: Any, env: _Env, lhs: Any, rhs: Any, dims: tuple[int, ...],
-                    ctx: Context | None) -> Tensor:
+                    ctx: Context | None, form: Any) -> Tensor:
     output = env.empty(dims, lhs.dtype)
     shapes = (TensorShape.of(lhs), TensorShape.of(rhs), TensorShape(dims, lhs.dtype))
     _run_forward(env, op, module, attrs, shapes,
                  lambda state: module.forward_kernel(env.stream, env.handle, state, attrs, lhs, rhs, output), ctx,
                  False, input=lhs, other=rhs, output=output)
+    _remember(form, env, module, attrs, shapes, output.shape, output.dtype)
     return env.out(output)
 
 
@@ -1064,6 +1253,11 @@ def _binary_backward(op: str, grad_output: Tensor, ctx: Context, needs: Sequence
 def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.matmul of (..., M, K) by (..., K, N), rank >= 3 with identical leading dims (no broadcasting)."""
     op = "matmul"
+    form, plan = _planned(op, ctx, stream, (input, other), ())
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        plan.run(input, other, output)
+        return output
     env = _Env(op, input, stream)
     lhs, rhs = env.array("input", input), env.array("other", other)
     attrs = BatchMatmulAttrs()
@@ -1071,7 +1265,7 @@ def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: 
         name, array = ("input", lhs) if lhs.ndim < 3 else ("other", rhs)
         raise fail(ShapeError, op, name, "rank >= 3 (batched, identical leading dims)", f"rank {array.ndim} {tuple(array.shape)}")
     return _binary_forward(op, batch_matmul, attrs, env, lhs, rhs, batch_matmul.output_dims(tuple(lhs.shape), tuple(rhs.shape)),
-                           ctx)
+                           ctx, form)
 
 
 @_ordered
@@ -1087,22 +1281,33 @@ _SCALAR_FORMS = {BinaryOpType.ADD: UnaryOpType.SCALAR_ADD, BinaryOpType.SUB: Una
 
 def _elementwise(op: str, op_type: BinaryOpType, input: Tensor, other: Tensor | float, ctx: Context | None,
                  stream: Any) -> Tensor:
+    number = isinstance(other, (int, float, np.integer, np.floating)) and not isinstance(other, bool)
+    form, plan = _planned(op, ctx, stream, (input,), (other,)) if number else _planned(op, ctx, stream, (input, other), ())
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        if number:
+            plan.run(input, output)
+        else:
+            plan.run(input, other, output)
+        return output
     env = _Env(op, input, stream)
     lhs = env.array("input", input)
-    if isinstance(other, (int, float, np.integer, np.floating)) and not isinstance(other, bool):
+    if number:
         if op_type not in _SCALAR_FORMS:
             raise fail(AttrsError, op, "other", "a tensor (no scalar form of this op)", repr(other))
         attrs = ElementUnaryAttrs(_SCALAR_FORMS[op_type], float(other))
         output = env.empty(lhs.shape, lhs.dtype)
-        _run_forward(env, op, element_unary, attrs, (TensorShape.of(lhs), TensorShape.of(lhs)),
+        shapes = (TensorShape.of(lhs), TensorShape.of(lhs))
+        _run_forward(env, op, element_unary, attrs, shapes,
                      lambda state: element_unary.forward_kernel(env.stream, env.handle, state, attrs, lhs, output), ctx,
                      False, input=lhs, output=output, scalar=float(other))
+        _remember(form, env, element_unary, attrs, shapes, output.shape, output.dtype)
         return env.out(output)
     rhs = env.array("other", other)
     dims = element_binary.broadcast_dims(tuple(lhs.shape), tuple(rhs.shape))
     if dims is None:
         raise fail(ShapeError, op, "other", f"dims that broadcast with the input's {tuple(lhs.shape)}", tuple(rhs.shape))
-    return _binary_forward(op, element_binary, ElementBinaryAttrs(op_type), env, lhs, rhs, dims, ctx)
+    return _binary_forward(op, element_binary, ElementBinaryAttrs(op_type), env, lhs, rhs, dims, ctx, form)
 
 
 @_ordered
@@ -1192,6 +1397,11 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     op = "gradient_reduction"
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise fail(ShapeError, op, "tensors", "a non-empty list of tensors", type(tensors).__name__)
+    form, plan = _planned(op, ctx, stream, tensors, ())
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        plan.run(list(tensors), output)
+        return output
     env = _Env(op, tensors[0], stream)
     inputs = [env.array(f"tensors[{i}]", t) for i, t in enumerate(tensors)]
     output = env.empty(inputs[0].shape, inputs[0].dtype)
@@ -1200,6 +1410,7 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     _run_forward(env, op, gradient_reduction_op, attrs, shapes,
                  lambda state: gradient_reduction_op.forward_kernel(env.stream, env.handle, state, attrs, inputs, output),
                  ctx, False, piece_shapes=[(tuple(a.shape), a.dtype) for a in inputs])
+    _remember(form, env, gradient_reduction_op, attrs, shapes, output.shape, output.dtype)
     return env.out(output)
 
 
@@ -1222,13 +1433,20 @@ def gradient_reduction_backward(grad_output: Tensor, ctx: Context, *, retain: bo
 
 def _unary(op: str, op_type: UnaryOpType, input: Tensor, scalar: float | None, ctx: Context | None,
            stream: Any) -> Tensor:
+    form, plan = _planned(op, ctx, stream, (input,), (scalar,))
+    if plan is not None:
+        output = np.empty(plan.dims, plan.dtype)
+        plan.run(input, output)
+        return output
     env = _Env(op, input, stream)
     x = env.array("input", input)
     attrs = ElementUnaryAttrs(op_type, scalar)
     output = env.empty(x.shape, x.dtype)
-    _run_forward(env, op, element_unary, attrs, (TensorShape.of(x), TensorShape.of(x)),
+    shapes = (TensorShape.of(x), TensorShape.of(x))
+    _run_forward(env, op, element_unary, attrs, shapes,
                  lambda state: element_unary.forward_kernel(env.stream, env.handle, state, attrs, x, output), ctx,
                  False, input=x, output=output)
+    _remember(form, env, element_unary, attrs, shapes, output.shape, output.dtype)
     return env.out(output)
 
 

@@ -561,6 +561,61 @@ def test_context_keeps_its_forward(dev, monkeypatch):
         assert inits["n"] == 2  # two held at once; reused on the second step
 
 
+def _every_forward_twice(x4, w, m, v, a, b):
+    """Each planned forward, on arrays of one form: the first call runs the full path and keeps its plan,
+    the second runs on the plan."""
+    return {
+        "relu": lambda: F.relu(a), "silu": lambda: F.silu(a), "pow": lambda: F.pow(a, 3),
+        "add": lambda: F.add(a, b), "mul number": lambda: F.mul(a, 0.5), "maximum": lambda: F.maximum(a, b),
+        "softmax": lambda: F.softmax(a, 1), "conv2d": lambda: F.conv2d(x4, w, m, stride=(1, 2), padding=1),
+        "conv2d silu": lambda: F.conv2d(x4, w, activation=kernels.Activation.SILU),
+        "max_pool2d": lambda: F.max_pool2d(x4, 2), "avg_pool2d": lambda: F.avg_pool2d(x4, (2, 2), padding=1),
+        "batch_norm eval": lambda: F.batch_norm(x4, m, v, m, v), "batch_norm": lambda: F.batch_norm(x4, m, v),
+        "cat": lambda: F.cat([a, b], 1), "split": lambda: F.split(a, [1, 2], dim=1),
+        "reshape": lambda: F.reshape(a, (-1,)), "permute": lambda: F.permute(x4, (0, 2, 3, 1)),
+        "transpose": lambda: F.transpose(x4, 1, -1), "matmul": lambda: F.matmul(x4, x4),
+        "interpolate": lambda: F.interpolate(x4, scale_factor=2), "gradient_reduction": lambda: F.gradient_reduction([a, b]),
+    }
+
+
+def test_plans_give_the_full_paths_bits():
+    """A CPU forward without ctx keeps a plan per form of its arguments; a repeated call runs on it, with
+    the same bits as the full path (after clear_cache, which drops the plans) and no new state."""
+    x4, w = distinct(2, 3, 4, 4), dyadic(3, 3, 3, 3)
+    m, v, a, b = dyadic(3), dyadic(3, low=1), distinct(2, 3), dyadic(2, 3)
+    for name, call in _every_forward_twice(x4, w, m, v, a, b).items():
+        F.clear_cache()
+        first = call()
+        made = F.cache_info()
+        assert len(F._PLANS) == 1, name  # the later calls run on it
+        for _ in range(2):
+            again = call()
+            for got, expected in zip(again if isinstance(again, tuple) else [again],
+                                     first if isinstance(first, tuple) else [first]):
+                assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
+        assert F.cache_info() == made, name
+
+
+def test_plans_keep_the_checks():
+    """A plan is kept per form: arguments equal to the planned ones but of another type (2.0 for 2, True
+    for 1), strided arrays and other dims take the full path, and are checked and refused there."""
+    x4, a = distinct(1, 2, 4, 4), distinct(2, 4)
+    F.max_pool2d(x4, 2)
+    with pytest.raises(kernels.AttrsError, match="max_pool2d: kernel_size"):
+        F.max_pool2d(x4, 2.0)
+    F.mul(a, 1)
+    with pytest.raises(kernels.DeviceError, match="mul: other"):
+        F.mul(a, True)
+    F.conv2d(x4, dyadic(2, 2, 3, 3), padding=1)
+    with pytest.raises(kernels.AttrsError, match="conv2d: padding"):
+        F.conv2d(x4, dyadic(2, 2, 3, 3), padding=(1, True))
+    strided = distinct(4, 4)[:, ::2]
+    check(F.relu(strided), np.maximum(strided, 0))
+    check(F.relu(strided), np.maximum(strided, 0))
+    with pytest.raises(kernels.ShapeError):
+        F.add(a, distinct(3, 4))
+
+
 def test_context_misuse_raises(dev):
     x = dev.array(dyadic(2, 3, 4, 5))
     with pytest.raises(kernels.StateError, match="relu_backward: ctx: expected a context holding a relu forward"):

@@ -173,6 +173,12 @@ def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) 
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
 
 
+# cpu_forward and cpu_backward on one block, for a caller inside blockwise already (element_unary's
+# formulas): a second blockwise would cost a second errstate and its checks, a microsecond a call on a
+# tiny tensor, for the same blocks (docs/performance.md#the-functional-layers-cost-per-call).
+cpu_forward_block = _forward_block
+
+
 def cpu_derivative(activation: Activation, pre: np.ndarray) -> np.ndarray:
     """f'(pre) as a new array (relu: a boolean mask of pre > 0; gelu: float64 for both dtypes)."""
     if activation is Activation.RELU:
@@ -229,4 +235,7 @@ def _backward_block(activation: Activation, pre: np.ndarray, output_grad: np.nda
         np.multiply(output_grad, derivative, out=pre_grad)
     else:  # gelu on float32: multiply in float64, round once
         np.copyto(pre_grad, output_grad * derivative)
+
+
+cpu_backward_block = _backward_block  # see cpu_forward_block
 

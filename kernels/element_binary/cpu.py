@@ -25,6 +25,10 @@ def elementwise(function: Callable[..., Any], output: np.ndarray, *operands: np.
     """function(*operands, out=output) with the operands broadcast to the output, the output cut along
     its first axis at least as long as the parts (cpu_runtime.parallel_parts) and the parts shared out
     (cpu_runtime.cpu_parallel): elementwise, so every element gets the same arithmetic as in one call."""
+    if output.size < _CPU_PARALLEL_MIN:  # one thread, one call: the ufunc broadcasts the operands itself
+        with np.errstate(all="ignore"):
+            function(*operands, out=output)
+        return
     shape = output.shape
     views = [np.broadcast_to(operand, shape) for operand in operands]
     nbytes = output.nbytes * (1 + len(operands))

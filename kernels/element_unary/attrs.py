@@ -79,10 +79,10 @@ class ElementUnaryAttrs:
                 raise fail(AttrsError, OP, "scalar", "a finite number", scalar)
         core.set_attr(self, "op_type", op_type)
         core.set_attr(self, "scalar", scalar)
+        shared = None if op_type is UnaryOpType.SILU and scalar != 1.0 else _ACTIVATIONS.get(op_type)
+        core.set_attr(self, "_activation", shared)  # not a field: neither compared, hashed nor shown
 
     @property
     def activation(self) -> Activation | None:
         """The shared activation this op type is, or None (SILU counts only with beta 1)."""
-        if self.op_type is UnaryOpType.SILU and self.scalar != 1.0:
-            return None
-        return _ACTIVATIONS.get(self.op_type)
+        return self._activation

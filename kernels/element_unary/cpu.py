@@ -49,8 +49,9 @@ def _in_compute_dtype(function: Any, dtype: np.dtype) -> Any:
 def _cpu_forward(attrs: ElementUnaryAttrs, x: np.ndarray, output: np.ndarray) -> None:
     op = attrs.op_type
     scalar = None if attrs.scalar is None else x.dtype.type(attrs.scalar)
-    if attrs.activation is not None:
-        activation.cpu_forward(attrs.activation, x, output)
+    shared = attrs.activation
+    if shared is not None:
+        activation.cpu_forward_block(shared, x, output)  # x is a block of forward's blockwise, widened for half
     elif op is UnaryOpType.SILU:
         np.divide(x, 1 + np.exp(-(scalar * x)), out=output)
     elif op is UnaryOpType.ELU:
@@ -93,8 +94,9 @@ def backward(attrs: ElementUnaryAttrs, output_grad: core.Array, input: core.Arra
 def _cpu_backward(attrs: ElementUnaryAttrs, x: np.ndarray, dy: np.ndarray, input_grad: np.ndarray) -> None:
     op = attrs.op_type
     scalar = None if attrs.scalar is None else dy.dtype.type(attrs.scalar)
-    if attrs.activation is not None:
-        activation.cpu_backward(attrs.activation, x, dy, input_grad)
+    shared = attrs.activation
+    if shared is not None:
+        activation.cpu_backward_block(shared, x, dy, input_grad)  # blocks of backward's blockwise, widened for half
     elif op is UnaryOpType.SILU:
         sigmoid = 1 / (1 + np.exp(-(scalar * x)))
         np.multiply(dy * sigmoid, 1 + scalar * x * (1 - sigmoid), out=input_grad)
