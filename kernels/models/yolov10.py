@@ -332,6 +332,8 @@ def postprocess(xp: Any, decoded: Any, nc: int, max_det: int = MAX_DET) -> Any:
         return rows
     finally:
         stage.close()
+        if xp is not np:  # pragma: no cover - GPU: its work is enqueued; the handle made no library handle
+            handle.close()
 
 
 def postprocess_reference(xp: Any, decoded: Any, nc: int, max_det: int = MAX_DET) -> Any:
