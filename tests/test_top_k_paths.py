@@ -46,8 +46,9 @@ def _run(device, x, k):
     attrs = TopKAttrs(k)
     with (stream if device != "cpu" else contextlib.nullcontext()):
         x_ = xp.asarray(x)
-        values_ = xp.full(out_dims, np.nan, dtype=x.dtype)
-        indices_ = xp.full(out_dims, -1, dtype=np.int64)
+        # poisons made on the host (CuPy's fill takes no bfloat16): every value must be written
+        values_ = xp.asarray(np.full(out_dims, np.nan, dtype=x.dtype))
+        indices_ = xp.asarray(np.full(out_dims, -1, dtype=np.int64))
     state = top_k.init_kernel(handle, attrs, TensorShape.of(x), TensorShape(out_dims, x.dtype),
                               TensorShape(out_dims, np.int64))
     top_k.forward_kernel(stream, handle, state, attrs, x_, values_, indices_)
@@ -172,7 +173,7 @@ def test_gpu_backward_equals_cpu(dtype):
             results.append(input_grad)
         else:
             with stream:
-                input_grad = cupy.full((rows, n), np.nan, dtype)
+                input_grad = cupy.asarray(np.full((rows, n), np.nan, dtype))
                 g, i = cupy.asarray(grad), cupy.asarray(indices)
             top_k.backward_kernel(stream, handle, state, attrs, None, g, i, None, input_grad)
             stream.synchronize()
