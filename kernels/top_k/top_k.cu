@@ -6,8 +6,9 @@
 // key that orders as the values do (order_key). Then:
 //   1. radix select: the k-th largest key, 8 bits a pass from the top (2 passes for the half types'
 //      16-bit keys, 4 for float, 8 for double), each pass a 256-bin histogram in shared memory of the
-//      keys that match the digits chosen so far. The histogram's counts are integers: the order in
-//      which the threads add them (shared-memory atomics) cannot change them.
+//      keys that match the digits chosen so far, the lanes of a warp with one digit adding their count
+//      once (__match_any_sync). The histogram's counts are integers: the order in which the warps add
+//      them (shared-memory atomics) cannot change them.
 //   2. compaction in index order (a block-wide scan of ballots, tile by tile): every key above the
 //      threshold, and the first (k - count above) keys equal to it, to k candidate slots (shared
 //      memory when SHARED, else the state's global scratch, one row of k per block).
@@ -114,9 +115,19 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         for (int shift = BITS - 8; shift >= 0; shift -= 8) {
             for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0u;
             __syncthreads();
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                const K key = order_key(in[i]);
-                if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255], 1u);
+            // A block-wide trip count, so that every lane of a warp reaches __match_any_sync: the lanes of a
+            // warp with the same digit add their count once (detector scores share their top digits, and
+            // one shared-memory address taking every thread's add would serialize them).
+            for (int start = 0; start < n; start += blockDim.x) {
+                const int i = start + threadIdx.x;
+                unsigned int digit = 256u;  // none: past the row, or not matching the digits chosen so far
+                if (i < n) {
+                    const K key = order_key(in[i]);
+                    if ((key & mask) == prefix) digit = static_cast<unsigned int>((key >> shift) & 255);
+                }
+                const unsigned int peers = __match_any_sync(FULL_MASK, digit);
+                if (digit < 256u && __ffs(peers) - 1 == static_cast<int>(threadIdx.x % 32))
+                    atomicAdd(&histogram[digit], static_cast<unsigned int>(__popc(peers)));
             }
             __syncthreads();
             if (threadIdx.x == 0) {
