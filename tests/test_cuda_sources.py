@@ -4,6 +4,7 @@ machine code), every template instantiation included. Needs CuPy and NVRTC, not 
 import pytest
 
 import kernels  # noqa: F401  (imports every op, which registers its CUDA module)
+import kernels.models.detections  # noqa: F401  (the model's detection stage: detections.cu)
 from kernels.runtime import gpu
 
 

@@ -29,6 +29,7 @@ from kernels import (
     SoftmaxAttrs,
     SplitAttrs,
     TensorShape,
+    TopKAttrs,
     TransposeAttrs,
     UnaryOpType,
     UpsampleAttrs,
@@ -147,6 +148,29 @@ def split(c):
                 lambda: kernels.split.backward_kernel(c.stream, c.handle, state, attrs, ys, dys, x, dx)]
 
 
+def top_k(c, k):
+    """Both GPU paths: k candidates in shared memory, and k past it (the state's scratch, made by the eager
+    call: the captured one allocates nothing)."""
+    x = c.data(3, 1500)
+    with c.stream:
+        x[1, ::7] = x[1, 3]  # ties, broken by the lower index
+    values, indices = c.out(3, k), c.out(3, k, dtype=np.int64)
+    attrs = TopKAttrs(k)
+    state = c.init(kernels.top_k, attrs, shape(x), shape(values), shape(indices))
+    dv, dx = c.data(3, k), c.out(*x.shape)
+    c.calls += [lambda: kernels.top_k.forward_kernel(c.stream, c.handle, state, attrs, x, values, indices),
+                lambda: kernels.top_k.backward_kernel(c.stream, c.handle, state, attrs, values, dv, indices, x, dx)]
+
+
+def poison(array):
+    """NaN in a float array, the largest value in an integer one (which holds no NaN)."""
+    array.fill(np.nan if array.dtype.kind == "f" else np.iinfo(array.dtype).max)
+
+
+def poisoned(host):
+    return np.isnan(host) if host.dtype.kind == "f" else host == np.iinfo(host.dtype).max
+
+
 BUILDERS = {
     "conv_2d": lambda c: conv(c),
     "conv_2d_depthwise_bias": lambda c: conv(c, groups=8, activation=None, use_bias=True),
@@ -170,6 +194,8 @@ BUILDERS = {
     "gradient_reduction": lambda c: many_to_one(c, kernels.gradient_reduction, GradientReductionAttrs(),
                                                 [c.data(4, 33) for _ in range(3)], c.out(4, 33)),
     "split": split,
+    "top_k_shared": lambda c: top_k(c, 300),
+    "top_k_scratch": lambda c: top_k(c, 1500),
 }
 
 
@@ -188,7 +214,7 @@ def test_graph_replay_writes_the_eager_bits(name):
         assert all(np.isfinite(e).all() for e in eager), "the eager run wrote a non-finite value"
         with stream:
             for array in c.written:
-                array.fill(np.nan)
+                poison(array)
         cs = stream.cupy_stream
         cs.begin_capture()
         try:
@@ -197,7 +223,7 @@ def test_graph_replay_writes_the_eager_bits(name):
             graph = cs.end_capture()
         stream.synchronize()
         for array in c.written:  # capturing records the calls; it runs nothing
-            assert np.isnan(cupy.asnumpy(array)).all()
+            assert poisoned(cupy.asnumpy(array)).all()
         graph.launch(cs)
         stream.synchronize()
         for index, (array, expected) in enumerate(zip(c.written, eager, strict=True)):

@@ -59,7 +59,7 @@ def test_every_name_is_well_formed_and_described():
         assert description.strip() and "\n" not in description, name
     ops = {name.split(".")[0] for name in DECLARED}
     assert ops == {"activation", "batch_matmul", "batch_norm", "concat", "conv_2d", "element_binary", "element_unary",
-                   "gradient_reduction", "pool_2d", "reshape", "softmax", "transpose", "upsample"}
+                   "gradient_reduction", "pool_2d", "reshape", "softmax", "top_k", "transpose", "upsample"}
     assert set(gpu_paths.counts()) == set(DECLARED)
 
 

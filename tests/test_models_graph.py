@@ -1,5 +1,5 @@
 """The whole YOLOv10 network captured in a CUDA graph (Plan.capture): a replay writes the same bits as
-the eager calls, for the eval forward and for a training step (forward and backward), and a training
+the eager calls, for the eval forward with its detections and for a training step (forward and backward), and a training
 replay updates the running statistics exactly as an eager step does. Capturing runs nothing."""
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ def test_graph_replay_equals_eager(variant, dims):
             x = cupy.asarray(np.random.default_rng(1).standard_normal(dims).astype(np.float32))
         cs = model.stream.cupy_stream
 
-        # eval: the heads and the decoded boxes and scores (the top-k stays outside the graph)
+        # eval: the heads, the decoded boxes and scores, and the detections (the top_k op inside the graph)
         model.eval()
-        out = model(x, detections=False)
+        out = model(x)
         plan = model.plan(dims)
-        written = [a for key in ("one2many", "one2one") for a in out[key]] + [out["decoded"]]
+        assert out["detections"] is plan.after.rows
+        written = [a for key in ("one2many", "one2one") for a in out[key]] + [out["decoded"], out["detections"]]
         eager = _host(model, written)
         assert all(np.isfinite(e).all() for e in eager)
         with model.stream:

@@ -36,6 +36,7 @@ from kernels import (
     SoftmaxAttrs,
     SplitAttrs,
     TensorShape,
+    TopKAttrs,
     TransposeAttrs,
     UnaryOpType,
     UpsampleAttrs,
@@ -51,6 +52,7 @@ from kernels import (
     reshape,
     softmax,
     split,
+    top_k,
     transpose,
     upsample,
 )
@@ -590,6 +592,44 @@ def transpose_expect(s):
     return {"output": _exact(out.detach().numpy(), s.dtype), "input_grad": _exact(grad, s.dtype)}
 
 
+# =========================================================================== top_k
+
+
+@st.composite
+def top_k_samples(draw):
+    dtype, rng = _dtype(draw, FLOATS + (np.float16,)), seeded(draw)
+    rank = draw(st.integers(1, 4))
+    dims = small_dims(draw, rank - 1, 0, 4) + (draw(st.integers(1, 40)),)
+    k = draw(st.integers(1, dims[-1]))
+    # Few distinct dyadic values (ties everywhere), with NaN, +-inf and +-0 sprinkled in.
+    inputs = {"input": draw_values(rng, dims, dtype, True, limit=3, specials=0.2),
+              "values_grad": _grad_values(rng, dims[:-1] + (k,), dtype, True)}
+    return Sample("top_k", TopKAttrs(k), inputs, dtype, True)
+
+
+def top_k_run(dev, s):
+    a, x, g = s.attrs, s.inputs["input"], s.inputs["values_grad"]
+    values, indices = dev.poison(g.shape, x.dtype), dev.poison(g.shape, np.int64)
+    state = top_k.init_kernel(dev.handle, a, _shape(x), TensorShape(g.shape, x.dtype), TensorShape(g.shape, np.int64))
+    top_k.forward_kernel(dev.stream, dev.handle, state, a, dev.put(x), values, indices)
+    input_grad = dev.poison(x.shape, x.dtype)
+    top_k.backward_kernel(dev.stream, dev.handle, state, a, None, dev.put(g), indices, None, input_grad)
+    result = {"values": dev.host(values), "indices": dev.host(indices), "input_grad": dev.host(input_grad)}
+    top_k.cleanup_kernel(dev.handle, state)
+    return result
+
+
+def top_k_expect(s):
+    """torch.sort(descending=True, stable=True)'s first k: a selection, exact on every dtype and both devices."""
+    given = torch_tensor(s.inputs["input"], True)
+    values, indices = torch.sort(given, dim=-1, descending=True, stable=True)
+    k = s.attrs.k
+    values, indices = values[..., :k], indices[..., :k]
+    (grad,) = grads_of(values, [given], s.inputs["values_grad"])
+    return {"values": _exact(values.detach().numpy(), s.dtype), "indices": Expect(indices.numpy()),
+            "input_grad": _exact(grad, s.dtype)}
+
+
 # =========================================================================== softmax
 
 
@@ -996,6 +1036,7 @@ OPS = {
     "element_binary": (element_binary_samples, element_binary_run, element_binary_expect),
     "softmax": (softmax_samples, softmax_run, softmax_expect),
     "gradient_reduction": (gradient_reduction_samples, gradient_reduction_run, gradient_reduction_expect),
+    "top_k": (top_k_samples, top_k_run, top_k_expect),
 }
 
 

@@ -16,9 +16,9 @@ from kernels.registry import OPS
 from kernels.runtime import core, cpu_paths, gpu_paths
 from kernels.runtime.spec import Arg, OpSpec, declare_op
 
-# The library's 13 ops: a folder that loses its declaration, or an op declared twice, changes this.
+# The library's 14 ops: a folder that loses its declaration, or an op declared twice, changes this.
 EXPECTED = {"batch_matmul", "batch_norm", "concat", "conv_2d", "element_binary", "element_unary", "gradient_reduction",
-            "pool_2d", "reshape", "softmax", "split", "transpose", "upsample"}
+            "pool_2d", "reshape", "softmax", "split", "top_k", "transpose", "upsample"}
 
 
 def _parameters(function, skip: int) -> list[str]:

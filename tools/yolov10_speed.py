@@ -16,7 +16,8 @@ off; its training twin the mixed-precision reference (float32 BatchNorm modules)
 times the half-precision work was set against are in docs/performance.md#pytorchs-half-precision-times.
 
 Ours: YOLOv10(v, device="gpu"), eval calls with detections=False (the top-k is left out; PyTorch's
-eval includes ultralytics' top-k selection), graph = Plan.capture() replayed with Graph.launch.
+eval includes ultralytics' top-k selection), graph = Plan.capture() replayed with Graph.launch (the
+graph includes the detections: Plan.capture captures an eval plan's detection stage after the forward).
 PyTorch: the reference program (conformance/models/reference.py), eval under no_grad, graph =
 torch.cuda.CUDAGraph of the same call. Times are medians of `runs` calls, each synchronized.
 

@@ -143,6 +143,8 @@ FORWARD = {
     "reshape": lambda attrs, state, x: (x.reshape(attrs.shape),),
     "softmax": lambda attrs, state, x: (_torch().softmax(x, attrs.dim),),
     "split": lambda attrs, state, x: (list(_torch().split(x, list(attrs.splits), dim=attrs.axis)),),
+    "top_k": lambda attrs, state, x: tuple(t[..., :attrs.k] for t in _torch().sort(x, dim=-1, descending=True,
+                                                                                   stable=True)),
     "transpose": lambda attrs, state, x: (x.permute(attrs.permutation),),
     "upsample": lambda attrs, state, x: (_torch().nn.functional.interpolate(
         x, scale_factor=attrs.scale_factor, mode=attrs.mode.value,
@@ -201,6 +203,8 @@ class _Op:
         by_name = {arg.name: value for arg, value in zip(self.spec.backward, tensors)}
         grads_out = [by_name[arg.name] for arg in self.spec.backward if arg.role == "output_grad"]
         grads_out = [g for value in grads_out for g in (value if isinstance(value, list) else [value])]
+        # The outputs autograd can differentiate (floating ones: top_k's int64 indices have no gradient).
+        outputs = [output for output in outputs if output.is_floating_point()]
         wanted = []  # (leaf tensor, the harness's gradient buffer)
         for arg in self.spec.args("backward", "grad"):
             buffers, sources = by_name[arg.name], leaves.get(arg.of)

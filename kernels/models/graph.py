@@ -230,7 +230,10 @@ class Plan:
         self.node_attrs = [_inference_attrs(node.attrs) if inference_states and not training else node.attrs
                            for node in graph.nodes]
         self.activation_bytes = 0  # of the activation buffers the plan made (see memory())
-        self.checked: set[str] = set()  # "forward", "backward": the directions whose calls have run once
+        self.checked: set[str] = set()  # "forward", "backward", "after": the runs whose calls have run once
+        # What a network runs after the forward on its outputs, made by the network (YOLOv10's detections,
+        # kernels.models.detections): an object with `calls` (as forward_calls) and `close()`, or None.
+        self.after: Any = None
         dtype = runtime.dtype
         with runtime.active():
             self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=reuse and not training)
@@ -485,6 +488,11 @@ class Plan:
     def backward(self) -> None:
         self._run(self.backward_calls, "backward")
 
+    def run_after(self) -> None:
+        """The network's calls after the forward (`after`: YOLOv10's detections), on the plan's buffers."""
+        if self.after is not None:
+            self._run(self.after.calls, "after")
+
     def _run(self, calls: list[tuple[Callable[..., None], tuple]], direction: str) -> None:
         """Make the calls. Their argument tuples are fixed when the plan is made (its own buffers, the
         network's parameters and gradients, never replaced), so once a run of them has passed every
@@ -499,18 +507,25 @@ class Plan:
             function(*args)
         self.checked.add(direction)
 
-    def capture(self, backward: bool = False) -> Any:  # pragma: no cover - GPU: CUDA graph capture
-        """GPU: a CUDA graph (``cupy.cuda.Graph``) of this plan's forward, and its backward when asked
-        (training plans), captured on the network's stream. Run the plan once eagerly first (states make
-        what they keep on their first call). ``graph.launch(stream.cupy_stream)`` replays it: it reads the
-        plan's input (and output-gradient) buffers and writes the same buffers as ``forward()`` and
-        ``backward()`` do, with no host work; running statistics are updated by a training replay,
-        ``num_batches_tracked`` is not (the network counts that on the host)."""
+    def capture(self, backward: bool = False, after: bool = True) -> Any:  # pragma: no cover - GPU: CUDA graphs
+        """GPU: a CUDA graph (``cupy.cuda.Graph``) of this plan's forward, then (`after`) the network's calls
+        after it (an eval YOLOv10's detections), and its backward when asked (training plans), captured on
+        the network's stream. Run the plan once eagerly first (states make what they keep on their first
+        call; the calls after the forward are run once here if they have not run yet).
+        ``graph.launch(stream.cupy_stream)`` replays it: it reads the plan's input (and output-gradient)
+        buffers and writes the same buffers as ``forward()``, ``run_after()`` and ``backward()`` do, with no
+        host work; running statistics are updated by a training replay, ``num_batches_tracked`` is not (the
+        network counts that on the host)."""
         stream = self.runtime.stream.cupy_stream
+        after = after and self.after is not None
+        if after and "after" not in self.checked:
+            self.run_after()  # eagerly, once: what its states make on a first call is made outside the graph
         with self.runtime.active():
             stream.begin_capture()
             try:
                 self.forward()
+                if after:
+                    self.run_after()
                 if backward:
                     self.backward()
             finally:
@@ -522,5 +537,8 @@ class Plan:
         states, self.states, self.node_states = self.states, [], []
         for module, state in states:
             module.cleanup_kernel(self.runtime.handle, state)
+        if self.after is not None:
+            self.after.close()
+            self.after = None
         self.buffers = []
         self.forward_calls = self.backward_calls = []

@@ -22,7 +22,8 @@ from ..element_unary import UnaryOpType
 from ..pool_2d import Pool2DAttrs, PoolOp
 from ..runtime.core import HALF_DTYPES, AttrsError, ShapeError, fail
 from ..upsample import UpsampleAttrs
-from .graph import Graph, Tensor
+from .detections import Detections
+from .graph import Graph, Plan, Tensor
 from .network import Network, Registry
 
 OP = "YOLOv10"
@@ -306,11 +307,42 @@ class V10Detect:
 def postprocess(xp: Any, decoded: Any, nc: int, max_det: int = MAX_DET) -> Any:
     """ultralytics' v10 postprocess of decoded (B, 4 + nc, A): per image the k = min(max_det, A) anchors of
     highest best-class score, then the top k of their k x nc scores; rows [x1, y1, x2, y2, score, class]
-    in descending score. Ties keep the lower index first (a stable sort). A float16 or bfloat16 `decoded`
-    is sorted widened to float32 (exact, the same order and ties) and the rows rounded back to its dtype,
-    which holds them exactly (the class indices too: integers below 256)."""
+    in descending score, in decoded's dtype. Ties keep the lower index first, and NaN counts as the
+    largest score (the top_k op's order). Computed by the detection stage a model's plan keeps
+    (kernels.models.detections: the top_k op and copies) on decoded's device (xp: numpy or cupy): a new
+    array. The same as postprocess_reference wherever the scores are numbers."""
+    from ..runtime import cpu as cpu_runtime
+
+    decoded = xp.ascontiguousarray(decoded)
+    if xp is np:
+        stream, handle = cpu_runtime.cpu_stream(), cpu_runtime.cpu_handle()
+    else:  # pragma: no cover - GPU
+        from ..runtime import gpu as gpu_runtime
+        from ..runtime.handle import gpu_handle
+
+        device = decoded.device.id
+        stream, handle = gpu_runtime.gpu_stream(device), gpu_handle(device)
+        # decoded was written on the caller's current stream: the detections' stream waits for it
+        gpu_runtime.stream_wait(stream.cupy_stream, xp.cuda.get_current_stream(), device)
+    stage = Detections(decoded, nc, max_det, xp, stream, handle)
+    try:
+        rows = stage.run()
+        if xp is not np:  # pragma: no cover - GPU: back on the caller's current stream
+            gpu_runtime.stream_wait(xp.cuda.get_current_stream(), stream.cupy_stream, device)
+        return rows
+    finally:
+        stage.close()
+        if xp is not np:  # pragma: no cover - GPU: its work is enqueued; the handle made no library handle
+            handle.close()
+
+
+def postprocess_reference(xp: Any, decoded: Any, nc: int, max_det: int = MAX_DET) -> Any:
+    """postprocess by xp's stable argsorts (what the model ran before the top_k op; the tests' reference):
+    equal to postprocess wherever the scores are numbers (a NaN sorts last here, first there). A float16
+    or bfloat16 `decoded` is sorted widened to float32 (exact, the same order and ties) and the rows
+    rounded back to its dtype, which holds them exactly (the class indices too: integers below 256)."""
     if decoded.dtype in HALF_DTYPES:
-        return postprocess(xp, decoded.astype(np.float32), nc, max_det).astype(decoded.dtype)
+        return postprocess_reference(xp, decoded.astype(np.float32), nc, max_det).astype(decoded.dtype)
     batch, _, anchors = decoded.shape
     k = min(max_det, anchors)
     boxes, scores = decoded[:, :4, :], decoded[:, 4:, :]
@@ -368,7 +400,7 @@ class YOLOv10(Network):
     {"one2many": [p3, p4, p5], "one2one": [p3, p4, p5]}, each (N, 64 + nc, H/s, W/s), s = 8, 16, 32.
     Eval: also "decoded" (N, 4 + nc, A), the one-to-one head's boxes and scores, and "detections"
     (N, min(300, A), 6) [x1, y1, x2, y2, score, class]. Every array returned is a buffer of the plan
-    of that input shape and mode, overwritten by its next call (detections excepted: a new array).
+    of that input shape and mode, overwritten by its next call (the detections too).
 
     dtype: "float32", "float64", or "float16" / "bfloat16" (mixed precision, as a PyTorch half model
     whose BatchNorms are kept float32): the input, activations, outputs, gradients, the conv weights
@@ -445,11 +477,21 @@ class YOLOv10(Network):
         graph.layer = f"model.{len(self.layers) - 1}"
         return detect(graph, [saved[j] for j in source], training)
 
+    def plan(self, dims: tuple[int, ...]) -> Plan:
+        """The plan of an input shape and mode; an eval plan also keeps its detection stage (`plan.after`:
+        kernels.models.detections), made once with the plan, which Plan.capture captures with the forward."""
+        plan = super().plan(dims)
+        if plan.after is None and not plan.training and "decoded" in plan.outputs:
+            with self.active():
+                plan.after = Detections(plan.outputs["decoded"], self.num_classes, MAX_DET, self.xp, self.stream,
+                                        self.handle)
+        return plan
+
     def finish(self, plan: Any, detections: bool = True) -> dict[str, Any]:
-        """The plan's outputs, and in eval the detections (the top-k, the only allocation of a call) unless
-        `detections=False` (model(x, detections=False)): then an eval call allocates nothing."""
+        """The plan's outputs, and in eval the detections (the plan's detection stage: the top_k op on the
+        device, into a buffer of the plan) unless `detections=False` (model(x, detections=False))."""
         outputs = dict(plan.outputs)
         if "decoded" in outputs and detections:
-            with self.active():
-                outputs["detections"] = postprocess(self.xp, outputs["decoded"], self.num_classes)
+            plan.run_after()
+            outputs["detections"] = plan.after.rows
         return outputs

@@ -3,8 +3,9 @@ forward eager and as a CUDA graph replay (ours: Plan.capture; PyTorch: torch.cud
 call), a training step (forward + backward) for yolov10n at batch 1, and our fused inference (model.fuse():
 BatchNorms folded into the convs, the one-to-many head dropped, as ultralytics' fuse()) beside PyTorch's
 unfused eval (target: fused graph replay <= 0.7x PyTorch's unfused one, n at batch 1). PyTorch runs the reference
-program of conformance/models/reference.py; its eval includes ultralytics' top-k selection, ours leaves
-it out (detections=False). tools/yolov10_speed.py measures the same and more (memory, x's training step)
+program of conformance/models/reference.py; its eval includes ultralytics' top-k selection; our eager
+calls leave it out (detections=False), our graph replays include it (Plan.capture captures an eval plan's
+detection stage, the top_k op, after the forward). tools/yolov10_speed.py measures the same and more (memory, x's training step)
 in one script. GPU only: the CPU model is timed by `python -m conformance.models --device cpu`.
 
 Half-precision rows (group "... float16" / "... bfloat16"): ours in the dtype (half activations and conv

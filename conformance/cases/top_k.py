@@ -1,0 +1,90 @@
+"""top_k cases: the k largest of each row (last dim) in torch.sort(descending=True, stable=True)'s
+order. Ties (few distinct values, so the tie-break by index decides most places), NaN among numbers
+and +-inf, -0.0 beside +0.0, k = 1, k = n (and k = n past the shared-memory candidates: the GPU's
+scratch path), rows longer than a GPU block (2500, 8400), several rows, ranks 1 and 3, zero rows,
+float64, float16 and bfloat16, and YOLOv10's two top-ks: 300 of the 8400 anchors of a 640x640 image,
+then 300 of the 300 x 80 class scores of those anchors. Every case also runs the backward with a
+gradient of the values (input_grad: zero but at the selected indices).
+
+Every expected value is a selection (values are input elements, indices integers, the gradient a
+placement of values_grad): EXACT everywhere, on both devices.
+"""
+
+import numpy as np
+
+from kernels import TopKAttrs
+from kernels.runtime.core import BFLOAT16
+
+from ..case import CaseTable, aperiodic, pattern
+
+TABLE = CaseTable("top_k")
+F16, BF16 = np.dtype(np.float16), BFLOAT16
+
+
+def _scores(dims, modulus=97, scale=1 / 128):
+    """Scores like a detector's, few distinct (m / 128, m < modulus: exact in every dtype) from a quadratic in
+    the flat index, so most values recur many times in a row, in no period."""
+    index = np.arange(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+    return ((index * (index + 3) // 2 % modulus) * scale).reshape(dims)
+
+
+def _add(name, dims, k, dtype=np.float32, description="", input=None, backward=True):
+    out_dims = tuple(dims[:-1]) + (k,)
+    inputs = {"input": _scores(dims) if input is None else np.asarray(input, dtype=np.float64)}
+    if backward:
+        inputs["values_grad"] = pattern(out_dims, modulus=13, scale=0.5, offset=5)
+    TABLE.add(name, TopKAttrs(k), inputs, dtype=dtype, description=description,
+              expected_dtypes={"indices": np.int64})
+
+
+_SIGNED = np.array([[0.0, -0.0, 1.5, -0.0, 0.0, -1.0, 0.0, 1.5, -0.0],
+                    [-0.0, -2.0, 0.0, 0.0, -0.0, 2.0, -0.0, -2.0, 0.0]])
+_NONFINITE = np.array([[1.0, np.nan, -np.inf, 2.0, np.inf, np.nan, 0.5, -1.0, np.nan, np.inf, 2.0, -np.inf],
+                       [-np.inf, 0.25, np.nan, -3.0, np.nan, np.inf, -np.inf, 0.25, 4.0, np.nan, -0.5, np.inf]])
+
+_add("ties_3x40_k10", (3, 40), 10, input=aperiodic((3, 40), modulus=5),
+     description="five distinct values: equal values side by side, the lower index first")
+_add("ties_2x37_k37", (2, 37), 37, input=aperiodic((2, 37), modulus=4, offset=1),
+     description="k = n with ties: the whole row sorted, stable")
+_add("nan_inf_2x12_k8", (2, 12), 8, input=_NONFINITE,
+     description="NaN counts above +inf (NaNs among themselves by index), then +inf, numbers, -inf")
+_add("nan_inf_2x12_k12", (2, 12), 12, input=_NONFINITE, description="k = n: -inf last")
+_add("signed_zeros_2x9_k6", (2, 9), 6, input=_SIGNED,
+     description="-0.0 and +0.0 are equal: ties by index, each keeping its sign")
+_add("k1_4x33", (4, 33), 1, description="k = 1: the first largest of each row")
+_add("k_equals_n_3x7", (3, 7), 7)
+_add("k_equals_n_2x1100", (2, 1100), 1100,
+     description="k = n past the GPU's shared-memory candidates (1024): the candidates in the state's scratch")
+_add("rank1_19_k5", (19,), 5, description="a single row, rank 1")
+_add("rank3_2x3x10_k4", (2, 3, 10), 4, description="rows of the dims before the last: 6 rows")
+_add("zero_rows_0x5_k3", (0, 5), 3, description="no rows: nothing to do")
+_add("rows_2500_k300", (2, 2500), 300, description="rows of 2500, past a block's 256 threads, not a power of two")
+_add("rows_5x8400_k7", (5, 8400), 7, description="several long rows, a small k")
+_add("f64_ties_3x40_k10", (3, 40), 10, np.float64, input=aperiodic((3, 40), modulus=5, offset=2))
+_add("f64_nan_inf_2x12_k8", (2, 12), 8, np.float64, input=_NONFINITE)
+_add("yolov10_anchors_1x8400_k300", (1, 8400), 300,
+     description="YOLOv10's first top-k: 300 of the 8400 anchors' best scores (640x640 input)")
+_add("yolov10_classes_1x24000_k300", (1, 24000), 300,
+     description="YOLOv10's second top-k: 300 of the 300 x 80 class scores of those anchors")
+_add("yolov10_anchors_2x2100_k300", (2, 2100), 300, description="batch 2 at 320x320: 2100 anchors")
+
+for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
+    _add(f"ties_3x40_k10_{_suffix}", (3, 40), 10, _dtype, input=aperiodic((3, 40), modulus=5))
+    _add(f"nan_inf_2x12_k8_{_suffix}", (2, 12), 8, _dtype, input=_NONFINITE)
+    _add(f"signed_zeros_2x9_k6_{_suffix}", (2, 9), 6, _dtype, input=_SIGNED)
+    _add(f"rows_2500_k300_{_suffix}", (2, 2500), 300, _dtype)
+    _add(f"yolov10_anchors_1x8400_k300_{_suffix}", (1, 8400), 300, _dtype)
+    _add(f"yolov10_classes_1x24000_k300_{_suffix}", (1, 24000), 300, _dtype)
+
+
+def torch_program(case, tensors):
+    import torch
+
+    input = tensors["input"].requires_grad_()
+    values, indices = torch.sort(input, dim=-1, descending=True, stable=True)
+    k = case.attrs.k
+    values, indices = values[..., :k], indices[..., :k]
+    result = {"values": values, "indices": indices}
+    if "values_grad" in tensors:
+        (result["input_grad"],) = torch.autograd.grad(values, [input], tensors["values_grad"])
+    return result

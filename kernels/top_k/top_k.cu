@@ -1,0 +1,227 @@
+// top_k along the last dim of a (rows, n) tensor: the k largest values of each row in descending
+// order and their int64 indices, in torch.sort(descending=True, stable=True)'s order: NaN above every
+// number, -0.0 equal to +0.0, ties (NaN with NaN too) by the lower index first.
+//
+// top_k_forward<T, SHARED>: one block per row (grid-stride over rows). Each value maps to an unsigned
+// key that orders as the values do (order_key). Then:
+//   1. radix select: the k-th largest key, 8 bits a pass from the top (2 passes for the half types'
+//      16-bit keys, 4 for float, 8 for double), each pass a 256-bin histogram in shared memory of the
+//      keys that match the digits chosen so far, the lanes of a warp with one digit adding their count
+//      once (__match_any_sync). The histogram's counts are integers: the order in which the warps add
+//      them (shared-memory atomics) cannot change them.
+//   2. compaction in index order (a block-wide scan of ballots, tile by tile): every key above the
+//      threshold, and the first (k - count above) keys equal to it, to k candidate slots (shared
+//      memory when SHARED, else the state's global scratch, one row of k per block).
+//   3. each candidate written at its rank: the count of candidates with a larger (key, -index). The
+//      keys equal to the threshold are the last ones, already in index order: their slot is their rank;
+//      the others count over the ones above the threshold (O(count^2) a row, fine for k = 300).
+// Nothing depends on the order threads run in, so every run gives the same bits.
+//
+// top_k_backward<T>: input_grad[r, i] = the sum, in order of j, of values_grad[r, j] over the j with
+// indices[r, j] == i (0 where none), in compute_t<T>, rounded once: a gather (no atomics), one block a
+// row; an index outside [0, n) is skipped.
+#include "common.cuh"
+
+#ifndef TOP_K_BLOCK
+#error "TOP_K_BLOCK is defined by kernels/top_k/plan.py (CudaModule's -D options)"
+#endif
+#ifndef TOP_K_SHARED_CANDIDATES
+#error "TOP_K_SHARED_CANDIDATES is defined by kernels/top_k/plan.py (CudaModule's -D options)"
+#endif
+
+#define FULL_MASK 0xffffffffu
+
+// The key of each storage type: its bits as an unsigned integer of its width (the half types' 16-bit
+// keys held in 32 bits), and how many bits the radix select walks.
+template <class T> struct KeyOf { using type = unsigned int; static constexpr int BITS = 32; };
+template <> struct KeyOf<double> { using type = unsigned long long; static constexpr int BITS = 64; };
+template <> struct KeyOf<half_t> { using type = unsigned int; static constexpr int BITS = 16; };
+template <> struct KeyOf<bfloat16_t> { using type = unsigned int; static constexpr int BITS = 16; };
+
+// Sign-magnitude bits to an unsigned order: negatives complemented, positives with the sign bit set;
+// -0.0 as +0.0 first, and every NaN (magnitude above infinity's) the largest key.
+template <class K>
+__device__ __forceinline__ K ordered(K bits, K sign, K inf, K largest) {
+    if ((bits & ~sign) > inf) return largest;
+    if (bits == sign) bits = 0;
+    return (bits & sign) ? (~bits & largest) : (bits | sign);
+}
+
+__device__ __forceinline__ unsigned int order_key(float x) {
+    return ordered<unsigned int>(__float_as_uint(x), 0x80000000u, 0x7f800000u, 0xffffffffu);
+}
+__device__ __forceinline__ unsigned long long order_key(double x) {
+    return ordered<unsigned long long>(static_cast<unsigned long long>(__double_as_longlong(x)),
+                                       0x8000000000000000ull, 0x7ff0000000000000ull, 0xffffffffffffffffull);
+}
+__device__ __forceinline__ unsigned int order_key(half_t x) {
+    return ordered<unsigned int>(x.bits, 0x8000u, 0x7c00u, 0xffffu);
+}
+__device__ __forceinline__ unsigned int order_key(bfloat16_t x) {
+    return ordered<unsigned int>(x.bits, 0x8000u, 0x7f80u, 0xffffu);
+}
+
+// Block-wide exclusive scan of two flags (blockDim.x a multiple of 32, every thread calling): each
+// thread's count of flagged threads below it, and the block's totals. `warp_counts` holds 2 * 32 ints.
+__device__ __forceinline__ void scan_flags(bool a, bool b, int& a_below, int& b_below, int& a_total, int& b_total,
+                                           int* warp_counts) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const unsigned a_bits = __ballot_sync(FULL_MASK, a), b_bits = __ballot_sync(FULL_MASK, b);
+    const unsigned below = (1u << lane) - 1u;
+    a_below = __popc(a_bits & below);
+    b_below = __popc(b_bits & below);
+    if (lane == 0) {
+        warp_counts[warp] = __popc(a_bits);
+        warp_counts[32 + warp] = __popc(b_bits);
+    }
+    __syncthreads();
+    a_total = b_total = 0;
+    for (int w = 0; w < warps; ++w) {
+        const int ca = warp_counts[w], cb = warp_counts[32 + w];
+        if (w < warp) {
+            a_below += ca;
+            b_below += cb;
+        }
+        a_total += ca;
+        b_total += cb;
+    }
+    __syncthreads();  // warp_counts is reused by the next call
+}
+
+template <typename T, bool SHARED>
+__global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
+        const T* __restrict__ input, T* __restrict__ values, long long* __restrict__ indices,
+        typename KeyOf<T>::type* __restrict__ scratch_keys, int* __restrict__ scratch_index,
+        long long rows, int n, int k) {
+    using K = typename KeyOf<T>::type;
+    constexpr int BITS = KeyOf<T>::BITS;
+    constexpr int SLOTS = SHARED ? TOP_K_SHARED_CANDIDATES : 1;
+    __shared__ unsigned int histogram[256];
+    __shared__ int warp_counts[64];
+    __shared__ K chosen_prefix;
+    __shared__ int chosen_need;
+    __shared__ K shared_keys[SLOTS];
+    __shared__ int shared_index[SLOTS];
+    K* candidate_keys = SHARED ? shared_keys : scratch_keys + (long long)blockIdx.x * k;
+    int* candidate_index = SHARED ? shared_index : scratch_index + (long long)blockIdx.x * k;
+
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T* in = input + row * n;
+        // 1. The k-th largest key: prefix holds its digits chosen so far, need how many of the keys
+        //    matching them are still to be taken.
+        K prefix = 0, mask = 0;
+        int need = k;
+#pragma unroll 1
+        for (int shift = BITS - 8; shift >= 0; shift -= 8) {
+            for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0u;
+            __syncthreads();
+            // A block-wide trip count, so that every lane of a warp reaches __match_any_sync: the lanes of a
+            // warp with the same digit add their count once (detector scores share their top digits, and
+            // one shared-memory address taking every thread's add would serialize them).
+            for (int start = 0; start < n; start += blockDim.x) {
+                const int i = start + threadIdx.x;
+                unsigned int digit = 256u;  // none: past the row, or not matching the digits chosen so far
+                if (i < n) {
+                    const K key = order_key(in[i]);
+                    if ((key & mask) == prefix) digit = static_cast<unsigned int>((key >> shift) & 255);
+                }
+                const unsigned int peers = __match_any_sync(FULL_MASK, digit);
+                if (digit < 256u && __ffs(peers) - 1 == static_cast<int>(threadIdx.x % 32))
+                    atomicAdd(&histogram[digit], static_cast<unsigned int>(__popc(peers)));
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                int above = 0, digit = 255;
+                for (; digit > 0; --digit) {
+                    const int count = static_cast<int>(histogram[digit]);
+                    if (above + count >= need) break;
+                    above += count;
+                }
+                chosen_prefix = prefix | (static_cast<K>(digit) << shift);
+                chosen_need = need - above;
+            }
+            __syncthreads();
+            prefix = chosen_prefix;
+            need = chosen_need;
+            mask |= static_cast<K>(255) << shift;
+        }
+        const K threshold = prefix;
+        const int greater = k - need;  // keys above the threshold: all taken; then `need` equal to it
+
+        // 2. The candidates in index order: those above the threshold to slots [0, greater), the first
+        //    `need` equal to it to [greater, k). The loop's trip count is the block's (every thread scans).
+        int taken_greater = 0, taken_equal = 0;
+        for (int start = 0; start < n && (taken_greater < greater || taken_equal < need); start += blockDim.x) {
+            const int i = start + threadIdx.x;
+            K key = 0;
+            bool above = false, equal = false;
+            if (i < n) {
+                key = order_key(in[i]);
+                above = key > threshold;
+                equal = key == threshold;
+            }
+            int above_below, equal_below, above_total, equal_total;
+            scan_flags(above, equal, above_below, equal_below, above_total, equal_total, warp_counts);
+            int slot = -1;
+            if (above) slot = taken_greater + above_below;
+            else if (equal && taken_equal + equal_below < need) slot = greater + taken_equal + equal_below;
+            if (slot >= 0) {
+                candidate_keys[slot] = key;
+                candidate_index[slot] = i;
+            }
+            taken_greater += above_total;
+            taken_equal += equal_total;
+        }
+        __syncthreads();
+
+        // 3. Each candidate at its rank.
+        T* out_values = values + row * k;
+        long long* out_indices = indices + row * k;
+        for (int c = threadIdx.x; c < k; c += blockDim.x) {
+            const int index = candidate_index[c];
+            int rank = c;  // the keys equal to the threshold: after every larger one, in index order
+            if (c < greater) {
+                const K key = candidate_keys[c];
+                rank = 0;
+                for (int j = 0; j < greater; ++j) {
+                    const K other = candidate_keys[j];
+                    rank += (other > key) || (other == key && candidate_index[j] < index);
+                }
+            }
+            out_values[rank] = in[index];
+            out_indices[rank] = index;
+        }
+        __syncthreads();  // the candidates and the histogram are reused by the next row
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(TOP_K_BLOCK) top_k_backward(
+        const T* __restrict__ values_grad, const long long* __restrict__ indices, T* __restrict__ input_grad,
+        long long rows, int n, int k) {
+    using C = compute_t<T>;
+    __shared__ long long tile_index[TOP_K_BLOCK];
+    __shared__ C tile_grad[TOP_K_BLOCK];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T* g = values_grad + row * k;
+        const long long* where = indices + row * k;
+        T* out = input_grad + row * n;
+        for (int start = 0; start < n; start += blockDim.x) {  // a chunk of the row, an element a thread
+            const int i = start + threadIdx.x;
+            C sum = C(0);
+            for (int first = 0; first < k; first += blockDim.x) {  // the row's (index, grad) pairs, a tile at a time
+                const int j = first + threadIdx.x;
+                if (j < k) {
+                    tile_index[threadIdx.x] = where[j];
+                    tile_grad[threadIdx.x] = widen(g[j]);
+                }
+                __syncthreads();
+                const int count = min(static_cast<int>(blockDim.x), k - first);
+                for (int t = 0; t < count; ++t)
+                    if (tile_index[t] == i) sum += tile_grad[t];
+                __syncthreads();
+            }
+            if (i < n) out[i] = narrow<T>(sum);
+        }
+    }
+}

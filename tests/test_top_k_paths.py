@@ -1,0 +1,182 @@
+"""top_k's paths: the GPU plan as a pure function of the shape (checked on the CPU), the CPU against
+torch.sort(descending=True, stable=True) on rows long and tied, and on a GPU both paths (candidates in
+shared memory, candidates in the state's scratch) against the CPU bit for bit, run after run, with
+grids smaller than the rows (the grid-stride loop)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import kernels
+from kernels import TensorShape, TopKAttrs, top_k
+from kernels.runtime import gpu
+from kernels.runtime.core import BFLOAT16
+from kernels.top_k import cpu as top_k_cpu
+from kernels.top_k.plan import TOP_K_SHARED_CANDIDATES, gpu_plan
+
+from .conftest import require
+
+DTYPES = (np.float32, np.float64, np.float16, BFLOAT16)
+
+
+def _values(rng, dims, dtype, distinct=9):
+    """Few distinct values (ties everywhere), with NaN, +-inf and +-0 among them."""
+    pool = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0] + [v / 4 for v in range(-distinct, distinct + 1)])
+    return pool[rng.integers(0, pool.size, dims)].astype(dtype)
+
+
+def _reference(x, k):
+    import torch
+
+    values, indices = torch.sort(torch.from_numpy(x.astype(np.float64)), dim=-1, descending=True, stable=True)
+    return values[..., :k].numpy().astype(x.dtype), indices[..., :k].numpy()
+
+
+def _run(device, x, k):
+    if device == "cpu":
+        stream, handle, xp = kernels.cpu_stream(), kernels.cpu_handle(), np
+    else:
+        import cupy
+
+        stream, handle, xp = kernels.gpu_stream(0), kernels.gpu_handle(0), cupy
+    out_dims = x.shape[:-1] + (k,)
+    attrs = TopKAttrs(k)
+    with (stream if device != "cpu" else contextlib.nullcontext()):
+        x_ = xp.asarray(x)
+        # poisons made on the host (CuPy's fill takes no bfloat16): every value must be written
+        values_ = xp.asarray(np.full(out_dims, np.nan, dtype=x.dtype))
+        indices_ = xp.asarray(np.full(out_dims, -1, dtype=np.int64))
+    state = top_k.init_kernel(handle, attrs, TensorShape.of(x), TensorShape(out_dims, x.dtype),
+                              TensorShape(out_dims, np.int64))
+    top_k.forward_kernel(stream, handle, state, attrs, x_, values_, indices_)
+    stream.synchronize()
+    result = (xp.asnumpy(values_) if xp is not np else values_, xp.asnumpy(indices_) if xp is not np else indices_)
+    top_k.cleanup_kernel(handle, state)
+    return result
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and np.array_equal(np.ascontiguousarray(a).view(np.uint8),
+                                                 np.ascontiguousarray(b).view(np.uint8))
+
+
+# --------------------------------------------------------------------------- the plan (device-free)
+
+
+@pytest.mark.parametrize("dims, k, shared", [
+    ((1, 8400), 300, True), ((16, 24000), 300, True), ((3, 7), 7, True), ((2, 1100), 1100, False),
+    ((1, 24000), TOP_K_SHARED_CANDIDATES, True), ((1, 24000), TOP_K_SHARED_CANDIDATES + 1, False),
+])
+def test_the_plan_keeps_candidates_in_shared_memory_up_to_its_limit(dims, k, shared):
+    plan = gpu_plan(dims, k, np.dtype(np.float32))
+    assert plan.shared == shared
+    assert plan.forward == f"top_k_forward<float, {'true' if shared else 'false'}>"
+    assert plan.path == "top_k.forward." + ("shared" if shared else "scratch")
+    assert plan.scratch == (0 if shared else plan.grid * k)
+    assert plan.rows == int(np.prod(dims[:-1])) and plan.n == dims[-1]
+
+
+def test_the_plan_strides_over_rows_on_a_small_device():
+    with gpu.simulated_device(sm_count=1, max_blocks=2):
+        plan = gpu_plan((7, 100), 50, np.dtype(np.float64))
+    assert plan.grid == 2 and plan.key_dtype == np.uint64 and plan.backward == "top_k_backward<double>"
+
+
+# --------------------------------------------------------------------------- the CPU
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dims, k", [((3, 2500), 300), ((2, 8400), 300), ((1, 24000), 300), ((4, 1100), 1100),
+                                     ((2, 3, 33), 1)])
+def test_cpu_is_torch_sort_descending_stable(dtype, dims, k):
+    rng = np.random.default_rng(sum(dims) + k)
+    x = _values(rng, dims, dtype)
+    values, indices = _run("cpu", x, k)
+    want_values, want_indices = _reference(x, k)
+    assert np.array_equal(indices, want_indices)
+    assert _same_bits(values, np.take_along_axis(x, want_indices, axis=-1))
+    assert np.array_equal(values.astype(np.float64), want_values.astype(np.float64), equal_nan=True)
+
+
+def test_cpu_order_key_orders_every_float32_class():
+    x = np.array([np.nan, -np.nan, np.inf, 1.0, 1e-45, 0.0, -0.0, -1e-45, -1.0, -np.inf], dtype=np.float32)
+    key = top_k_cpu.order_key(x)
+    assert key[0] == key[1] == np.iinfo(np.uint32).max
+    assert key[5] == key[6]  # +0 and -0
+    assert np.all(np.diff(key[1:].astype(np.int64)) <= 0) and np.all(np.diff(np.delete(key[1:], 5).astype(np.int64)) < 0)
+
+
+# --------------------------------------------------------------------------- the GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dims, k", [
+    ((1, 8400), 300), ((16, 8400), 300), ((16, 24000), 300), ((3, 2500), 1), ((5, 333), 333),  # shared
+    ((2, 3000), 1500), ((3, 1100), 1100), ((1, 24000), 2000),  # scratch
+    ((70000, 5), 3),  # more rows than the grid: the grid-stride loop
+])
+def test_gpu_equals_cpu_bit_for_bit(dtype, dims, k):
+    require("gpu")
+    rng = np.random.default_rng(sum(dims) + k)
+    x = _values(rng, dims, dtype)
+    cpu_values, cpu_indices = _run("cpu", x, k)
+    gpu_values, gpu_indices = _run("gpu", x, k)
+    assert np.array_equal(gpu_indices, cpu_indices), \
+        f"{int(np.count_nonzero(gpu_indices != cpu_indices))} of {cpu_indices.size} indices differ"
+    assert _same_bits(gpu_values, cpu_values)
+    again_values, again_indices = _run("gpu", x, k)  # run to run: the same bits
+    assert _same_bits(again_values, gpu_values) and np.array_equal(again_indices, gpu_indices)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [300, 1500])
+def test_gpu_on_a_small_device_equals_cpu(k):
+    """Grids of at most two blocks over 5 rows: each block runs rows in turn, reusing its shared memory
+    or its row of the scratch."""
+    require("gpu")
+    rng = np.random.default_rng(k)
+    x = _values(rng, (5, 3001), np.float32, distinct=3)
+    with gpu.simulated_device(sm_count=1, max_blocks=2):
+        gpu_values, gpu_indices = _run("gpu", x, k)
+    cpu_values, cpu_indices = _run("cpu", x, k)
+    assert np.array_equal(gpu_indices, cpu_indices) and _same_bits(gpu_values, cpu_values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_gpu_backward_equals_cpu(dtype):
+    """Distinct indices (a forward's) and, on purpose, repeated and out-of-range ones: each element sums its
+    gradients in order of j on both devices; out-of-range ones are skipped."""
+    require("gpu")
+    import cupy
+
+    rows, n, k = 3, 2600, 400
+    rng = np.random.default_rng(7)
+    indices = np.stack([rng.permutation(n)[:k] for _ in range(rows)]).astype(np.int64)
+    indices[1, ::5] = indices[1, 3]  # repeats
+    indices[2, :7] = [-1, n, n + 5, -100, 0, 0, 0]  # out of range, and repeats of 0
+    grad = (rng.integers(-8, 9, (rows, k)) / 4).astype(dtype)
+    results = []
+    for device in ("cpu", "gpu"):
+        attrs = TopKAttrs(k)
+        handle = kernels.cpu_handle() if device == "cpu" else kernels.gpu_handle(0)
+        stream = kernels.cpu_stream() if device == "cpu" else kernels.gpu_stream(0)
+        state = top_k.init_kernel(handle, attrs, TensorShape((rows, n), dtype), TensorShape((rows, k), dtype),
+                                  TensorShape((rows, k), np.int64))
+        if device == "cpu":
+            input_grad = np.full((rows, n), np.nan, dtype)
+            top_k.backward_kernel(stream, handle, state, attrs, None, grad, indices, None, input_grad)
+            results.append(input_grad)
+        else:
+            with stream:
+                input_grad = cupy.asarray(np.full((rows, n), np.nan, dtype))
+                g, i = cupy.asarray(grad), cupy.asarray(indices)
+            top_k.backward_kernel(stream, handle, state, attrs, None, g, i, None, input_grad)
+            stream.synchronize()
+            results.append(cupy.asnumpy(input_grad))
+        top_k.cleanup_kernel(handle, state)
+    assert _same_bits(results[1], results[0])
