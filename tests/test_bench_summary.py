@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from tests.tools import load_tool
 from tools.bench_summary import (
     Record,
     Row,
@@ -17,7 +18,6 @@ from tools.bench_summary import (
     to_json,
     variant_of,
 )
-from tests.tools import load_tool
 
 LONG = "concat forward 4 inputs -> (1, 1024, 160, 160) axis 1 (a group name well past forty-four characters)"
 SOFTMAX_F, SOFTMAX_B = "softmax forward (1, 5, 400, 400) dim -1", "softmax backward (1, 5, 400, 400) dim -1"

@@ -112,7 +112,7 @@ def _differing_datasets(path: str) -> list[str]:
 
 
 def _float64_cases_with_references():
-    for op, module in sorted(CASE_MODULES.items()):
+    for _op, module in sorted(CASE_MODULES.items()):
         if getattr(module, "exact_program", None) is None:
             continue
         for case in module.TABLE:

@@ -399,7 +399,7 @@ class _FakeEnv:
         return TensorShape(value.shape, value.dtype)
 
 
-def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(device, monkeypatch, store):
+def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(device, monkeypatch, store):  # noqa: F811
     """The conformance run's small schedule, without a GPU: every golden case's run, aligned and
     misaligned, on the recording fake device of tests/test_gpu_launch_plans.py inside the small device,
     reaches every declared name of the ops the fake stands in for (conv_2d and batch_matmul call cuDNN
@@ -498,15 +498,15 @@ def test_gpu_run_reaches_every_declared_path(store):
             failed.append(result.key)
         _first_reach(table, recording, f"golden {case.op}/{case.name}")
     golden_unreached = sorted(set(DECLARED) - set(table))
-    device = Device("gpu")
+    gpu_device = Device("gpu")
     try:
         for case in LARGE.cases:
             _, run, _ = OPS[case.op]
             with gpu_paths.recording() as recording, np.errstate(all="ignore"):
-                run(device, _sample(case))
+                run(gpu_device, _sample(case))
             _first_reach(table, recording, f"large {case.id}")
     finally:
-        device.close()
+        gpu_device.close()
     _write_table(table)
     unreached = sorted(set(DECLARED) - set(table))
     assert not unreached, "GPU paths no case reaches:\n" + "\n".join(f"  {name}: {DECLARED[name]}" for name in unreached)

@@ -15,9 +15,9 @@ import conformance.models.__main__ as cli
 from conformance.harness import device_unavailable
 from conformance.models import comparison, reference
 from conformance.models.comparison import BOUNDS, Row, compare_detections, match_detections, max_ulp, relative_l2
+from conformance.models.twin import TorchTwin
 
 from .conftest import run_main
-from conformance.models.twin import TorchTwin
 
 GPU_REASON = device_unavailable("gpu")
 

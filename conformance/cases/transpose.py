@@ -49,7 +49,8 @@ TABLE.add("medium_copy_threads", TransposeAttrs((2, 0, 1)),
 
 # Pure data movement carries NaN, +inf and -inf unchanged, forward and backward.
 TABLE.add("nonfinite_3d_cycle_201", TransposeAttrs((2, 0, 1)),
-          {"input": nonfinite(pattern((2, 3, 4)), (1, 11, 18)), "output_grad": nonfinite(pattern((4, 2, 3), offset=3), (0, 7, 23))},
+          {"input": nonfinite(pattern((2, 3, 4)), (1, 11, 18)),
+           "output_grad": nonfinite(pattern((4, 2, 3), offset=3), (0, 7, 23))},
           description="NaN, +inf and -inf in input and output_grad, moved as they are")
 
 

@@ -16,7 +16,6 @@ the stable argsorts of postprocess_reference (kernels.models.yolov10) wherever t
 from __future__ import annotations
 
 import contextlib
-
 from typing import Any, Callable
 
 import numpy as np

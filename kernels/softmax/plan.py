@@ -53,6 +53,7 @@ def gpu_plan(dims: tuple[int, ...], axis: int, dtype: np.dtype) -> tuple[str, An
         return (f"columns_cached<{t}, {cached}>", gpu.grid_for(columns, COLUMN_BLOCK), COLUMN_BLOCK,
                 (np.int64(columns), np.int32(size), np.int64(inner)))
     if inner == 1 or (columns < 8192 and size >= 512):
-        return f"block<{t}>", gpu.capped(columns, gpu.GRID_BLOCKS), COLUMN_BLOCK, (np.int64(columns), np.int64(size), np.int64(inner))
+        return f"block<{t}>", gpu.capped(columns, gpu.GRID_BLOCKS), COLUMN_BLOCK, (np.int64(columns), np.int64(size),
+                                                                                 np.int64(inner))
     return f"columns<{t}>", gpu.grid_for(columns, COLUMN_BLOCK), COLUMN_BLOCK, (np.int64(columns), np.int64(size),
                                                                                  np.int64(inner))

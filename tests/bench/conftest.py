@@ -33,7 +33,6 @@ import pytest
 import kernels
 from conformance.harness import device_unavailable
 from kernels.runtime.core import BFLOAT16
-
 from tools import bench_summary as summary
 
 # The CPU threads of both sides ($KERNELS_BENCH_THREADS), or None: each side's default.

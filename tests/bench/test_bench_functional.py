@@ -3,8 +3,8 @@ NumPy (CPU) or CuPy (GPU) arrays of 16 to 64 elements, beside its torch twin (to
 torch.cat, ...) on the same values, so that the time is the layers' between the call and the kernel,
 not the arithmetic. The target is at most 5x torch's on every row.
 
-Each timed call is CALLS calls in a row (then a synchronize on the GPU, once, of the stream the calls ran on): one call takes a few
-microseconds, under pytest-benchmark's timer resolution to time alone, and a synchronize after each
+Each timed call is CALLS calls in a row (then a synchronize on the GPU, once, of the stream the calls ran
+on): one call takes a few microseconds, under pytest-benchmark's timer resolution to time alone, and a synchronize after each
 would be most of a GPU row. Our calls run as a user makes them: no stream= (a GPU call on the device's
 default stream, ordered with CuPy's current one), no ctx. tools/functional_overhead.py prints the same
 rows as a table, without pytest."""
