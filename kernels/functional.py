@@ -798,8 +798,9 @@ def _stat_view(env: _Env, name: str, given: Any) -> Any:
     if env.device == "cpu":
         view = dlpack.from_dlpack(given, np)
         if not view.flags.writeable and _is_torch(given):
-            # NumPy before 2.2.5 imports every DLPack tensor read-only; torch's own view shares the memory writably.
-            view = given.numpy()
+            # NumPy before 2.2.5 imports every DLPack tensor read-only; torch's own view shares the memory writably
+            # (a bfloat16 tensor's through its uint16 view, which NumPy has a dtype for).
+            view = dlpack.imported(given, dlpack.producer(given).numpy())
         return view
     with env.stream:  # pragma: no cover - GPU: CuPy arrays
         return dlpack.from_dlpack(given, env.xp)
