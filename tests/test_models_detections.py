@@ -11,6 +11,7 @@ import pytest
 import kernels
 from kernels.models import YOLOv10
 from kernels.models import yolov10 as y10
+from kernels.models.detections import Detections
 from kernels.runtime.core import BFLOAT16
 
 DTYPES = (np.float32, np.float64, np.float16, BFLOAT16)
@@ -66,6 +67,19 @@ def test_the_model_writes_its_detections_into_a_buffer_of_the_plan():
         assert _same_bits(out["detections"], y10.postprocess_reference(np, out["decoded"], 80))
         assert not _same_bits(out["detections"], first)
         assert len(plan.after.states) == 2  # the two top_k states, cleaned up with the plan
+
+
+def test_decoded_of_another_class_count_is_refused():
+    with pytest.raises(ValueError, match="decoded has 7 channels, expected 4 \\+ 80"):
+        Detections(np.zeros((1, 7, 40), np.float32), 80, 300, np, kernels.cpu_stream(), kernels.cpu_handle())
+
+
+def test_a_training_plan_has_no_detection_stage_to_run():
+    with YOLOv10("n") as model:
+        plan = model.train().plan((1, 3, 64, 64))
+        assert plan.training and plan.after is None
+        plan.run_after()  # nothing to run: no error, no outputs added
+        assert "detections" not in plan.outputs
 
 
 @pytest.mark.gpu

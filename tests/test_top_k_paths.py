@@ -79,6 +79,13 @@ def test_the_plan_keeps_candidates_in_shared_memory_up_to_its_limit(dims, k, sha
     assert plan.rows == int(np.prod(dims[:-1])) and plan.n == dims[-1]
 
 
+def test_the_plan_refuses_rows_of_2_31_elements():
+    """The kernel indexes a row with int32: a row that long is refused before any launch, by name."""
+    gpu_plan((1, 2**31 - 1), 300, np.dtype(np.float16))
+    with pytest.raises(kernels.ShapeError, match="rows shorter than 2\\^31"):
+        gpu_plan((1, 2**31), 300, np.dtype(np.float16))
+
+
 def test_the_plan_strides_over_rows_on_a_small_device():
     with gpu.simulated_device(sm_count=1, max_blocks=2):
         plan = gpu_plan((7, 100), 50, np.dtype(np.float64))

@@ -57,7 +57,7 @@ class Detections:
         prefix = "gpu_" if gpu else "cpu_"
         select_anchors = self._top_k(self.best, self.anchor_values, self.anchor_index, prefix)
         select_classes = self._top_k(self.scores, self.top_values, self.top_index, prefix)
-        if gpu:
+        if gpu:  # pragma: no cover - GPU: detections.cu's launches around the top_k ones
             sizes = (np.int64(batch), np.int32(channels), np.int32(anchors))
             self.calls: list[tuple[Callable[..., None], tuple]] = [
                 self._launch("best", batch * anchors, (decoded, self.best) + sizes),
@@ -80,7 +80,7 @@ class Detections:
         return getattr(top_k, prefix + "forward_kernel"), (self.stream, self.handle, state, attrs, input, values,
                                                             indices)
 
-    def _launch(self, kind: str, count: int, args: tuple) -> tuple[Callable[..., None], tuple]:
+    def _launch(self, kind: str, count: int, args: tuple) -> tuple[Callable[..., None], tuple]:  # pragma: no cover - GPU
         kernel = _CUDA.function(f"detections_{kind}<{gpu_runtime.cuda_type(self.decoded.dtype)}>",
                                 self.stream.device)  # compiled and looked up now: never while a graph is captured
         grid = gpu_runtime.grid_for(count)
