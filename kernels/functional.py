@@ -169,10 +169,20 @@ class _Runtime:
             self.closed = True
             pools, self.free = self.free, {}
         for key, states in pools.items():
-            module = _OP_MODULES[key[0]]
-            for state in states:
-                module.cleanup_kernel(self.handle, state)
+            _drain(states, _OP_MODULES[key[0]], self.handle)
         self.handle.close()
+
+
+def _drain(states: list[Any], module: Any, handle: Any) -> None:
+    """Clean up the states of a free list of a closed runtime, popping each: a plan's call may pop one of
+    them or append one at the same time (list.pop and list.append are atomic under the GIL), and each
+    state is then cleaned up once, by whoever popped it (_Plan.take, _Plan.give_back)."""
+    while True:
+        try:
+            state = states.pop()
+        except IndexError:
+            return
+        module.cleanup_kernel(handle, state)
 
 
 def _freeze(value: Any) -> Any:
@@ -476,14 +486,22 @@ def _run_forward(env: _Env, op: str, module: Any, attrs: Any, shapes: tuple, cal
 
 class _Plan:
     """What a CPU forward without ctx works out from its arguments before its kernel runs (the attrs,
-    the output's dims and dtype, the key of its states in the cache), made by the first call of one
-    form (_planned) and reused by the later calls of that form, which skip the functional layer's own
-    checks and conversions: they are the first call's, on arguments of the same dims, dtypes, types
-    and values. The kernel runs with its checks of the stream, handle, state and attrs, and without those
-    of each array (core.arrays_checked): the plan's call has made them, on arrays of the same form, and the
-    outputs are new arrays of the plan's dims."""
+    the output's dims and dtype, the key of its states in the cache, the op's CPU compute bound to the
+    form), made by the first call of one form (_planned) and reused by the later calls of that form, which
+    skip the functional layer's own checks and conversions and the kernel's: they are the first call's,
+    on arguments of the same dims, dtypes, types and values, and the outputs are new arrays of the plan's
+    dims. A later call runs `compute`, made by the op's `cpu.forward_plan(state, attrs, threads)`: what its
+    cpu_forward_kernel runs after its checks, with what it works out from the form (blocks, spans) worked
+    out once, on a state of the pool; the compute makes the handle's thread count current where its work
+    is shared out or runs GEMMs (cpu.with_threads), as cpu.cpu_kernel does for a kernel's call. An op
+    without forward_plan runs its forward_kernel with the checks of the stream, handle, state and attrs,
+    and without those of each array (core.arrays_checked).
 
-    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "free", "dims", "dtype")
+    Thread-safe without a lock: a call pops a state from the pool's free list of the key and appends it
+    back after (list.pop and list.append are atomic under the GIL), so two threads of one form run on two
+    states; the compute keeps nothing of a call but in that state and in the call's own arrays."""
+
+    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "free", "dims", "dtype", "compute")
 
     def __init__(self, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any):
         self.runtime, self.stream, self.module, self.attrs, self.shapes = env.runtime, env.stream, module, attrs, shapes
@@ -491,32 +509,52 @@ class _Plan:
         with self.runtime.lock:  # the pool's list of free states of the key: no hashing of attrs and shapes a call
             self.free = self.runtime.free.setdefault(self.key, [])
         self.dims, self.dtype = dims, dtype  # one output's dims, or split's list of them
+        self.compute = None
+        forward_plan = getattr(module.cpu, "forward_plan", None)
+        if forward_plan is not None:
+            state = self.take()
+            try:
+                self.compute = forward_plan(state, attrs, env.handle.threads)
+            finally:
+                self.give_back(state)
 
     def take(self) -> Any:
-        runtime = self.runtime
-        with runtime.lock:
-            if self.free and not runtime.closed:
-                return self.free.pop()
-        return runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
+        try:
+            return self.free.pop()  # emptied by the runtime's close(): a new state then
+        except IndexError:
+            return self.runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
 
     def give_back(self, state: Any) -> None:
         runtime = self.runtime
-        with runtime.lock:
+        if not runtime.closed:
+            self.free.append(state)
             if not runtime.closed:
-                self.free.append(state)
                 return
+            _drain(self.free, self.module, runtime.handle)  # close() may have drained the list before the append
+            return
         self.module.cleanup_kernel(runtime.handle, state)
 
     def run(self, *arrays: Any, **kwargs: Any) -> None:
-        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) on a state of the cache."""
-        state = self.take()
+        """The op's forward on `arrays` (forward_kernel's, after state and attrs) on a state of the cache."""
+        compute = self.compute
+        if compute is None:
+            compute = self._checked
         try:
-            self.run_on(state, *arrays, **kwargs)
+            state = self.free.pop()
+        except IndexError:  # none free (or the runtime closed): a new one
+            state = self.take()
+        try:
+            compute(state, *arrays, **kwargs)
         finally:
-            self.give_back(state)  # kernels check before they write: the state is intact
+            self.give_back(state)  # the compute and the kernel's checks leave the state intact on an error
 
     def run_on(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
-        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs), the arrays unchecked."""
+        """The op's forward on `arrays` and `state`, unchecked."""
+        (self._checked if self.compute is None else self.compute)(state, *arrays, **kwargs)
+
+    def _checked(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
+        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) for an op without forward_plan:
+        the kernel's checks of the stream, handle, state and attrs, not those of each array (core.arrays_checked)."""
         checked = core.arrays_are_checked()
         core.skip_array_checks(True)
         try:
@@ -531,7 +569,7 @@ _PLANS: dict[tuple, _Plan] = {}
 _PLAN_LIMIT = 4096
 
 
-def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: Sequence[Any]) -> tuple[Any, Any]:
+def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: tuple) -> tuple[Any, Any]:
     """(form, plan) of a forward call: the form is the op, the dims and dtype of each of `arrays`, and
     each of `values` (the other arguments) with its type, since 1, 1.0 and True are equal keys but not
     the same argument to check; the plan is the form's, or None where no call of it has run yet. The form
@@ -539,18 +577,24 @@ def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: Sequ
     C-contiguous NumPy array (a CuPy array, a torch tensor, a strided view), an argument that is not hashable."""
     if ctx is not None or (stream is not None and type(stream) is not cpu.CpuStream):
         return None, None
-    form: list[Any] = [op]
-    for array in arrays:
-        if type(array) is not np.ndarray or not array.flags.c_contiguous:
-            return None, None
-        form.append(array.shape)
-        form.append(array.dtype)
     kinds = tuple(map(type, values))
     if tuple in kinds or list in kinds:  # a pair or a list of ints: its items' types too, (1, True) is not (1, 1)
         values = tuple((tuple(v), tuple(map(type, v))) if type(v) in (tuple, list) else v for v in values)
-    form.append(tuple(values))
-    form.append(kinds)
-    key = tuple(form)
+    if len(arrays) == 1:  # most calls: the form as one tuple, no list
+        array = arrays[0]
+        if type(array) is not np.ndarray or not array.flags.c_contiguous:
+            return None, None
+        key: tuple = (op, array.shape, array.dtype, values, kinds)
+    else:
+        form: list[Any] = [op]
+        for array in arrays:
+            if type(array) is not np.ndarray or not array.flags.c_contiguous:
+                return None, None
+            form.append(array.shape)
+            form.append(array.dtype)
+        form.append(values)
+        form.append(kinds)
+        key = tuple(form)
     try:
         return key, _PLANS.get(key)
     except TypeError:  # an argument that is not hashable: checked on every call

@@ -106,6 +106,54 @@ def cpu_threads() -> int:
     return handle_threads()
 
 
+# np.errstate(all="ignore") at a tenth of its cost, for the calls of the functional layer's plans on tiny
+# tensors (kernels/functional.py), where errstate's making of its error-state object (0.8 us) cost more
+# than the ufuncs. NumPy 2 keeps the floating-point error modes of the running context in a context
+# variable, which errstate sets on entry to an object it makes from the current one and resets on exit:
+# ignore_fp_errors() sets that very object, made once for the current one (the last kept: a new current
+# one, set by the caller's own errstate or seterr, gets its own), and returns the token that
+# restore_fp_errors(token) resets, as errstate's exit does.
+try:
+    from numpy._core.umath import _extobj_contextvar, _make_extobj
+except ImportError:  # pragma: no cover - a NumPy without them (NumPy 2 has them): errstate itself
+    def ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
+else:
+    _IGNORING: tuple[Any, Any] = (None, None)  # (an error state, that state with every error ignored)
+
+    def ignore_fp_errors() -> Any:
+        """As entering np.errstate(all="ignore"); returns the token to give restore_fp_errors (in a finally)."""
+        global _IGNORING
+        current = _extobj_contextvar.get()
+        last = _IGNORING
+        if last[0] is not current:
+            last = _IGNORING = (current, _make_extobj(all="ignore"))  # one tuple: threads see both or neither
+        return _extobj_contextvar.set(last[1])
+
+    restore_fp_errors = _extobj_contextvar.reset
+
+
+def with_threads(function: Callable[..., Any], threads: int) -> Callable[..., Any]:
+    """function, called with `threads` as the thread count of the CPU kernel running in this thread, as
+    cpu_kernel makes its handle's for a call: for an op's CPU code run past its entry point, on a count
+    decided once (the functional layer's plans: kernels/functional.py, _Plan)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        previous = getattr(_CALL, "threads", None)
+        _CALL.threads = threads
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _CALL.threads = previous
+
+    return call
+
+
 def cpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     """Decorates every op's cpu_forward_kernel and cpu_backward_kernel (the twin of core.gpu_kernel):
     the call runs with its handle's thread count current (cpu_threads). A handle that is not a CPU
