@@ -10,12 +10,11 @@ that many threads, and :func:`blas_threads` gives NumPy's BLAS that many for the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -387,6 +386,13 @@ def cpu_copy(destination: np.ndarray, source: np.ndarray) -> None:
     cpu_parts(_copy, destination, source)
 
 
+def copy_plan(nbytes: int, threads: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """cpu_copy(destination, source) for the calls of a functional plan (kernels/functional.py) whose
+    destinations are `nbytes` bytes, with `threads` as the handle's count: np.copyto itself where cpu_parts
+    makes one call of it (under PARALLEL_MIN_BYTES)."""
+    return np.copyto if nbytes < PARALLEL_MIN_BYTES else with_threads(cpu_copy, threads)
+
+
 # --------------------------------------------------------------------------- BLAS
 
 _BLAS: list[Any] | None = None  # threadpoolctl's controllers of NumPy's BLAS, found on first use
@@ -415,24 +421,29 @@ def blas_info() -> list[dict[str, Any]]:
     return [controller.info() for controller in blas_controllers()]
 
 
-@contextlib.contextmanager
-def blas_threads() -> Iterator[None]:
-    """Inside the block NumPy's BLAS uses handle_threads() threads (the running kernel's handle's);
-    the counts it had are restored after. The GEMMs of conv_2d and batch_matmul run inside one.
+class blas_threads:  # noqa: N801 - a context manager used as the function it was (a class: a third of a generator's cost)
+    """Inside the block NumPy's BLAS uses `threads` threads (None: handle_threads(), the running kernel's
+    handle's); the counts it had are restored after. The GEMMs of conv_2d and batch_matmul run inside one.
     OpenBLAS may sum a GEMM in another order with another thread count (conv_2d's filter gradient
     differs in the last bits between 1 and 3 threads), so a result's bits depend on the handle's
     threads wherever a GEMM computes it; for a given count they are the same on every run."""
-    threads = handle_threads()
-    changed = []
-    for controller in blas_controllers():
-        before = controller.get_num_threads()
-        if before != threads:
-            controller.set_num_threads(threads)
-            changed.append((controller, before))
-    try:
-        yield
-    finally:
-        for controller, before in changed:
+
+    __slots__ = ("threads", "changed")
+
+    def __init__(self, threads: int | None = None):
+        self.threads = handle_threads() if threads is None else threads
+
+    def __enter__(self) -> None:
+        threads = self.threads
+        self.changed = changed = []
+        for controller in blas_controllers():
+            before = controller.get_num_threads()
+            if before != threads:
+                controller.set_num_threads(threads)
+                changed.append((controller, before))
+
+    def __exit__(self, *exc: Any) -> None:
+        for controller, before in self.changed:
             controller.set_num_threads(before)
 
 
