@@ -111,10 +111,11 @@ def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
 
 def _cpu_forward_block(x: np.ndarray, y: np.ndarray, accumulate: Any = None) -> None:
     """Softmax along axis 1 of a block; `accumulate`: the dtype of the sum (None: the block's)."""
-    # The ufuncs' reduce, which np.max and np.sum call (after Python of a microsecond each: a tiny tensor's time)
-    np.subtract(x, np.maximum.reduce(x, axis=1, keepdims=True), out=y)
-    np.exp(y, out=y)
-    np.divide(y, np.add.reduce(y, axis=1, keepdims=True, dtype=accumulate), out=y)
+    # The ufuncs' reduce (axis 1, dtype, out None, keepdims), which np.max and np.sum call after Python of
+    # a microsecond each: a tiny tensor's time.
+    np.subtract(x, np.maximum.reduce(x, 1, None, None, True), y)
+    np.exp(y, y)
+    np.divide(y, np.add.reduce(y, 1, accumulate, None, True), y)
 
 
 def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray, accumulate: Any = None) -> None:
