@@ -490,77 +490,52 @@ class _Plan:
     form), made by the first call of one form (_planned) and reused by the later calls of that form, which
     skip the functional layer's own checks and conversions and the kernel's: they are the first call's,
     on arguments of the same dims, dtypes, types and values, and the outputs are new arrays of the plan's
-    dims. A later call runs `compute`, made by the op's `cpu.forward_plan(state, attrs, threads)`: what its
-    cpu_forward_kernel runs after its checks, with what it works out from the form (blocks, spans) worked
-    out once, on a state of the pool; the compute makes the handle's thread count current where its work
-    is shared out or runs GEMMs (cpu.with_threads), as cpu.cpu_kernel does for a kernel's call. An op
-    without forward_plan runs its forward_kernel with the checks of the stream, handle, state and attrs,
-    and without those of each array (core.arrays_checked).
+    dims. A later call runs `compute`, made by the op's `cpu.forward_plan(state, attrs, threads)` (every op
+    with plans has one): what its cpu_forward_kernel runs after its checks, with what it works out from
+    the form (blocks, spans, thread counts) worked out once, on a state of the pool; the compute makes the
+    handle's thread count current where its work is shared out or runs GEMMs (cpu.with_threads,
+    blas_threads(threads)), as cpu.cpu_kernel does for a kernel's call.
 
     Thread-safe without a lock: a call pops a state from the pool's free list of the key and appends it
     back after (list.pop and list.append are atomic under the GIL), so two threads of one form run on two
     states; the compute keeps nothing of a call but in that state and in the call's own arrays."""
 
-    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "free", "dims", "dtype", "compute")
+    __slots__ = ("runtime", "module", "attrs", "shapes", "key", "free", "dims", "dtype", "compute")
 
     def __init__(self, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any):
-        self.runtime, self.stream, self.module, self.attrs, self.shapes = env.runtime, env.stream, module, attrs, shapes
+        self.runtime, self.module, self.attrs, self.shapes = env.runtime, module, attrs, shapes
         self.key = (module.OP, attrs, _freeze(shapes))
         with self.runtime.lock:  # the pool's list of free states of the key: no hashing of attrs and shapes a call
             self.free = self.runtime.free.setdefault(self.key, [])
         self.dims, self.dtype = dims, dtype  # one output's dims, or split's list of them
-        self.compute = None
-        forward_plan = getattr(module.cpu, "forward_plan", None)
-        if forward_plan is not None:
-            state = self.take()
-            try:
-                self.compute = forward_plan(state, attrs, env.handle.threads)
-            finally:
-                self.give_back(state)
+        state = self.take()
+        try:
+            self.compute = module.cpu.forward_plan(state, attrs, env.handle.threads)
+        finally:
+            self.give_back(state)
 
     def take(self) -> Any:
         try:
-            return self.free.pop()  # emptied by the runtime's close(): a new state then
-        except IndexError:
+            return self.free.pop()
+        except IndexError:  # none free (every one in use, or the runtime's close() emptied the list): a new one
             return self.runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
 
     def give_back(self, state: Any) -> None:
         runtime = self.runtime
         if not runtime.closed:
             self.free.append(state)
-            if not runtime.closed:
-                return
-            _drain(self.free, self.module, runtime.handle)  # close() may have drained the list before the append
+            if runtime.closed:  # close() ran meanwhile, and may have drained the list before the append
+                _drain(self.free, self.module, runtime.handle)
             return
         self.module.cleanup_kernel(runtime.handle, state)
 
     def run(self, *arrays: Any, **kwargs: Any) -> None:
         """The op's forward on `arrays` (forward_kernel's, after state and attrs) on a state of the cache."""
-        compute = self.compute
-        if compute is None:
-            compute = self._checked
+        state = self.take()
         try:
-            state = self.free.pop()
-        except IndexError:  # none free (or the runtime closed): a new one
-            state = self.take()
-        try:
-            compute(state, *arrays, **kwargs)
+            self.compute(state, *arrays, **kwargs)
         finally:
-            self.give_back(state)  # the compute and the kernel's checks leave the state intact on an error
-
-    def run_on(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
-        """The op's forward on `arrays` and `state`, unchecked."""
-        (self._checked if self.compute is None else self.compute)(state, *arrays, **kwargs)
-
-    def _checked(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
-        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) for an op without forward_plan:
-        the kernel's checks of the stream, handle, state and attrs, not those of each array (core.arrays_checked)."""
-        checked = core.arrays_are_checked()
-        core.skip_array_checks(True)
-        try:
-            self.module.forward_kernel(self.stream, self.runtime.handle, state, self.attrs, *arrays, **kwargs)
-        finally:
-            core.skip_array_checks(checked)
+            self.give_back(state)  # the compute leaves the state as usable on an error as the kernel would
 
 
 # form -> _Plan. Emptied by clear_cache, and when it grows past _PLAN_LIMIT forms (a caller whose dims
@@ -777,7 +752,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                 state.running_mean = running_mean
             if running_var is not None:
                 state.running_var = running_var
-            plan.run_on(state, input, weight, bias, output, training=training)
+            plan.compute(state, input, weight, bias, output, training=training)
         finally:
             state.running_mean, state.running_var = own
             plan.give_back(state)
