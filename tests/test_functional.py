@@ -742,6 +742,13 @@ def test_a_plans_states_go_to_a_closed_runtime_cleanup():
     plan.free = ClosingList()
     plan.give_back(second)
     assert second.closed and not plan.free
+    # The same through a call: on a closed runtime (a new state, cleaned up after), and closed mid-call.
+    output = np.empty_like(a)
+    plan.run(a, output)
+    assert output.tobytes() == np.maximum(a, 0).tobytes() and not plan.free
+    runtime.closed = False
+    plan.run(a, output)
+    assert output.tobytes() == np.maximum(a, 0).tobytes() and not plan.free and runtime.closed
 
 
 def test_plans_keep_the_checks():
