@@ -34,8 +34,9 @@ Contract:
   reused: repeated calls make no new state. ``clear_cache()`` releases them all.
 - **Plans.** A CPU forward without ctx keeps, per form of its arguments (the dims and
   dtypes of its arrays, its other arguments with their types), what it worked out from
-  them; a repeated call of that form on C-contiguous NumPy arrays skips this layer's
-  checks and the kernel's checks of each array (_Plan; docs/performance.md).
+  them and its op's CPU compute for the form (the op's cpu.forward_plan); a repeated call
+  of that form on C-contiguous NumPy arrays runs that compute, skipping this layer's
+  checks and the kernel's entry point and checks (_Plan; docs/performance.md).
 - **Streams and handles.** CPU calls use ``kernels.cpu_stream()``/``cpu_handle()``. A GPU
   call runs on the ``stream=`` given, or on a default stream of the input's device,
   made on first use (``default_stream(device)``); outputs are allocated inside that
