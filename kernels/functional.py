@@ -34,8 +34,9 @@ Contract:
   reused: repeated calls make no new state. ``clear_cache()`` releases them all.
 - **Plans.** A CPU forward without ctx keeps, per form of its arguments (the dims and
   dtypes of its arrays, its other arguments with their types), what it worked out from
-  them; a repeated call of that form on C-contiguous NumPy arrays skips this layer's
-  checks and the kernel's checks of each array (_Plan; docs/performance.md).
+  them and its op's CPU compute for the form (the op's cpu.forward_plan); a repeated call
+  of that form on C-contiguous NumPy arrays runs that compute, skipping this layer's
+  checks and the kernel's entry point and checks (_Plan; docs/performance.md).
 - **Streams and handles.** CPU calls use ``kernels.cpu_stream()``/``cpu_handle()``. A GPU
   call runs on the ``stream=`` given, or on a default stream of the input's device,
   made on first use (``default_stream(device)``); outputs are allocated inside that
@@ -169,10 +170,20 @@ class _Runtime:
             self.closed = True
             pools, self.free = self.free, {}
         for key, states in pools.items():
-            module = _OP_MODULES[key[0]]
-            for state in states:
-                module.cleanup_kernel(self.handle, state)
+            _drain(states, _OP_MODULES[key[0]], self.handle)
         self.handle.close()
+
+
+def _drain(states: list[Any], module: Any, handle: Any) -> None:
+    """Clean up the states of a free list of a closed runtime, popping each: a plan's call may pop one of
+    them or append one at the same time (list.pop and list.append are atomic under the GIL), and each
+    state is then cleaned up once, by whoever popped it (_Plan.take, _Plan.give_back)."""
+    while True:
+        try:
+            state = states.pop()
+        except IndexError:
+            return
+        module.cleanup_kernel(handle, state)
 
 
 def _freeze(value: Any) -> Any:
@@ -476,53 +487,66 @@ def _run_forward(env: _Env, op: str, module: Any, attrs: Any, shapes: tuple, cal
 
 class _Plan:
     """What a CPU forward without ctx works out from its arguments before its kernel runs (the attrs,
-    the output's dims and dtype, the key of its states in the cache), made by the first call of one
-    form (_planned) and reused by the later calls of that form, which skip the functional layer's own
-    checks and conversions: they are the first call's, on arguments of the same dims, dtypes, types
-    and values. The kernel runs with its checks of the stream, handle, state and attrs, and without those
-    of each array (core.arrays_checked): the plan's call has made them, on arrays of the same form, and the
-    outputs are new arrays of the plan's dims."""
+    the output's dims and dtype, the key of its states in the cache, the op's CPU compute bound to the
+    form), made by the first call of one form (_planned) and reused by the later calls of that form, which
+    skip the functional layer's own checks and conversions and the kernel's: they are the first call's,
+    on arguments of the same dims, dtypes, types and values, and the outputs are new arrays of the plan's
+    dims. A later call runs `compute`, made by the op's `cpu.forward_plan(state, attrs, threads)` (every op
+    with plans has one): what its cpu_forward_kernel runs after its checks, with what it works out from
+    the form (blocks, spans, thread counts) worked out once, on a state of the pool; the compute makes the
+    handle's thread count current where its work is shared out or runs GEMMs (cpu.with_threads,
+    blas_threads(threads)), as cpu.cpu_kernel does for a kernel's call.
 
-    __slots__ = ("runtime", "stream", "module", "attrs", "shapes", "key", "free", "dims", "dtype")
+    Thread-safe without a lock: a call pops a state from the pool's free list of the key and appends it
+    back after (list.pop and list.append are atomic under the GIL), so two threads of one form run on two
+    states; the compute keeps nothing of a call but in that state and in the call's own arrays."""
+
+    __slots__ = ("runtime", "module", "attrs", "shapes", "key", "free", "dims", "dtype", "compute")
 
     def __init__(self, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any):
-        self.runtime, self.stream, self.module, self.attrs, self.shapes = env.runtime, env.stream, module, attrs, shapes
+        self.runtime, self.module, self.attrs, self.shapes = env.runtime, module, attrs, shapes
         self.key = (module.OP, attrs, _freeze(shapes))
         with self.runtime.lock:  # the pool's list of free states of the key: no hashing of attrs and shapes a call
             self.free = self.runtime.free.setdefault(self.key, [])
         self.dims, self.dtype = dims, dtype  # one output's dims, or split's list of them
+        state = self.take()
+        try:
+            self.compute = module.cpu.forward_plan(state, attrs, env.handle.threads)
+        finally:
+            self.give_back(state)
 
     def take(self) -> Any:
-        runtime = self.runtime
-        with runtime.lock:
-            if self.free and not runtime.closed:
-                return self.free.pop()
-        return runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
+        try:
+            return self.free.pop()
+        except IndexError:  # none free (every one in use, or the runtime's close() emptied the list): a new one
+            return self.runtime.acquire(self.module, self.attrs, self.shapes, self.key)[1]
 
     def give_back(self, state: Any) -> None:
         runtime = self.runtime
-        with runtime.lock:
-            if not runtime.closed:
-                self.free.append(state)
-                return
+        if not runtime.closed:
+            self.free.append(state)
+            if runtime.closed:  # close() ran meanwhile, and may have drained the list before the append
+                _drain(self.free, self.module, runtime.handle)
+            return
         self.module.cleanup_kernel(runtime.handle, state)
 
-    def run(self, *arrays: Any, **kwargs: Any) -> None:
-        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs) on a state of the cache."""
-        state = self.take()
+    def run(self, *arrays: Any) -> None:
+        """The op's forward on `arrays` (forward_kernel's, after state and attrs) on a state of the cache:
+        take and give_back, their common case written out (a call of each is a tenth of a tiny call's time)."""
+        free = self.free
         try:
-            self.run_on(state, *arrays, **kwargs)
-        finally:
-            self.give_back(state)  # kernels check before they write: the state is intact
-
-    def run_on(self, state: Any, *arrays: Any, **kwargs: Any) -> None:
-        """module.forward_kernel(stream, handle, state, attrs, *arrays, **kwargs), the arrays unchecked."""
-        checked = core.arrays_are_checked()
-        core.skip_array_checks(True)
+            state = free.pop()
+        except IndexError:
+            state = self.take()
         try:
-            self.module.forward_kernel(self.stream, self.runtime.handle, state, self.attrs, *arrays, **kwargs)
-        finally:
-            core.skip_array_checks(checked)
+            self.compute(state, *arrays)
+        finally:  # the compute leaves the state as usable on an error as the kernel would
+            if self.runtime.closed:
+                self.give_back(state)
+            else:
+                free.append(state)
+                if self.runtime.closed:  # close() came between, and may have drained the list before the append
+                    _drain(free, self.module, self.runtime.handle)
 
 
 # form -> _Plan. Emptied by clear_cache, and when it grows past _PLAN_LIMIT forms (a caller whose dims
@@ -531,7 +555,7 @@ _PLANS: dict[tuple, _Plan] = {}
 _PLAN_LIMIT = 4096
 
 
-def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: Sequence[Any]) -> tuple[Any, Any]:
+def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: tuple) -> tuple[Any, Any]:
     """(form, plan) of a forward call: the form is the op, the dims and dtype of each of `arrays`, and
     each of `values` (the other arguments) with its type, since 1, 1.0 and True are equal keys but not
     the same argument to check; the plan is the form's, or None where no call of it has run yet. The form
@@ -539,18 +563,24 @@ def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: Sequ
     C-contiguous NumPy array (a CuPy array, a torch tensor, a strided view), an argument that is not hashable."""
     if ctx is not None or (stream is not None and type(stream) is not cpu.CpuStream):
         return None, None
-    form: list[Any] = [op]
-    for array in arrays:
-        if type(array) is not np.ndarray or not array.flags.c_contiguous:
-            return None, None
-        form.append(array.shape)
-        form.append(array.dtype)
     kinds = tuple(map(type, values))
     if tuple in kinds or list in kinds:  # a pair or a list of ints: its items' types too, (1, True) is not (1, 1)
         values = tuple((tuple(v), tuple(map(type, v))) if type(v) in (tuple, list) else v for v in values)
-    form.append(tuple(values))
-    form.append(kinds)
-    key = tuple(form)
+    if len(arrays) == 1:  # most calls: the form as one tuple, no list
+        array = arrays[0]
+        if type(array) is not np.ndarray or not array.flags.c_contiguous:
+            return None, None
+        key: tuple = (op, array.shape, array.dtype, values, kinds)
+    else:
+        form: list[Any] = [op]
+        for array in arrays:
+            if type(array) is not np.ndarray or not array.flags.c_contiguous:
+                return None, None
+            form.append(array.shape)
+            form.append(array.dtype)
+        form.append(values)
+        form.append(kinds)
+        key = tuple(form)
     try:
         return key, _PLANS.get(key)
     except TypeError:  # an argument that is not hashable: checked on every call
@@ -733,7 +763,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
                 state.running_mean = running_mean
             if running_var is not None:
                 state.running_var = running_var
-            plan.run_on(state, input, weight, bias, output, training=training)
+            plan.compute(state, input, weight, bias, output, training=training)
         finally:
             state.running_mean, state.running_var = own
             plan.give_back(state)

@@ -596,6 +596,161 @@ def test_plans_give_the_full_paths_bits():
         assert F.cache_info() == made, name
 
 
+def _more_forms_twice(x4, w, a):
+    """Forms whose plans take the other branches of the ops' forward_plan: other activations and dtypes, a
+    reshaped softmax, an empty one, pooling with padding, stride 1, an activation or half data, the wide,
+    1x1 and half convolutions, an empty matmul, training batch_norm."""
+    half, x3, wide, w1 = a.astype(np.float16), distinct(2, 3, 4), distinct(1, 3, 3, 66), np.ascontiguousarray(w[:, :, :1, :1])
+    m, v = dyadic(3), dyadic(3, low=1)
+    return {
+        "tanh": lambda: F.tanh(a), "sigmoid": lambda: F.sigmoid(a), "exp": lambda: F.exp(a),
+        "gelu": lambda: F.gelu(a), "relu half": lambda: F.relu(half), "add half": lambda: F.add(half, half),
+        "softmax dim 0": lambda: F.softmax(x3, 0), "softmax dim 1": lambda: F.softmax(x3, 1),
+        "softmax empty": lambda: F.softmax(np.zeros((0, 3)), 1),
+        "max_pool2d padded stride 1": lambda: F.max_pool2d(x4, 3, stride=1, padding=1),
+        "max_pool2d padded": lambda: F.max_pool2d(x4, 2, padding=1),
+        "max_pool2d relu": lambda: F.max_pool2d(x4, 2, activation=kernels.Activation.RELU),
+        "max_pool2d half": lambda: F.max_pool2d(x4.astype(np.float16), 2),
+        "conv2d wide": lambda: F.conv2d(wide, w), "conv2d 1x1": lambda: F.conv2d(x4, w1),
+        "conv2d half": lambda: F.conv2d(x4.astype(np.float16), w.astype(np.float16), padding=1),
+        "conv2d empty batch": lambda: F.conv2d(np.zeros((0, 3, 4, 4)), w, padding=1),
+        "matmul empty": lambda: F.matmul(np.zeros((2, 0, 3)), np.zeros((2, 3, 4))),
+        "batch_norm training": lambda: F.batch_norm(x4, m.copy(), v.copy(), training=True),
+    }
+
+
+def _shared_out_forms_twice():
+    """Forms past the sizes where the ops share their work out to the threads (cpu.PARALLEL_MIN_BYTES and the
+    ops' blocks): their plans run the ops' full compute, with the handle's thread count."""
+    big, planes, image, filter = dyadic(1024, 520), distinct(1, 8, 128, 128), dyadic(1, 64, 30, 30), dyadic(4, 64, 3, 3)
+    x, m, v = dyadic(4, 8, 64, 64), dyadic(8), dyadic(8, low=1)
+    return {
+        "reshape": lambda: F.reshape(big, (-1,)), "transpose": lambda: F.transpose(big, 0, 1),
+        "cat": lambda: F.cat([big, big]), "split": lambda: F.split(big, 512),
+        "gradient_reduction": lambda: F.gradient_reduction([big, big]), "add": lambda: F.add(big, big),
+        "relu": lambda: F.relu(big), "softmax": lambda: F.softmax(big, 1), "max_pool2d": lambda: F.max_pool2d(planes, 2),
+        "conv2d": lambda: F.conv2d(image, filter, padding=1), "batch_norm": lambda: F.batch_norm(x, m, v),
+        "batch_norm training": lambda: F.batch_norm(x, None, None, training=True),
+    }
+
+
+@pytest.mark.parametrize("forms", ["other branches", "shared out"])
+def test_more_plans_give_the_full_paths_bits(forms):
+    """As test_plans_give_the_full_paths_bits, on the forms that take the ops' other plan branches."""
+    x4, w, a = distinct(2, 3, 4, 4), dyadic(3, 3, 3, 3), distinct(2, 3)
+    calls = _more_forms_twice(x4, w, a) if forms == "other branches" else _shared_out_forms_twice()
+    for name, call in calls.items():
+        F.clear_cache()
+        first = call()
+        made = F.cache_info()
+        assert len(F._PLANS) == 1, name
+        again = call()
+        for got, expected in zip(again if isinstance(again, (list, tuple)) else [again],
+                                 first if isinstance(first, (list, tuple)) else [first]):
+            assert got.tobytes() == expected.tobytes() and got.shape == expected.shape, name
+        assert F.cache_info() == made, name
+
+
+def test_planned_training_batch_norm_updates_the_running_statistics_as_the_full_path():
+    x, m, v = distinct(4, 3, 2, 2), dyadic(3), dyadic(3, low=1)
+    results = []
+    for planned in (False, True):
+        F.clear_cache()
+        mean, var = m.copy(), v.copy()
+        outputs = []
+        for _ in range(3):  # planned: the full path, then the plan twice; else the full path every time
+            if not planned:
+                F.clear_cache()
+            outputs.append(F.batch_norm(x, mean, var, training=True, momentum=0.25).tobytes())
+        assert len(F._PLANS) == 1
+        results.append(outputs + [mean.tobytes(), var.tobytes()])
+    assert results[0] == results[1]
+
+
+def test_planned_calls_ignore_floating_point_errors_as_errstate():
+    """A plan's call gives IEEE results without warnings under the caller's own error state, and leaves it
+    as it was (cpu.ignore_fp_errors)."""
+    x = np.array([[1e300, -1e300, np.nan, 0.0]])
+    F.clear_cache()
+    with np.errstate(all="ignore"):
+        expected = [np.exp(x), x * x]  # overflow to inf, NaN stays
+    with np.errstate(all="raise"):
+        before = np.geterr()
+        for _ in range(2):  # the full path, then the plans
+            assert F.exp(x).tobytes() == expected[0].tobytes()
+            assert F.mul(x, x).tobytes() == expected[1].tobytes()
+        assert np.geterr() == before
+    with pytest.raises(FloatingPointError):
+        with np.errstate(over="raise"):
+            _ = x * x
+
+
+def test_plans_run_in_threads_at_once():
+    """Threads calling the same planned forms at once each get their own call's result (each call takes its
+    own state from the pool: batch_norm points it at the caller's statistics; no lock)."""
+    import threading
+
+    F.clear_cache()
+    threads, rounds = 4, 60
+    inputs = [(distinct(1, 4, 4, 4).astype(np.float32), dyadic(4).astype(np.float32), dyadic(4, low=1).astype(np.float32))
+              for _ in range(threads)]
+    w = dyadic(4, 4, 3, 3).astype(np.float32)
+    calls = {
+        "conv2d": lambda x, m, v: F.conv2d(x, w, padding=1), "max_pool2d": lambda x, m, v: F.max_pool2d(x, 2),
+        "batch_norm": lambda x, m, v: F.batch_norm(x, m, v), "softmax": lambda x, m, v: F.softmax(x, 1),
+        "silu": lambda x, m, v: F.silu(x), "add": lambda x, m, v: F.add(x, x),
+    }
+    expected = {name: [call(*args).tobytes() for args in inputs] for name, call in calls.items()}
+    barrier, failures = threading.Barrier(threads), []
+
+    def worker(index: int) -> None:
+        barrier.wait()
+        for _ in range(rounds):
+            for name, call in calls.items():
+                if call(*inputs[index]).tobytes() != expected[name][index]:
+                    failures.append((name, index))
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert not failures
+    assert len(F._PLANS) == len(calls)
+
+
+def test_a_plans_states_go_to_a_closed_runtime_cleanup():
+    """A plan's state given back once clear_cache has closed its runtime is cleaned up, also where the close
+    comes between the plan's append and its test (the list is drained); a plan finding no free state makes one."""
+    F.clear_cache()
+    a = distinct(2, 3)
+    F.relu(a)
+    plan = next(iter(F._PLANS.values()))
+    first, second = plan.take(), plan.take()  # the second finds the list empty: a new state
+    assert first is not second and F.cache_info()["element_unary"] == 2
+    runtime = plan.runtime
+    F.clear_cache()
+    plan.give_back(first)
+    assert first.closed and not plan.free
+
+    class ClosingList(list):  # close() between the append and the test
+        def append(self, item):
+            super().append(item)
+            runtime.closed = True
+
+    runtime.closed = False
+    plan.free = ClosingList()
+    plan.give_back(second)
+    assert second.closed and not plan.free
+    # The same through a call: on a closed runtime (a new state, cleaned up after), and closed mid-call.
+    output = np.empty_like(a)
+    plan.run(a, output)
+    assert output.tobytes() == np.maximum(a, 0).tobytes() and not plan.free
+    runtime.closed = False
+    plan.run(a, output)
+    assert output.tobytes() == np.maximum(a, 0).tobytes() and not plan.free and runtime.closed
+
+
 def test_plans_keep_the_checks():
     """A plan is kept per form: arguments equal to the planned ones but of another type (2.0 for 2, True
     for 1), strided arrays and other dims take the full path, and are checked and refused there."""

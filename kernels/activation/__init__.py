@@ -30,7 +30,15 @@ from typing import Any
 # What the ops and tools call, where they call it (kernels.activation.X); plan: the GPU path names.
 from . import plan  # noqa: F401
 from .attrs import NONE_CODE, Activation, attr_activation, code  # noqa: F401
-from .cpu import blockwise, cpu_backward, cpu_backward_block, cpu_forward, cpu_forward_block  # noqa: F401
+from .cpu import (  # noqa: F401
+    blockwise,
+    blockwise_plan,
+    cpu_backward,
+    cpu_backward_block,
+    cpu_forward,
+    cpu_forward_block,
+    forward_block_plan,
+)
 from .gpu import gpu_backward, gpu_forward
 
 

@@ -3,6 +3,7 @@ the threads, and each activation's forward, derivative and backward."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from fractions import Fraction
@@ -116,6 +117,24 @@ def blockwise(function: Any, *arrays: np.ndarray) -> None:
     cpu.cpu_parallel(run, blocks, sum(a.nbytes for a in arrays))
 
 
+def blockwise_plan(function: Any, count: int, threads: int) -> Any:
+    """A functional plan's compute(state, *arrays) (kernels/functional.py, _Plan) that runs
+    blockwise(function, *arrays) on C-contiguous arrays of `count` elements with `threads` as the handle's
+    thread count: its test of the size made once, the call of one block (up to BLOCK_ELEMENTS) left with
+    its errstate alone, on this thread."""
+    if count > BLOCK_ELEMENTS:
+        return cpu.with_threads(lambda state, *arrays: blockwise(function, *arrays), threads)
+
+    def one_block(state: Any, *arrays: np.ndarray) -> None:
+        token = cpu.ignore_fp_errors()  # blockwise's errstate, at a tenth of its cost
+        try:
+            function(*arrays)
+        finally:
+            cpu.restore_fp_errors(token)
+
+    return one_block
+
+
 _SCRATCH = threading.local()
 
 
@@ -147,13 +166,9 @@ def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> 
 
 def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:
     if activation is Activation.RELU:
-        np.maximum(pre, pre.dtype.type(0), out=output)  # NaN propagates, as torch.relu
+        _relu(pre, output, pre.dtype.type(0))
     elif activation is Activation.SIGMOID:
-        scratch = output if not np.may_share_memory(pre, output) or pre is output else _scratch(pre, 0)
-        np.negative(pre, out=scratch)
-        np.exp(scratch, out=scratch)
-        scratch += 1
-        np.reciprocal(scratch, out=output)
+        _sigmoid(pre, output if not np.may_share_memory(pre, output) or pre is output else _scratch(pre, 0), output, 1)
     elif activation is Activation.TANH:
         np.tanh(pre, out=output)
     elif activation is Activation.GELU:
@@ -164,13 +179,42 @@ def _forward_block(activation: Activation, pre: np.ndarray, output: np.ndarray) 
         np.copyto(output, wide * 0.5 * cdf)
     elif activation is Activation.SILU:
         # output is the scratch unless it overlaps pre (then it is written last, from a thread's own buffer)
-        scratch = output if not np.may_share_memory(pre, output) else _scratch(pre, 0)
-        np.negative(pre, out=scratch)
-        np.exp(scratch, out=scratch)
-        scratch += 1
-        np.divide(pre, scratch, out=output)
+        _silu(pre, output if not np.may_share_memory(pre, output) else _scratch(pre, 0), output, 1)
     else:
         raise fail(AttrsError, "activation", "activation", "an Activation", repr(activation))
+
+
+# The formulas of _forward_block with their constant (0 or 1) given: a number there, a 0-d array of the
+# block's dtype in a plan's (forward_block_plan), which a ufunc takes at half a number's cost; either is
+# the same value of the dtype, so the bits are the same.
+def _relu(pre: np.ndarray, output: np.ndarray, zero: Any) -> None:
+    np.maximum(pre, zero, out=output)  # NaN propagates, as torch.relu
+
+
+def _sigmoid(pre: np.ndarray, scratch: np.ndarray, output: np.ndarray, one: Any) -> None:
+    np.negative(pre, out=scratch)
+    np.exp(scratch, out=scratch)
+    np.add(scratch, one, out=scratch)
+    np.reciprocal(scratch, out=output)
+
+
+def _silu(pre: np.ndarray, scratch: np.ndarray, output: np.ndarray, one: Any) -> None:
+    np.negative(pre, out=scratch)
+    np.exp(scratch, out=scratch)
+    np.add(scratch, one, out=scratch)
+    np.divide(pre, scratch, out=output)
+
+
+def forward_block_plan(activation: Activation, dtype: Any) -> Any:
+    """cpu_forward_block(activation, ·) for the calls of a functional plan (kernels/functional.py): on
+    blocks of `dtype` and an output apart from them (a new array, so it is the scratch), its branch
+    chosen and its constant made once."""
+    if activation is Activation.RELU:
+        return functools.partial(_relu, zero=np.zeros((), dtype))
+    if activation in (Activation.SIGMOID, Activation.SILU):
+        formula, one = _sigmoid if activation is Activation.SIGMOID else _silu, np.ones((), dtype)
+        return lambda pre, output: formula(pre, output, output, one)
+    return functools.partial(_forward_block, activation)
 
 
 # cpu_forward and cpu_backward on one block, for a caller inside blockwise already (element_unary's

@@ -24,6 +24,19 @@ def _matmul(left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
         np.matmul(left, right, out=out)
 
 
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, lhs, rhs, output) on checked arrays, the GEMM on `threads` BLAS threads (the handle's)."""
+    if not state.shapes["output_shape"].numel:
+        return lambda state, lhs, rhs, output: None
+
+    def compute(state: core.KernelState, lhs: Any, rhs: Any, output: Any) -> None:
+        with cpu_runtime.blas_threads(threads):
+            _matmul(lhs, rhs, output)
+
+    return compute
+
+
 def forward(lhs: Any, rhs: Any, output: Any) -> None:
     """output = lhs @ rhs, batched over the leading dims."""
     if output.size:

@@ -11,7 +11,7 @@ activation differs: it is evaluated in float32 (activation_dtype), as the GPU do
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -91,10 +91,16 @@ def _pass_bytes(layout: Layout) -> int:
 def _run(layout: Layout, blocks: list[Block], function: Callable[[Block], None]) -> None:
     def run(first: int, last: int) -> None:
         cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
-        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the contract, as torch's
+        token = cpu_runtime.ignore_fp_errors()  # IEEE results (inf, NaN) are the contract, as torch's
+        try:
             for block in blocks[first:last]:
                 function(block)
+        finally:
+            cpu_runtime.restore_fp_errors(token)
 
+    if len(blocks) == 1:  # cpu_parallel's call of one block, without its count of the parts
+        run(0, 1)
+        return
     cpu_runtime.cpu_parallel(run, len(blocks), _pass_bytes(layout))
 
 
@@ -113,9 +119,26 @@ def _sum_blocks(layout: Layout) -> tuple[list[Block], int]:
     return _blocks(layout, _length(layout), CPU_BLOCK_ELEMENTS)
 
 
-def _apply(layout: Layout, function: Callable[[Block], None]) -> None:
-    """function(block) over the blocks of an apply pass (elementwise: the cut changes no bit)."""
-    _run(layout, _blocks(layout, _length(layout))[0], function)
+def _apply_blocks(layout: Layout) -> list[Block]:
+    """The blocks of an apply pass (elementwise: the cut changes no bit)."""
+    return _blocks(layout, _length(layout))[0]
+
+
+class _Passes(NamedTuple):
+    """The blocks of forward's passes over a layout: a plan's, worked out once (forward_plan)."""
+
+    sums: tuple[list[Block], int]  # _sum_blocks
+    apply: list[Block]  # _apply_blocks
+
+
+def forward_plan(state: BatchNormState, attrs: Any, threads: int) -> Callable[..., None]:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, gamma, beta, output, training=...) on checked arrays (and running statistics),
+    the passes' blocks worked out once for `threads`, the handle's count."""
+    passes = cpu_runtime.with_threads(lambda: _Passes(_sum_blocks(state.layout), _apply_blocks(state.layout)), threads)()
+    return cpu_runtime.with_threads(
+        lambda state, input, gamma, beta, output, training: forward(state, attrs, input, gamma, beta, output, training,
+                                                                    passes), threads)
 
 
 def _sums(layout: Layout, blocks: list[Block], inner_parts: int, terms: int,
@@ -147,16 +170,17 @@ def activation_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gamma: np.ndarray | None,
-            beta: np.ndarray | None, output: np.ndarray, training: bool) -> None:
+            beta: np.ndarray | None, output: np.ndarray, training: bool, passes: _Passes | None = None) -> None:
     """output = activation((input - mean) * invstd * gamma + beta), with batch statistics (training, which
-    updates the running ones) or the running statistics (inference)."""
+    updates the running ones) or the running statistics (inference). `passes`: the passes' blocks,
+    worked out already (a plan's), else here."""
     layout = state.layout
     if input.size == 0:
         state.forward = SavedForward(training, empty=True)
         return
     x = _view(input, layout)
-    blocks, inner_parts = _sum_blocks(layout)
     if training:
+        blocks, inner_parts = _sum_blocks(layout) if passes is None else passes.sums
         def total(block: Block) -> tuple[np.ndarray]:
             return (_wide(x, block, 0).sum(axis=1),)
 
@@ -208,7 +232,7 @@ def forward(state: BatchNormState, attrs: BatchNormAttrs, input: np.ndarray, gam
         activations.cpu_forward(attrs.activation, wide, wide)
         out[where] = wide
 
-    _apply(layout, apply)
+    _run(layout, _apply_blocks(layout) if passes is None else passes.apply, apply)
 
 
 def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, output_grad: np.ndarray,
@@ -296,4 +320,4 @@ def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, 
             result *= gamma64[stats, None]
         dx[block[:3]] = result
 
-    _apply(layout, apply)
+    _run(layout, _apply_blocks(layout), apply)

@@ -84,6 +84,21 @@ def _cpu_move(layout: PieceLayout, whole: Any, pieces: Sequence[Any], to_whole: 
     cpu_runtime.cpu_parallel(run, len(tasks), 2 * whole.nbytes)
 
 
+def move_plan(layout: PieceLayout, whole: core.TensorShape, threads: int, to_whole: bool) -> Any:
+    """_cpu_move(layout, whole, pieces, to_whole) for the calls of a functional plan (kernels/functional.py)
+    on a whole of that shape, with `threads` as the handle's count: move(whole, pieces)."""
+    if whole.numel * whole.dtype.itemsize < cpu_runtime.PARALLEL_MIN_BYTES:  # _cpu_move's small path, no threads
+        return lambda whole, pieces: _cpu_move(layout, whole, pieces, to_whole)
+    return cpu_runtime.with_threads(lambda whole, pieces: _cpu_move(layout, whole, pieces, to_whole), threads)
+
+
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, inputs, output) on checked arrays."""
+    move = move_plan(state.saved["layout"], state.shapes["output_shape"], threads, True)
+    return lambda state, inputs, output: move(output, inputs)
+
+
 def cpu_join(layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
     """whole = the pieces side by side along the axis (NumPy), shared out to the threads (_cpu_move)."""
     _cpu_move(layout, whole, pieces, True)

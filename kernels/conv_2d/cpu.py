@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
 
@@ -188,14 +188,17 @@ def _tap_spans(attrs: Conv2DAttrs, wide: int, out_h: int) -> list[tuple[int, int
     return spans
 
 
-def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
+def _phases(input: np.ndarray, attrs: Conv2DAttrs, form: _NarrowForm | None = None) -> np.ndarray:
     """The zero-padded input split by stride phase: (N, C, stride_h, stride_w, Hq * Wq); phase (a, b) holds
-    padded rows a::stride_h and columns b::stride_w, so that every tap is a contiguous span of one phase."""
+    padded rows a::stride_h and columns b::stride_w, so that every tap is a contiguous span of one phase.
+    `form`: the layout and blocks worked out already (a plan's), else worked out here."""
     n, c, height, width = input.shape
-    rows, wide = _phase_layout(attrs, height, width)
+    if form is None:
+        (rows, wide), blocks = _phase_layout(attrs, height, width), _phase_blocks(attrs, height, width)
+    else:
+        rows, wide, blocks = form.rows, form.wide, form.blocks
     phases = _buffer("phases", (n, c, attrs.stride_h, attrs.stride_w, rows, wide), input.dtype)
     phases.fill(0)  # the padding and the spare row; the input's elements are written over it
-    blocks = _phase_blocks(attrs, height, width)
 
     def fill(channels: slice) -> None:
         for a, b, input_rows, input_columns, phase_rows, phase_columns in blocks:
@@ -205,11 +208,20 @@ def _phases(input: np.ndarray, attrs: Conv2DAttrs) -> np.ndarray:
     return phases.reshape(n, c, attrs.stride_h, attrs.stride_w, rows * wide)
 
 
-def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int) -> np.ndarray:
-    """im2col in rows Wq wide: (N, groups, C/groups * kh * kw, Ho * Wq), one contiguous copy a tap."""
+def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int,
+                  spans: list[tuple[int, int, int, int, slice]] | None = None,
+                  gather: np.ndarray | None = None) -> np.ndarray:
+    """im2col in rows Wq wide: (N, groups, C/groups * kh * kw, Ho * Wq), one contiguous copy a tap
+    (`spans`: _tap_spans worked out already, a plan's), or with `gather` (a plan's, on a small form:
+    _NarrowForm) the same copies as one np.take of each plane's taps."""
     n, c = phases.shape[:2]
     columns = _buffer("wide_columns", (n, c, attrs.kernel_h, attrs.kernel_w, out_h * wide), phases.dtype)
-    spans = _tap_spans(attrs, wide, out_h)
+    if gather is not None:
+        np.take(phases.reshape(n, c, math.prod(phases.shape[2:])), gather, axis=2, mode="clip",
+                out=columns.reshape(n, c, gather.size))  # indices are in bounds: clip skips their check
+        return columns.reshape(n, attrs.groups, c // attrs.groups * attrs.kernel_h * attrs.kernel_w, out_h * wide)
+    if spans is None:
+        spans = _tap_spans(attrs, wide, out_h)
 
     def fill(channels: slice) -> None:
         for i, j, a, b, span in spans:
@@ -219,10 +231,54 @@ def _wide_columns(phases: np.ndarray, attrs: Conv2DAttrs, wide: int, out_h: int)
     return columns.reshape(n, attrs.groups, c // attrs.groups * attrs.kernel_h * attrs.kernel_w, out_h * wide)
 
 
+class _NarrowForm(NamedTuple):
+    """What forward's narrow path (rows in phases, WIDE_ROWS_BELOW) works out from the dims of its call:
+    the phases' layout and blocks, the taps' spans and the product's dims; a plan's, worked out once."""
+
+    rows: int
+    wide: int
+    blocks: list[tuple[int, int, slice, slice, slice, slice]]
+    spans: list[tuple[int, int, int, int, slice]]
+    product: tuple[int, ...]
+    gather: np.ndarray | None = None  # a plan's on a small form: each tap's span of a plane's phases, in order
+
+
+def _narrow_form(attrs: Conv2DAttrs, input_dims: tuple[int, ...], output_dims: tuple[int, ...]) -> _NarrowForm:
+    n, o, out_h, _ = output_dims
+    rows, wide = _phase_layout(attrs, *input_dims[2:])
+    return _NarrowForm(rows, wide, _phase_blocks(attrs, *input_dims[2:]), _tap_spans(attrs, wide, out_h),
+                       (n, attrs.groups, o // attrs.groups, out_h * wide))
+
+
+def forward_plan(state: Conv2DState, attrs: Conv2DAttrs, threads: int) -> Callable[..., None]:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, filter, bias, output) on checked arrays, with `threads` as the handle's thread
+    count and BLAS's, the narrow path's layout, blocks and spans worked out once."""
+    input_shape, output_shape = state.shapes["input_shape"], state.shapes["output_shape"]
+    form = None
+    if input_shape.dtype not in core.HALF_DTYPES and not (output_shape.dims[3] >= WIDE_ROWS_BELOW or _plain(attrs)):
+        form = _narrow_form(attrs, input_shape.dims, output_shape.dims)
+        n, c = input_shape.dims[:2]
+        taps = len(form.spans) * output_shape.dims[2] * form.wide  # a plane's im2col elements
+        if 0 < n * c * taps * input_shape.dtype.itemsize < cpu_runtime.PARALLEL_MIN_BYTES:  # one call of fill
+            phase = form.rows * form.wide
+            form = form._replace(gather=np.concatenate([
+                (a * attrs.stride_w + b) * phase + np.arange(span.start, span.stop, dtype=np.intp)
+                for _, _, a, b, span in form.spans]))
+
+    def compute(state: Conv2DState, input: np.ndarray, filter: np.ndarray, bias: np.ndarray | None,
+                output: np.ndarray) -> None:
+        with cpu_runtime.blas_threads(threads):
+            forward(state, attrs, input, filter, bias, output, form)
+
+    return cpu_runtime.with_threads(compute, threads)
+
+
 def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: np.ndarray, bias: np.ndarray | None,
-            output: np.ndarray) -> None:
+            output: np.ndarray, form: _NarrowForm | None = None) -> None:
     """output = activation(conv(input, filter) + bias); with an activation, the pre-activation is kept
-    in state.pre for the backward."""
+    in state.pre for the backward. `form`: what the narrow path works out from the dims, worked out already
+    (a plan's: forward_plan)."""
     if output.dtype in core.HALF_DTYPES:
         half_forward(state, attrs, input, filter, bias, output)
         return
@@ -237,11 +293,13 @@ def forward(state: Conv2DState, attrs: Conv2DAttrs, input: np.ndarray, filter: n
         # (groups, O/groups, K) @ (N, groups, K, Ho * Wo) -> (N, groups, O/groups, Ho * Wo): NCHW itself.
         _by_groups(np.matmul, weights, columns, groups, _grouped(target, groups))
     else:
-        wide = _phase_layout(attrs, *input.shape[2:])[1]
-        columns = _wide_columns(_phases(input, attrs), attrs, wide, out_h)
+        if form is None:
+            form = _narrow_form(attrs, input.shape, output.shape)
+        wide = form.wide
+        columns = _wide_columns(_phases(input, attrs, form), attrs, wide, out_h, form.spans, form.gather)
         weights = filter.reshape(groups, o // groups, columns.shape[2])
         # The same product in rows Wq wide: NCHW with spare columns.
-        product = _buffer("product", _product_shape(np.matmul, weights, columns), target.dtype)
+        product = _buffer("product", form.product, target.dtype)
         _by_groups(np.matmul, weights, columns, groups, product)
         cpu_runtime.cpu_copy(target, product.reshape(n, o, out_h, wide)[..., :out_w])
     if bias is not None:

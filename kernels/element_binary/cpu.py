@@ -57,6 +57,14 @@ def _wide(array: np.ndarray | None) -> np.ndarray | None:
     return None if array is None else array.astype(np.float32)
 
 
+# Each op's ufunc, and whether it takes (rhs, lhs): NumPy's maximum and minimum return their second
+# argument on a tie, so lhs goes second, like torch.
+_FORWARD = {
+    BinaryOpType.ADD: (np.add, False), BinaryOpType.SUB: (np.subtract, False), BinaryOpType.MUL: (np.multiply, False),
+    BinaryOpType.DIV: (np.divide, False), BinaryOpType.MAX: (np.maximum, True), BinaryOpType.MIN: (np.minimum, True),
+}
+
+
 def forward(op: BinaryOpType, lhs: np.ndarray, rhs: np.ndarray, output: np.ndarray) -> None:
     """output = lhs (op) rhs, broadcast by NumPy. Half dtypes: in float32, rounded once into output."""
     if output.dtype in core.HALF_DTYPES:
@@ -64,18 +72,33 @@ def forward(op: BinaryOpType, lhs: np.ndarray, rhs: np.ndarray, output: np.ndarr
         forward(op, _wide(lhs), _wide(rhs), wide)
         output[...] = wide
         return
-    if op is BinaryOpType.ADD:
-        elementwise(np.add, output, lhs, rhs)
-    elif op is BinaryOpType.SUB:
-        elementwise(np.subtract, output, lhs, rhs)
-    elif op is BinaryOpType.MUL:
-        elementwise(np.multiply, output, lhs, rhs)
-    elif op is BinaryOpType.DIV:
-        elementwise(np.divide, output, lhs, rhs)
-    elif op is BinaryOpType.MAX:
-        elementwise(np.maximum, output, rhs, lhs)  # NumPy returns its second argument on a tie: lhs, like torch
+    function, swapped = _FORWARD[op]
+    if swapped:
+        elementwise(function, output, rhs, lhs)
     else:
-        elementwise(np.minimum, output, rhs, lhs)
+        elementwise(function, output, lhs, rhs)
+
+
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, lhs, rhs, output) on checked arrays. An output of one thread's size (elementwise's
+    one call) of a dtype the ufunc computes in gets that call itself, its ufunc chosen once."""
+    output = state.shapes["output_shape"]
+    if output.dtype in core.HALF_DTYPES or output.numel >= _CPU_PARALLEL_MIN:
+        return cpu_runtime.with_threads(lambda state, lhs, rhs, out: forward(attrs.op_type, lhs, rhs, out), threads)
+    function, swapped = _FORWARD[attrs.op_type]
+
+    def compute(state: Any, lhs: np.ndarray, rhs: np.ndarray, out: np.ndarray) -> None:
+        token = cpu_runtime.ignore_fp_errors()  # elementwise's errstate, at a tenth of its cost
+        try:
+            if swapped:
+                function(rhs, lhs, out=out)
+            else:
+                function(lhs, rhs, out=out)
+        finally:
+            cpu_runtime.restore_fp_errors(token)
+
+    return compute
 
 
 def sum_to(full: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:

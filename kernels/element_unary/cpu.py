@@ -5,6 +5,7 @@ forward and backward run after the package's checks (cpu_forward_kernel, cpu_bac
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,17 @@ def forward(attrs: ElementUnaryAttrs, input: core.Array, output: core.Array) -> 
     """output = f(input), over cache-sized blocks."""
     function = lambda x, out: _cpu_forward(attrs, x, out)  # noqa: E731
     activation.blockwise(_in_compute_dtype(function, input.dtype), input, output)
+
+
+def forward_plan(state: core.KernelState, attrs: ElementUnaryAttrs, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, output) on checked arrays, the formula and its blocks chosen once."""
+    shape = state.shapes["input_shape"]
+    if attrs.activation is not None:
+        function = activation.forward_block_plan(attrs.activation, core.compute_dtype(shape.dtype))
+    else:
+        function = functools.partial(_cpu_forward, attrs)
+    return activation.blockwise_plan(_in_compute_dtype(function, shape.dtype), shape.numel, threads)
 
 
 def _in_compute_dtype(function: Any, dtype: np.dtype) -> Any:

@@ -28,6 +28,15 @@ def _sum(output: np.ndarray, first: np.ndarray, *rest: np.ndarray) -> None:
         np.add(output, term, out=output)
 
 
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, inputs, output) on checked arrays; cpu_parts' one call where the output is small."""
+    output = state.shapes["output_shape"]
+    if output.numel * output.dtype.itemsize < cpu_runtime.PARALLEL_MIN_BYTES:
+        return lambda state, inputs, output: _sum(output, *inputs)
+    return cpu_runtime.with_threads(lambda state, inputs, output: forward(inputs, output), threads)
+
+
 def forward(inputs: Sequence[Any], output: Any) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right."""
     cpu_runtime.cpu_parts(_sum, output, *inputs)

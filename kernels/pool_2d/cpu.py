@@ -20,6 +20,9 @@ def _window_tap(array: np.ndarray, attrs: Pool2DAttrs, out_h: int, out_w: int, r
 
 
 def _padded(input: np.ndarray, attrs: Pool2DAttrs, fill: float) -> np.ndarray:
+    """input within a border of `fill`, padding wide, for the forwards to read (input itself where there is no padding)."""
+    if not attrs.padding_h and not attrs.padding_w:
+        return input
     n, c, h, w = input.shape
     padded = np.full((n, c, h + 2 * attrs.padding_h, w + 2 * attrs.padding_w), fill, dtype=input.dtype)
     padded[:, :, attrs.padding_h:attrs.padding_h + h, attrs.padding_w:attrs.padding_w + w] = input
@@ -63,23 +66,25 @@ def _cpu_max_forward(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarray, 
     out_h, out_w = pooled.shape[2:]
     kernel_h, kernel_w, stride_h, stride_w = attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w
     padded = _padded(input, attrs, -np.inf)  # padding is never greater, never NaN: it never wins
-    has_nan = bool(np.isnan(input).any())
     # Each padded row's maximum over the window columns of every output column.
     columns = [padded[:, :, :, j:j + stride_w * (out_w - 1) + 1:stride_w] for j in range(kernel_w)]
     row_best = columns[0].copy()
     for column in columns[1:]:
         np.maximum(row_best, column, out=row_best)
+    # Then the maximum over the window rows.
+    rows = [slice(i, i + stride_h * (out_h - 1) + 1, stride_h) for i in range(kernel_h)]
+    np.copyto(pooled, row_best[:, :, rows[0]])
+    for i in range(1, kernel_h):
+        np.maximum(pooled, row_best[:, :, rows[i]], out=pooled)
+    if taps is None:  # no argmax asked for (forward's argmax=False)
+        return
+    has_nan = bool(np.isnan(input).any())
     row_column = np.zeros(row_best.shape, dtype=taps.dtype)
     for j in reversed(range(kernel_w)):
         _select(row_column, j, columns[j] == row_best)
     if has_nan:
         for j in range(kernel_w):
             _select(row_column, j, np.isnan(columns[j]))
-    # Then the maximum over the window rows.
-    rows = [slice(i, i + stride_h * (out_h - 1) + 1, stride_h) for i in range(kernel_h)]
-    np.copyto(pooled, row_best[:, :, rows[0]])
-    for i in range(1, kernel_h):
-        np.maximum(pooled, row_best[:, :, rows[i]], out=pooled)
     for i in reversed(range(kernel_h)):
         _select(taps, i * kernel_w + row_column[:, :, rows[i]], row_best[:, :, rows[i]] == pooled)
     if has_nan:
@@ -104,26 +109,29 @@ def _cpu_max_forward_flat(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndar
     padded = _padded(input, attrs, -np.inf)  # padding is never greater, never NaN: it never wins
     height, width = padded.shape[2:]
     flat = padded.reshape(-1)
-    has_nan = bool(np.isnan(input).any())
     span = flat.size - (kernel_w - 1)
     columns = [flat[j:j + span] for j in range(kernel_w)]
     row_best = columns[0].copy()
     for column in columns[1:]:
         np.maximum(row_best, column, out=row_best)
+    # Output (n, c, y, x) is position ((n * C + c) * height + y) * width + x of the flat planes.
+    last = span - (kernel_h - 1) * width
+    rows = [slice(i * width, i * width + last) for i in range(kernel_h)]
+    best = np.empty(flat.size, dtype=pooled.dtype)
+    np.copyto(best[:last], row_best[rows[0]])
+    for i in range(1, kernel_h):
+        np.maximum(best[:last], row_best[rows[i]], out=best[:last])
+    if taps is None:  # no argmax asked for (forward's argmax=False)
+        np.copyto(pooled, best.reshape(n, c, height, width)[:, :, :out_h, :out_w])
+        return
+    has_nan = bool(np.isnan(input).any())
     row_column = np.zeros(span, dtype=taps.dtype)
     for j in reversed(range(kernel_w)):
         _select(row_column, j, columns[j] == row_best)
     if has_nan:
         for j in range(kernel_w):
             _select(row_column, j, np.isnan(columns[j]))
-    # Output (n, c, y, x) is position ((n * C + c) * height + y) * width + x of the flat planes.
-    last = span - (kernel_h - 1) * width
-    rows = [slice(i * width, i * width + last) for i in range(kernel_h)]
-    best = np.empty(flat.size, dtype=pooled.dtype)
     tap = np.empty(flat.size, dtype=taps.dtype)
-    np.copyto(best[:last], row_best[rows[0]])
-    for i in range(1, kernel_h):
-        np.maximum(best[:last], row_best[rows[i]], out=best[:last])
     for i in reversed(range(kernel_h)):
         _select(tap[:last], i * kernel_w + row_column[rows[i]], row_best[rows[i]] == best[:last])
     if has_nan:
@@ -171,19 +179,41 @@ def _cpu_forward_planes(input: np.ndarray, attrs: Pool2DAttrs, pooled: np.ndarra
     cpu_paths.reach_if(FORWARD_PLANES_PATH, per_block > 1 and blocks > 1)
     cpu_paths.reach_if(FORWARD_ONE_PLANE_PATH, per_block == 1 and blocks > 1)
 
+    function = _block_forward(attrs)
+
     def run(first: int, last: int) -> None:
         cpu_paths.reach_part(FORWARD_THREADS_PATH, first, last, blocks)
         for start in range(first * per_block, min(last * per_block, planes), per_block):
             part = slice(start, start + per_block)
-            x, y, t = (None if v is None else v[:, part] for v in views)
-            if attrs.pool_type is PoolOp.MAX and attrs.stride_h == attrs.stride_w == 1:
-                _cpu_max_forward_flat(x, attrs, y, t)
-            elif attrs.pool_type is PoolOp.MAX:
-                _cpu_max_forward(x, attrs, y, t)
-            else:
-                _cpu_avg_forward(x, attrs, y)
+            function(*(None if v is None else v[:, part] for v in views))
 
     cpu.cpu_parallel(run, blocks, input.nbytes * (3 if taps is not None else 2))
+
+
+def _block_forward(attrs: Pool2DAttrs) -> Any:
+    """The forward of a block of planes: function(input, pooled, taps or None), by the pooling and its stride."""
+    if attrs.pool_type is PoolOp.MAX and attrs.stride_h == attrs.stride_w == 1:
+        return lambda x, y, t: _cpu_max_forward_flat(x, attrs, y, t)
+    if attrs.pool_type is PoolOp.MAX:
+        return lambda x, y, t: _cpu_max_forward(x, attrs, y, t)
+    return lambda x, y, t: _cpu_avg_forward(x, attrs, y)
+
+
+def forward_plan(state: core.KernelState, attrs: Pool2DAttrs, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, output) on checked arrays, MAX without its argmax (a plan's call has no ctx,
+    so no backward reads it), with `threads` as the handle's thread count. A form of one block of planes,
+    in a dtype the pooling computes in and without an activation, gets the block's forward alone, on the
+    views _cpu_forward_planes makes."""
+    shape = state.shapes["input_shape"]
+    n, c, height, width = shape.dims
+    planes = n * c
+    if (-(-planes // max(1, CPU_FORWARD_BLOCK // max(height * width, 1))) != 1 or attrs.activation is not None
+            or core.compute_dtype(shape.dtype) != shape.dtype or not core.numel(state.shapes["output_shape"].dims)):
+        return cpu.with_threads(lambda state, input, output: forward(state, attrs, input, output, argmax=False), threads)
+    function = _block_forward(attrs)
+    into = (1, planes, height, width), (1, planes, *state.shapes["output_shape"].dims[2:])
+    return lambda state, input, output: function(input.reshape(into[0]), output.reshape(into[1]), None)
 
 
 CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles at once
@@ -258,9 +288,12 @@ def _cpu_avg_backward(attrs: Pool2DAttrs, grad: np.ndarray, input_grad: np.ndarr
     np.copyto(input_grad, padded[:, :, attrs.padding_h:attrs.padding_h + height, attrs.padding_w:attrs.padding_w + width])
 
 
-def forward(state: core.KernelState, attrs: Pool2DAttrs, input: np.ndarray, output: np.ndarray) -> None:
-    """output = activation(pool(input)); MAX saves the argmax taps, an activation its input."""
-    taps = _saved(state, "taps", np, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
+def forward(state: core.KernelState, attrs: Pool2DAttrs, input: np.ndarray, output: np.ndarray,
+            argmax: bool = True) -> None:
+    """output = activation(pool(input)); MAX saves the argmax taps (unless argmax is False: a forward no
+    backward follows, a functional plan's; the output is the same), an activation its input."""
+    taps = _saved(state, "taps", np, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX and argmax \
+        else None
     pooled = output if attrs.activation is None else _saved(state, "pre", np, output.shape, output.dtype)
     if not output.size:
         return

@@ -11,6 +11,14 @@ from typing import Any
 from ..runtime import cpu as cpu_runtime
 
 
+def forward_plan(state: Any, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, output) on checked arrays, its copy chosen once (cpu.copy_plan)."""
+    output = state.shapes["output_shape"]
+    copy, dims = cpu_runtime.copy_plan(output.numel * output.dtype.itemsize, threads), output.dims
+    return lambda state, input, output: copy(output, input.reshape(dims))
+
+
 def forward(input: Any, output: Any) -> None:
     """output = input.reshape(output dims), copied."""
     cpu_runtime.cpu_copy(output, input.reshape(output.shape))

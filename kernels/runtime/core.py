@@ -324,13 +324,6 @@ def arrays_checked() -> Iterator[None]:
         _ARRAYS_CHECKED.on = previous
 
 
-def skip_array_checks(on: bool) -> None:
-    """arrays_checked() without the context manager, for a caller that restores arrays_are_checked()'s value
-    itself (in a finally): the functional layer's plans pay it once a call, where a generator costs a
-    microsecond (kernels/functional.py, _Plan.run)."""
-    _ARRAYS_CHECKED.on = on
-
-
 def arrays_are_checked() -> bool:
     """Whether this thread is inside arrays_checked(): an op's own checks of arrays outside check_call's
     rows (batch_norm's running statistics in its state) are skipped there too."""

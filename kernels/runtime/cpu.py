@@ -10,12 +10,11 @@ that many threads, and :func:`blas_threads` gives NumPy's BLAS that many for the
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -104,6 +103,54 @@ def cpu_threads() -> int:
     BLAS count so that a test may change one alone: the parts never change a result's bits, the
     BLAS thread count may (see blas_threads)."""
     return handle_threads()
+
+
+# np.errstate(all="ignore") at a tenth of its cost, for the calls of the functional layer's plans on tiny
+# tensors (kernels/functional.py), where errstate's making of its error-state object (0.8 us) cost more
+# than the ufuncs. NumPy 2 keeps the floating-point error modes of the running context in a context
+# variable, which errstate sets on entry to an object it makes from the current one and resets on exit:
+# ignore_fp_errors() sets that very object, made once for the current one (the last kept: a new current
+# one, set by the caller's own errstate or seterr, gets its own), and returns the token that
+# restore_fp_errors(token) resets, as errstate's exit does.
+try:
+    from numpy._core.umath import _extobj_contextvar, _make_extobj
+except ImportError:  # pragma: no cover - a NumPy without them (NumPy 2 has them): errstate itself
+    def ignore_fp_errors() -> Any:
+        state = np.errstate(all="ignore")
+        state.__enter__()
+        return state
+
+    def restore_fp_errors(token: Any) -> None:
+        token.__exit__(None, None, None)
+else:
+    _IGNORING: tuple[Any, Any] = (None, None)  # (an error state, that state with every error ignored)
+
+    def ignore_fp_errors() -> Any:
+        """As entering np.errstate(all="ignore"); returns the token to give restore_fp_errors (in a finally)."""
+        global _IGNORING
+        current = _extobj_contextvar.get()
+        last = _IGNORING
+        if last[0] is not current:
+            last = _IGNORING = (current, _make_extobj(all="ignore"))  # one tuple: threads see both or neither
+        return _extobj_contextvar.set(last[1])
+
+    restore_fp_errors = _extobj_contextvar.reset
+
+
+def with_threads(function: Callable[..., Any], threads: int) -> Callable[..., Any]:
+    """function, called with `threads` as the thread count of the CPU kernel running in this thread, as
+    cpu_kernel makes its handle's for a call: for an op's CPU code run past its entry point, on a count
+    decided once (the functional layer's plans: kernels/functional.py, _Plan)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        previous = getattr(_CALL, "threads", None)
+        _CALL.threads = threads
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _CALL.threads = previous
+
+    return call
 
 
 def cpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -339,6 +386,13 @@ def cpu_copy(destination: np.ndarray, source: np.ndarray) -> None:
     cpu_parts(_copy, destination, source)
 
 
+def copy_plan(nbytes: int, threads: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """cpu_copy(destination, source) for the calls of a functional plan (kernels/functional.py) whose
+    destinations are `nbytes` bytes, with `threads` as the handle's count: np.copyto itself where cpu_parts
+    makes one call of it (under PARALLEL_MIN_BYTES)."""
+    return np.copyto if nbytes < PARALLEL_MIN_BYTES else with_threads(cpu_copy, threads)
+
+
 # --------------------------------------------------------------------------- BLAS
 
 _BLAS: list[Any] | None = None  # threadpoolctl's controllers of NumPy's BLAS, found on first use
@@ -367,24 +421,29 @@ def blas_info() -> list[dict[str, Any]]:
     return [controller.info() for controller in blas_controllers()]
 
 
-@contextlib.contextmanager
-def blas_threads() -> Iterator[None]:
-    """Inside the block NumPy's BLAS uses handle_threads() threads (the running kernel's handle's);
-    the counts it had are restored after. The GEMMs of conv_2d and batch_matmul run inside one.
+class blas_threads:  # noqa: N801 - a context manager used as the function it was (a class: a third of a generator's cost)
+    """Inside the block NumPy's BLAS uses `threads` threads (None: handle_threads(), the running kernel's
+    handle's); the counts it had are restored after. The GEMMs of conv_2d and batch_matmul run inside one.
     OpenBLAS may sum a GEMM in another order with another thread count (conv_2d's filter gradient
     differs in the last bits between 1 and 3 threads), so a result's bits depend on the handle's
     threads wherever a GEMM computes it; for a given count they are the same on every run."""
-    threads = handle_threads()
-    changed = []
-    for controller in blas_controllers():
-        before = controller.get_num_threads()
-        if before != threads:
-            controller.set_num_threads(threads)
-            changed.append((controller, before))
-    try:
-        yield
-    finally:
-        for controller, before in changed:
+
+    __slots__ = ("threads", "changed")
+
+    def __init__(self, threads: int | None = None):
+        self.threads = handle_threads() if threads is None else threads
+
+    def __enter__(self) -> None:
+        threads = self.threads
+        self.changed = changed = []
+        for controller in blas_controllers():
+            before = controller.get_num_threads()
+            if before != threads:
+                controller.set_num_threads(threads)
+                changed.append((controller, before))
+
+    def __exit__(self, *exc: Any) -> None:
+        for controller, before in self.changed:
             controller.set_num_threads(before)
 
 

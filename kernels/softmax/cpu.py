@@ -38,10 +38,24 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
     (cpu.cpu_parallel). The tensor is seen as (outer, size) when dim is the last one, else as
     (outer, size, inner); dim is axis 1 of every block, and each block reduces over it exactly
     as a call on the whole tensor does (a row's arithmetic does not depend on its neighbours)."""
+    nbytes = sum(a.nbytes for a in arrays)
+    view_dims, blocks, function = _blocks(state, function, nbytes)
+    views = [a.reshape(view_dims) for a in arrays]
+
+    def run(first: int, last: int) -> None:
+        cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
+        for block in blocks[first:last]:
+            function(*(view[block] for view in views))
+
+    cpu.cpu_parallel(run, len(blocks), nbytes)
+
+
+def _blocks(state: core.KernelState, function: Any, nbytes: int) -> tuple[tuple[int, ...], list[tuple], Any]:
+    """_cpu_blocks' view of the arrays (their dims), its blocks (indices into the view) and the function
+    to call on them, for a pass over `nbytes` bytes of the state's form."""
     dims = state.shapes["input_shape"].dims
     axis = _axis(state)
     outer, size, inner = core.numel(dims[:axis]), dims[axis], core.numel(dims[axis + 1:])
-    nbytes = sum(a.nbytes for a in arrays)
     ways = cpu.parallel_parts(nbytes)
     length = cpu.block_length(nbytes, outer * size * inner, CPU_BLOCK_ELEMENTS, PARALLEL_BLOCK_ELEMENTS)
 
@@ -51,13 +65,13 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
         return min(count, -(-parts // ways) * ways)
 
     if inner == 1:
-        views = [a.reshape(outer, size) for a in arrays]
+        view_dims: tuple[int, ...] = (outer, size)
         rows = -(-outer // even(outer, length // size))
         blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
         cpu_paths.reach_if(ROWS_BLOCKS_PATH, len(blocks) > 1 and size <= length)
         cpu_paths.reach_if(ROWS_LONG_PATH, size > length)
     else:
-        views = [a.reshape(outer, size, inner) for a in arrays]
+        view_dims = (outer, size, inner)
         if size * inner <= length:
             rows = -(-outer // even(outer, length // (size * inner)))
             blocks = [(slice(start, start + rows),) for start in range(0, outer, rows)]
@@ -76,20 +90,32 @@ def _cpu_blocks(state: core.KernelState, function: Any, *arrays: np.ndarray) -> 
                 # and in float32 that sum drifts by hundreds of ulps over tens of thousands of
                 # terms; float64 sums keep it to the last bit or two.
                 function = functools.partial(function, accumulate=np.float64)
+    return view_dims, blocks, function
 
-    def run(first: int, last: int) -> None:
-        cpu_paths.reach_part(THREADS_PATH, first, last, len(blocks))
-        for block in blocks[first:last]:
-            function(*(view[block] for view in views))
 
-    cpu.cpu_parallel(run, len(blocks), nbytes)
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, output) on checked arrays, the blocks worked out once (for `threads`, the
+    handle's count); a form of one block (the whole tensor) gets the block function's call alone."""
+    shape = state.shapes["input_shape"]
+    function = _in_compute_dtype(_cpu_forward_block, shape.dtype)
+    if shape.numel == 0:
+        return lambda state, input, output: None
+    view_dims, blocks, function = cpu.with_threads(_blocks, threads)(state, function, 2 * shape.numel * shape.dtype.itemsize)
+    if len(blocks) > 1:
+        return cpu.with_threads(lambda state, input, output: forward(state, input, output), threads)
+    if view_dims == shape.dims:
+        return lambda state, input, output: function(input, output)
+    return lambda state, input, output: function(input.reshape(view_dims), output.reshape(view_dims))
 
 
 def _cpu_forward_block(x: np.ndarray, y: np.ndarray, accumulate: Any = None) -> None:
     """Softmax along axis 1 of a block; `accumulate`: the dtype of the sum (None: the block's)."""
-    np.subtract(x, np.max(x, axis=1, keepdims=True), out=y)
-    np.exp(y, out=y)
-    np.divide(y, np.sum(y, axis=1, keepdims=True, dtype=accumulate), out=y)
+    # The ufuncs' reduce (axis 1, dtype, out None, keepdims), which np.max and np.sum call after Python of
+    # a microsecond each: a tiny tensor's time.
+    np.subtract(x, np.maximum.reduce(x, 1, None, None, True), y)
+    np.exp(y, y)
+    np.divide(y, np.add.reduce(y, 1, accumulate, None, True), y)
 
 
 def _cpu_backward_block(y: np.ndarray, g: np.ndarray, dx: np.ndarray, accumulate: Any = None) -> None:

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..concat.cpu import cpu_cut, cpu_join
+from ..concat.cpu import cpu_cut, cpu_join, move_plan
 
 if TYPE_CHECKING:
     from ..runtime import core
+
+
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, outputs) on checked arrays."""
+    move = move_plan(state.saved["layout"], state.shapes["input_shape"], threads, False)
+    return lambda state, input, outputs: move(input, outputs)
 
 
 def forward(state: core.KernelState, input: Any, outputs: Sequence[Any]) -> None:

@@ -14,6 +14,14 @@ if TYPE_CHECKING:
     from .attrs import TransposeAttrs
 
 
+def forward_plan(state: Any, attrs: TransposeAttrs, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, output) on checked arrays, its copy chosen once (cpu.copy_plan)."""
+    output = state.shapes["output_shape"]
+    copy, permutation = cpu_runtime.copy_plan(output.numel * output.dtype.itemsize, threads), attrs.permutation
+    return lambda state, input, output: copy(output, input.transpose(permutation))
+
+
 def forward(attrs: TransposeAttrs, input: Any, output: Any) -> None:
     """output = input.transpose(permutation)."""
     cpu_runtime.cpu_copy(output, input.transpose(attrs.permutation))

@@ -148,6 +148,12 @@ def _cpu_bilinear_backward(output_grad, input_grad, scale) -> None:
 
 
 
+def forward_plan(state: core.KernelState, attrs: UpsampleAttrs, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, output) on checked arrays, with `threads` as the handle's thread count."""
+    return cpu.with_threads(lambda state, input, output: forward(attrs, input, output), threads)
+
+
 def forward(attrs: UpsampleAttrs, input: core.Array, output: core.Array) -> None:
     """output = input upsampled by scale_factor (NEAREST or BILINEAR), in parts of whole planes shared out
     to the threads (an output element reads only its own plane)."""
