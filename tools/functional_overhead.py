@@ -23,12 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 import kernels.functional as F  # noqa: E402
 
 
-def _timed(function, runs: int, sync) -> float:
-    for _ in range(20):
+def median_us(function, runs: int, sync, warmup: int = 20, loops: int = 7) -> float:
+    """The median over `loops` loops of `runs` calls of `function` (after `warmup` calls), in us a call; each
+    loop ends with `sync()` (torch.cuda.synchronize on CUDA). tools/torch_bridge_overhead.py times with it too."""
+    for _ in range(warmup):
         function()
     sync()
     samples = []
-    for _ in range(7):
+    for _ in range(loops):
         start = time.perf_counter()
         for _ in range(runs):
             function()
@@ -94,7 +96,7 @@ def main() -> None:
     for name, (ours, theirs) in cases(device).items():
         if arguments.only and arguments.only not in name:
             continue
-        a, b = _timed(ours, arguments.runs, sync), _timed(theirs, arguments.runs, sync)
+        a, b = median_us(ours, arguments.runs, sync), median_us(theirs, arguments.runs, sync)
         ratios.append(a / b)
         print(f"{name:<26}{a:>10.1f}{b:>10.1f}{a / b:>8.1f}")
     print(f"{'geometric mean':<26}{'':>20}{statistics.geometric_mean(ratios):>8.1f}")

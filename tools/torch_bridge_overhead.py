@@ -11,30 +11,20 @@ of the enqueueing dominates at these sizes either way).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone, as the other tools
+from functional_overhead import median_us  # noqa: E402  (tools/, this script's folder)
+
 import kernels.functional as F  # noqa: E402
 import kernels.torch as KT  # noqa: E402
 
 
 def _timed(function, runs: int, sync) -> float:
-    for _ in range(3):
-        function()
-    sync()
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(runs):
-            function()
-        sync()
-        samples.append((time.perf_counter() - start) / runs * 1e6)
-    return statistics.median(samples)
+    return median_us(function, runs, sync, warmup=3, loops=5)
 
 
 def main() -> None:
