@@ -771,6 +771,29 @@ def test_plans_keep_the_checks():
         F.add(a, distinct(3, 4))
 
 
+def test_an_unhashable_argument_takes_the_full_path_every_call():
+    """permute's dims as a NumPy array: a valid argument that no form can hold, so no plan is kept for it."""
+    F.clear_cache()
+    x = distinct(2, 3, 4)
+    for _ in range(2):
+        check(F.permute(x, np.array([2, 0, 1])), np.transpose(x, (2, 0, 1)))
+    assert F._PLANS == {}
+    F.permute(x, (2, 0, 1))
+    assert len(F._PLANS) == 1
+
+
+def test_the_plans_are_dropped_together_past_their_limit(monkeypatch):
+    """Dims that change every call must not grow the plans without bound: past _PLAN_LIMIT forms they are
+    all dropped, and the call that found them full starts again with its own."""
+    F.clear_cache()
+    monkeypatch.setattr(F, "_PLAN_LIMIT", 2)
+    for n in (2, 3, 4):
+        x = distinct(n, 4)
+        check(F.relu(x), np.maximum(x, 0))
+        check(F.relu(x), np.maximum(x, 0))  # on its plan
+    assert [form[1] for form in F._PLANS] == [(4, 4)]
+
+
 def test_context_misuse_raises(dev):
     x = dev.array(dyadic(2, 3, 4, 5))
     with pytest.raises(kernels.StateError, match="relu_backward: ctx: expected a context holding a relu forward"):
