@@ -285,8 +285,8 @@ def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: boo
             start = time.perf_counter()
             with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
                 result = run_case(case, store.get(case), device, schedules, backend)
-            tally(paths, recording, result.key)
-            tally(cpu_seen, cpu_recording, result.key)
+            tally(paths, recording.counts, result.key)
+            tally(cpu_seen, cpu_recording.counts, result.key)
             seconds.append(time.perf_counter() - start)
             results.append(result)
             if sys.stderr.isatty():
