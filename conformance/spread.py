@@ -145,31 +145,42 @@ def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, s
     live = [launch(_Worker(number, [(d, c) for d in range(len(devices)) for c in share]))
             for number, share in enumerate(deal(len(cases), jobs)) if share]
     while live:
-        ready = multiprocessing.connection.wait([worker.connection for worker in live])
-        for worker in [w for w in live if w.connection in ready]:
+        # A worker's death ends its pipe, unless a child of its own outlives it holding the pipe (and the
+        # process's sentinel) open: hence the timeout, and the exit status asked for each time.
+        ready = multiprocessing.connection.wait([worker.connection for worker in live], timeout=1.0)
+        for worker in list(live):
+            ended = worker.process.exitcode is not None  # before reading: all it sent is in the pipe by now
+            if not ended and worker.connection not in ready:
+                continue
             try:
-                message = worker.connection.recv()
-            except EOFError:  # the process has ended: every message it sent has been read
+                while worker.connection.poll():
+                    _receive(worker, worker.connection.recv(), outcomes)
+            except (EOFError, OSError):  # every message it sent has been read (OSError: a message cut short)
+                ended = True
+            if ended:
                 worker.process.join()
                 worker.connection.close()
                 live.remove(worker)
                 worker.items = _ended(worker, cases, devices, outcomes)
                 if worker.items:
                     live.append(launch(worker))
-                continue
-            item = worker.items[message[1]]
-            if message[0] == "start":
-                worker.running, worker.started = item, time.perf_counter()
-            else:
-                _, _, fields, seconds, gpu_counts, cpu_counts = message
-                outcomes[item] = (Result(**fields), seconds, gpu_counts, cpu_counts)
-                worker.running, worker.ran = None, worker.ran + 1
     order = sorted(outcomes)
     for item in order:
         result, _, gpu_counts, cpu_counts = outcomes[item]
         tally(paths, gpu_counts, result.key)
         tally(cpu_seen, cpu_counts, result.key)
     return [outcomes[item][0] for item in order], [outcomes[item][1] for item in order]
+
+
+def _receive(worker: _Worker, message: tuple, outcomes: dict[Item, tuple[Result, float, dict, dict]]) -> None:
+    """Take a worker's message: ("start", n) or ("done", n, result, seconds, GPU paths, CPU paths)."""
+    item = worker.items[message[1]]
+    if message[0] == "start":
+        worker.running, worker.started = item, time.perf_counter()
+    else:
+        _, _, fields, seconds, gpu_counts, cpu_counts = message
+        outcomes[item] = (Result(**fields), seconds, gpu_counts, cpu_counts)
+        worker.running, worker.ran = None, worker.ran + 1
 
 
 def _ended(worker: _Worker, cases: list[Case], devices: list[str],

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -123,11 +124,20 @@ class UnsupportedInCall(Backend):
 
 class _CrashingTranspose(_Transpose):
     """kernels' transpose, whose forward kills its process on two inputs: SIGSEGV on float32 (2, 3, 4)
-    (transpose/3d_cycle_201), os._exit(3) on uint8 (transpose/3d_021_uint8)."""
+    (transpose/3d_cycle_201; with CRASH_LEAVES_CHILD set to a file, after forking a child that sleeps a
+    minute and writing its pid there),
+    os._exit(3) on uint8 (transpose/3d_021_uint8)."""
 
     @staticmethod
     def forward_kernel(stream, handle, state, attrs, input, output):
         if input.shape == (2, 3, 4) and input.dtype == np.float32:
+            if os.environ.get("CRASH_LEAVES_CHILD"):  # a child that holds the worker's pipe, its pid in that file
+                child = os.fork()
+                if child == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                with open(os.environ["CRASH_LEAVES_CHILD"], "w") as file:
+                    file.write(str(child))
             os.kill(os.getpid(), signal.SIGSEGV)
         if input.dtype == np.uint8:
             os._exit(3)
@@ -278,6 +288,21 @@ def test_a_worker_that_dies_before_its_first_case_fails_its_cases(capsys, monkey
     assert "the backend's process exited with status 4 before this case started" in out
     assert out.rstrip().endswith("0 passed, 1 failed, 0 skipped (backend crashing)")
     assert "[worker 0: the process exited with status 4 before its first case; its 1 cases failed]" in err
+
+
+def test_a_worker_that_dies_is_seen_dead_though_its_child_holds_its_pipe(capsys, monkeypatch, tmp_path):
+    """A library that forks leaves a child holding the worker's pipe open after the worker dies: the run
+    notices the death by the worker's exit status, not the pipe's end, and does not wait for the child."""
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("CRASH_LEAVES_CHILD", str(pid_file))
+    start = time.monotonic()
+    try:
+        status, out, _ = run_main(capsys, cli.main, [*CRASH_ARGV[:-1], "transpose/3d_cycle_2*", "--isolate"])
+        assert time.monotonic() - start < 40  # the child sleeps 60 s
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert status == 1 and "the backend's process died with SIGSEGV (signal 11) during this case" in out
 
 
 # --------------------------------------------------------------------------- the C ABI, on the example library
