@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="run the cases in worker processes even with --jobs 1: a backend that crashes (a "
                              "segfault, an exit) fails the case it crashed in, naming the signal, and a fresh worker "
                              "goes on with the rest (default: on for c:PATH backends, off for the others; "
-                             "--no-isolate runs a c:PATH backend in this process)")
+                             "--no-isolate runs a c:PATH backend in this process, where --jobs is 1)")
     parser.add_argument("--backend", metavar="BACKEND", default=os.environ.get("KERNELS_BACKEND", "kernels"),
                         help="the kernel library to judge: kernels, torch, torch-strict, c:PATH or module:attr "
                              "(default: $KERNELS_BACKEND, else kernels)")

@@ -253,6 +253,13 @@ def test_death_names_the_signal_or_the_exit_status():
     assert death(3) == "exited with status 3"
 
 
+def test_isolation_is_a_backends_default_that_it_may_declare():
+    from conformance.backends import adapt
+
+    assert (KERNELS.isolate, load("tests.test_backends:Crashing").isolate) == (False, False)
+    assert adapt(type("Fragile", (), {"isolate": True})()).isolate is True
+
+
 def test_a_case_that_crashes_its_process_fails_and_the_run_goes_on(capsys, tmp_path):
     """--isolate: the two cases whose process died fail, naming how, in the printed report, JSON and JUnit;
     the one between them passes, in a fresh process; --jobs 2 gives the same results in the same order."""
