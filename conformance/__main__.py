@@ -83,7 +83,10 @@ examples:
   python -m conformance --backend torch --device cpu
                                                  judge PyTorch's ops instead (docs/backends.md)
   python -m conformance --backend c:./libmykernels.so --device cpu
-                                                 judge a library of the C ABI (kernels_backend.h)
+                                                 judge a library of the C ABI (kernels_backend.h), in a
+                                                 worker process: a crash fails only the case it hit
+  python -m conformance --backend mypkg.mymod:BACKEND --isolate
+                                                 the same isolation for any backend
 
 backends (--backend, or the environment variable KERNELS_BACKEND):
   kernels        this library (the default)
@@ -93,7 +96,9 @@ backends (--backend, or the environment variable KERNELS_BACKEND):
   c:PATH         a shared library exporting kb_<op>_forward / kb_<op>_backward
                  (conformance/backends/kernels_backend.h)
   module:attr    any Python object of the protocol (docs/backends.md)
-  Cases a backend cannot run are skipped with its reason.
+  Cases a backend cannot run are skipped with its reason. With --isolate (the default
+  for c:PATH) or --jobs N the cases run in spawned worker processes; a case in which
+  one dies is failed with the signal or exit status, and a fresh worker goes on.
 """
 
 
@@ -146,7 +151,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=_jobs, default=1, metavar="N",
                         help="deal the cases out to N worker processes (default 1: this one); 'gpus': one per "
                              "visible GPU. Worker w runs the cases of --device gpu on CUDA device w mod (visible "
-                             "GPUs); the merged results read as a run in one process")
+                             "GPUs); the merged results read as a run in one process. A worker that dies in a "
+                             "case (a crash) fails that case and a fresh one goes on")
+    parser.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the cases in worker processes even with --jobs 1: a backend that crashes (a "
+                             "segfault, an exit) fails the case it crashed in, naming the signal, and a fresh worker "
+                             "goes on with the rest (default: on for c:PATH backends, off for the others; "
+                             "--no-isolate runs a c:PATH backend in this process, where --jobs is 1)")
     parser.add_argument("--backend", metavar="BACKEND", default=os.environ.get("KERNELS_BACKEND", "kernels"),
                         help="the kernel library to judge: kernels, torch, torch-strict, c:PATH or module:attr "
                              "(default: $KERNELS_BACKEND, else kernels)")
@@ -231,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
 
     paths: dict[str, dict] = {}
     cpu_seen: dict[str, dict] = {}
-    if arguments.jobs > 1:
+    isolate = backend.isolate if arguments.isolate is None else arguments.isolate
+    if arguments.jobs > 1 or isolate:
         results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths, cpu_seen,
                                       arguments.backend)
         if arguments.verbose:
@@ -285,8 +297,8 @@ def _run(store: GoldenStore, cases: list[Case], devices: list[str], verbose: boo
             start = time.perf_counter()
             with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
                 result = run_case(case, store.get(case), device, schedules, backend)
-            tally(paths, recording, result.key)
-            tally(cpu_seen, cpu_recording, result.key)
+            tally(paths, recording.counts, result.key)
+            tally(cpu_seen, cpu_recording.counts, result.key)
             seconds.append(time.perf_counter() - start)
             results.append(result)
             if sys.stderr.isatty():

@@ -1,16 +1,23 @@
-"""`python -m conformance --jobs N`: the chosen cases dealt out to N worker processes, each running
-its share on every chosen device, and the results merged back into the order of a run in one
-process. Worker w runs the cases of the device named `gpu` on CUDA device w mod (visible devices), so
-N = the number of GPUs gives one worker per GPU; a device named `gpu:N` stays on device N. Results
-keep the device names asked for: a merged run reads exactly as a run in one process does."""
+"""`python -m conformance --jobs N` and `--isolate`: the chosen cases run in N worker processes
+(spawned, never forked: CUDA must never be forked), each running its share on every chosen device,
+and the results merged back into the order of a run in one process. Worker w runs the cases of the
+device named `gpu` on CUDA device w mod (visible devices), so N = the number of GPUs gives one worker
+per GPU; a device named `gpu:N` stays on device N. Results keep the device names asked for: a merged
+run reads exactly as a run in one process does.
+
+A worker reports each case as it starts it and as it finishes it. A worker that dies in the middle of
+a case (a signal, a non-zero exit: a backend that crashes) has that case failed with how it died, and
+a fresh worker of the same number goes on with the rest of its share."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import multiprocessing
+import multiprocessing.connection
+import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from kernels.runtime import cpu_paths, gpu_paths
 
@@ -18,8 +25,8 @@ from .case import Case
 from .harness import release_gpu_memory
 from .runner import Result, run_case
 
-# (device, case index) -> (result, seconds) for each case a worker ran, and its named GPU paths.
-WorkerOutput = tuple[list[tuple[dict, float]], dict[str, dict], dict[str, dict]]
+# One case on one device: (device index, case index) into the run's devices and cases.
+Item = tuple[int, int]
 
 
 def visible_gpus() -> int:
@@ -48,11 +55,11 @@ def deal(count: int, jobs: int) -> list[list[int]]:
     return [list(range(worker, count, jobs)) for worker in range(jobs)]
 
 
-def work(goldens: str, keys: list[str], devices: list[str], schedules: list[str] | None, worker: int,
-         gpus: int, backend: str = "kernels") -> WorkerOutput:
-    """One worker's share, in its own process: every case of `keys` on every device (in the order of a
-    run in one process) through the backend named `backend` (backends.load), each result relabelled
-    with the device name asked for."""
+def work(connection: Any, goldens: str, items: list[tuple[str, str]], schedules: list[str] | None, worker: int,
+         gpus: int, backend: str = "kernels") -> None:
+    """One worker's share, in its own process: each (device, case key) of `items` in turn through the backend
+    named `backend` (backends.load), sending ("start", n) before item n and ("done", n, result, seconds, GPU
+    paths, CPU paths) after it, each result relabelled with the device name asked for."""
     from .backends import load
     from .cases import all_cases
     from .golden import GoldenStore
@@ -60,58 +67,146 @@ def work(goldens: str, keys: list[str], devices: list[str], schedules: list[str]
     judged = load(backend)
     store = GoldenStore(goldens)
     by_key = {case.key: case for case in all_cases()}
-    outputs: list[tuple[dict, float]] = []
-    paths: dict[str, dict] = {}
-    cpu_seen: dict[str, dict] = {}
-    for device in devices:
-        where = worker_device(device, worker, gpus)
-        for key in keys:
-            case = by_key[key]
-            start = time.perf_counter()
-            with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
-                result = run_case(case, store.get(case), where, schedules, judged)
-            result.device = device
-            tally(paths, recording, result.key)
-            tally(cpu_seen, cpu_recording, result.key)
-            outputs.append((asdict(result), time.perf_counter() - start))
+    for n, (device, key) in enumerate(items):
+        connection.send(("start", n))
+        case = by_key[key]
+        start = time.perf_counter()
+        with gpu_paths.recording() as recording, cpu_paths.recording() as cpu_recording:
+            result = run_case(case, store.get(case), worker_device(device, worker, gpus), schedules, judged)
+        result.device = device
+        connection.send(("done", n, asdict(result), time.perf_counter() - start, dict(recording.counts),
+                         dict(cpu_recording.counts)))
     release_gpu_memory()
-    return outputs, paths, cpu_seen
+    connection.close()
 
 
-def tally(seen: dict[str, dict], recording, key: str) -> None:
-    """Add a case's recording (gpu_paths' or cpu_paths') to `seen`: name -> {"first": case key, "count"}."""
-    for name, count in recording.counts.items():
+def tally(seen: dict[str, dict], counts: dict[str, int], key: str) -> None:
+    """Add a case's counts of named paths (a gpu_paths or cpu_paths recording's) to `seen`: name -> {"first":
+    case key, "count"}."""
+    for name, count in counts.items():
         seen.setdefault(name, {"first": key, "count": 0})["count"] += count
+
+
+def death(exitcode: int | None) -> str:
+    """How a worker process ended, in words: `died with SIGSEGV (signal 11)`, `exited with status 3`."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"died with {name} (signal {-exitcode})"
+    return f"exited with status {exitcode}"
+
+
+def crashed(case: Case, device: str, how: str, started: bool) -> Result:
+    """The failed result of a case whose process died (`how`, death's words) in it, or before it started."""
+    when = "during this case (the run went on without it)" if started else \
+        "before this case started, in a fresh process that had run no case yet: the case did not run"
+    return Result(case.op, case.name, device, "failed", f"{case.op} / {case.name} / {device}:\n"
+                  f"the backend's process {how} {when}")
+
+
+@dataclass
+class _Worker:
+    """A worker's number, and its process: the items handed to it (in order), the one it has started and not
+    finished, and how many it finished."""
+
+    number: int
+    items: list[Item]
+    process: Any = None
+    connection: Any = None
+    running: Item | None = None
+    started: float = 0.0
+    ran: int = 0
 
 
 def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, schedules: list[str] | None,
                paths: dict[str, dict], cpu_seen: dict[str, dict] | None = None,
                backend: str = "kernels") -> tuple[list[Result], list[float]]:
-    """Every case on every device over `jobs` worker processes (spawned: CUDA is never forked); the results
-    and seconds in the order of a run in one process (devices, then cases), the GPU paths merged into
-    `paths` and the CPU paths into `cpu_seen` (each path's first case: the first in that order)."""
+    """Every case on every device over `jobs` worker processes (spawned: CUDA is never forked), each replaced
+    by a fresh one where it dies; the results and seconds in the order of a run in one process (devices, then
+    cases), the GPU paths merged into `paths` and the CPU paths into `cpu_seen` (each path's first case: the
+    first in that order)."""
     cpu_seen = {} if cpu_seen is None else cpu_seen
     gpus = visible_gpus() if "gpu" in devices else 0
-    index = {case.key: i for i, case in enumerate(cases)}
-    shares = [[cases[i].key for i in share] for share in deal(len(cases), jobs)]
     context = multiprocessing.get_context("spawn")
-    gathered: list[tuple[dict, float]] = []
-    found: list[tuple[dict[str, dict], dict[str, dict]]] = []
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(work, goldens, share, devices, schedules, worker, gpus, backend)
-                   for worker, share in enumerate(shares) if share]
-        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            outputs, worker_paths, worker_cpu = future.result()
-            gathered += outputs
-            found += [(paths, worker_paths), (cpu_seen, worker_cpu)]
-            print(f"[worker {done}/{len(futures)} done: {len(outputs)} results]", file=sys.stderr, flush=True)
-    gathered.sort(key=lambda item: (devices.index(item[0]["device"]), index[f"{item[0]['op']}/{item[0]['case']}"]))
-    results = [Result(**fields) for fields, _ in gathered]
-    order = {result.key: n for n, result in enumerate(results)}
-    for into, worker_paths in found:
-        for name, entry in worker_paths.items():
-            merged = into.setdefault(name, {"first": entry["first"], "count": 0})
-            merged["count"] += entry["count"]
-            if order[entry["first"]] < order[merged["first"]]:
-                merged["first"] = entry["first"]
-    return results, [seconds for _, seconds in gathered]
+    outcomes: dict[Item, tuple[Result, float, dict, dict]] = {}
+
+    def launch(worker: _Worker) -> _Worker:
+        receive, send = context.Pipe(duplex=False)
+        items = [(devices[d], cases[c].key) for d, c in worker.items]
+        worker.process = context.Process(target=work, args=(send, goldens, items, schedules, worker.number, gpus,
+                                                            backend), daemon=True)
+        worker.process.start()
+        send.close()  # the worker's end: it alone holds it now, so its death ends the pipe
+        worker.connection, worker.running, worker.ran = receive, None, 0
+        return worker
+
+    live = [launch(_Worker(number, [(d, c) for d in range(len(devices)) for c in share]))
+            for number, share in enumerate(deal(len(cases), jobs)) if share]
+    while live:
+        # A worker's death ends its pipe, unless a child of its own outlives it holding the pipe (and the
+        # process's sentinel) open: hence the timeout, and the exit status asked for each time.
+        ready = multiprocessing.connection.wait([worker.connection for worker in live], timeout=1.0)
+        for worker in list(live):
+            ended = worker.process.exitcode is not None  # before reading: all it sent is in the pipe by now
+            if not ended and worker.connection not in ready:
+                continue
+            try:
+                while worker.connection.poll():
+                    _receive(worker, worker.connection.recv(), outcomes)
+            except (EOFError, OSError):  # every message it sent has been read (OSError: a message cut short)
+                ended = True
+            if ended:
+                worker.process.join()
+                worker.connection.close()
+                live.remove(worker)
+                worker.items = _ended(worker, cases, devices, outcomes)
+                if worker.items:
+                    live.append(launch(worker))
+    order = sorted(outcomes)
+    for item in order:
+        result, _, gpu_counts, cpu_counts = outcomes[item]
+        tally(paths, gpu_counts, result.key)
+        tally(cpu_seen, cpu_counts, result.key)
+    return [outcomes[item][0] for item in order], [outcomes[item][1] for item in order]
+
+
+def _receive(worker: _Worker, message: tuple, outcomes: dict[Item, tuple[Result, float, dict, dict]]) -> None:
+    """Take a worker's message: ("start", n) or ("done", n, result, seconds, GPU paths, CPU paths)."""
+    item = worker.items[message[1]]
+    if message[0] == "start":
+        worker.running, worker.started = item, time.perf_counter()
+    else:
+        _, _, fields, seconds, gpu_counts, cpu_counts = message
+        outcomes[item] = (Result(**fields), seconds, gpu_counts, cpu_counts)
+        worker.running, worker.ran = None, worker.ran + 1
+
+
+def _ended(worker: _Worker, cases: list[Case], devices: list[str],
+           outcomes: dict[Item, tuple[Result, float, dict, dict]]) -> list[Item]:
+    """Account for a worker process that has ended; the items a fresh process must go on with. A case it
+    died in is failed with how it died; where it died before its first case, a fresh one would too, and
+    the rest are failed."""
+    left = [item for item in worker.items if item not in outcomes and item != worker.running]
+    how = death(worker.process.exitcode)
+    name = f"worker {worker.number}"
+    if worker.running is not None:
+        d, c = worker.running
+        outcomes[worker.running] = (crashed(cases[c], devices[d], how, True), time.perf_counter() - worker.started,
+                                    {}, {})
+        print(f"[{name}: the process {how} during {cases[c].key}[{devices[d]}]; "
+              f"{len(left)} cases left to a fresh process]", file=sys.stderr, flush=True)
+    elif not left:
+        print(f"[{name} done: {worker.ran} results" + ("" if worker.process.exitcode == 0 else
+              f"; then the process {how}") + "]", file=sys.stderr, flush=True)
+    elif worker.ran == 0:
+        for d, c in left:
+            outcomes[(d, c)] = (crashed(cases[c], devices[d], how, False), 0.0, {}, {})
+        print(f"[{name}: the process {how} before its first case; its {len(left)} cases failed]",
+              file=sys.stderr, flush=True)
+        return []
+    else:
+        print(f"[{name}: the process {how} between two cases; {len(left)} cases left to a fresh process]",
+              file=sys.stderr, flush=True)
+    return left

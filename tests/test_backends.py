@@ -4,10 +4,13 @@ what one lacks is skipped with the reason), the C ABI through the example librar
 passes its goldens; its broken build fails them), and the command line and pytest options."""
 
 import json
+import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -119,6 +122,40 @@ class UnsupportedInCall(Backend):
         return Op
 
 
+class _CrashingTranspose(_Transpose):
+    """kernels' transpose, whose forward kills its process on two inputs: SIGSEGV on float32 (2, 3, 4)
+    (transpose/3d_cycle_201; with CRASH_LEAVES_CHILD set to a file, after forking a child that sleeps a
+    minute and writing its pid there),
+    os._exit(3) on uint8 (transpose/3d_021_uint8)."""
+
+    @staticmethod
+    def forward_kernel(stream, handle, state, attrs, input, output):
+        if input.shape == (2, 3, 4) and input.dtype == np.float32:
+            if os.environ.get("CRASH_LEAVES_CHILD"):  # a child that holds the worker's pipe, its pid in that file
+                child = os.fork()
+                if child == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                with open(os.environ["CRASH_LEAVES_CHILD"], "w") as file:
+                    file.write(str(child))
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if input.dtype == np.uint8:
+            os._exit(3)
+        kernels.transpose.forward_kernel(stream, handle, state, attrs, input, output)
+
+
+class Crashing:
+    """A backend of one op, transpose, that crashes on two cases. With CRASH_AT_LOAD set, it exits as it is
+    made in a worker process (multiprocessing's child), before any case."""
+
+    name = "crashing"
+    transpose = _CrashingTranspose
+
+    def __init__(self):
+        if os.environ.get("CRASH_AT_LOAD") and multiprocessing.parent_process() is not None:
+            os._exit(4)
+
+
 def test_a_backend_wrong_in_one_element_is_caught(store):
     backend = load("tests.test_backends:Wrong")
     assert backend.name == "wrong"
@@ -200,6 +237,81 @@ def test_the_command_line_names_the_backend_and_its_skips(capsys, tmp_path):
     assert status == 2 and "--backend nonsense: unknown backend" in err
 
 
+# --------------------------------------------------------------------------- a backend that crashes
+
+CRASH_ARGV = ["--backend", "tests.test_backends:Crashing", "--device", "cpu", "--op", "transpose", "-k", "transpose/3d_[c0]*"]
+CRASHES = {"transpose/3d_cycle_201[cpu]": "died with SIGSEGV (signal 11)",
+           "transpose/3d_021_uint8[cpu]": "exited with status 3"}
+
+
+def test_death_names_the_signal_or_the_exit_status():
+    from conformance.spread import death
+
+    assert death(-11) == "died with SIGSEGV (signal 11)"
+    assert death(-signal.SIGKILL) == "died with SIGKILL (signal 9)"
+    assert death(-200) == "died with an unknown signal (signal 200)"
+    assert death(3) == "exited with status 3"
+
+
+def test_isolation_is_a_backends_default_that_it_may_declare():
+    from conformance.backends import adapt
+
+    assert (KERNELS.isolate, load("tests.test_backends:Crashing").isolate) == (False, False)
+    assert adapt(type("Fragile", (), {"isolate": True})()).isolate is True
+
+
+def test_a_case_that_crashes_its_process_fails_and_the_run_goes_on(capsys, tmp_path):
+    """--isolate: the two cases whose process died fail, naming how, in the printed report, JSON and JUnit;
+    the one between them passes, in a fresh process; --jobs 2 gives the same results in the same order."""
+    reports = []
+    for extra in (["--isolate"], ["--jobs", "2"]):
+        xml_path, json_path = tmp_path / "report.xml", tmp_path / "report.json"
+        status, out, err = run_main(capsys, cli.main, [*CRASH_ARGV, *extra, "--junit-xml", str(xml_path),
+                                                       "--json", str(json_path)])
+        assert status == 1
+        for key, how in CRASHES.items():
+            assert f"FAILED {key}\n" in out
+            assert f"the backend's process {how} during this case (the run went on without it)" in out
+            assert f"the process {how} during {key}" in err
+        assert out.rstrip().endswith("1 passed, 2 failed, 0 skipped (backend crashing)")
+        data = json.loads(json_path.read_text())
+        crashed = {f"{r['op']}/{r['case']}[{r['device']}]": r for r in data["results"] if r["status"] == "failed"}
+        assert set(crashed) == set(CRASHES)
+        assert all(CRASHES[key] in r["message"] and r["max_ulps"] is None for key, r in crashed.items())
+        failures = {case.get("name"): case.find("failure") for case in ET.parse(xml_path).getroot()[0].iter("testcase")}
+        assert {name for name, failure in failures.items() if failure is not None} == {"3d_cycle_201[cpu]",
+                                                                                       "3d_021_uint8[cpu]"}
+        assert "SIGSEGV (signal 11)" in failures["3d_cycle_201[cpu]"].text
+        reports.append(data["results"])
+    assert reports[0] == reports[1]
+
+
+def test_a_worker_that_dies_before_its_first_case_fails_its_cases(capsys, monkeypatch):
+    """A fresh worker that dies before it starts a case would die again: its cases fail, saying so, and the
+    run ends instead of starting workers forever."""
+    monkeypatch.setenv("CRASH_AT_LOAD", "1")
+    status, out, err = run_main(capsys, cli.main, [*CRASH_ARGV[:-1], "transpose/3d_cycle_1*", "--isolate"])
+    assert status == 1
+    assert "the backend's process exited with status 4 before this case started" in out
+    assert out.rstrip().endswith("0 passed, 1 failed, 0 skipped (backend crashing)")
+    assert "[worker 0: the process exited with status 4 before its first case; its 1 cases failed]" in err
+
+
+def test_a_worker_that_dies_is_seen_dead_though_its_child_holds_its_pipe(capsys, monkeypatch, tmp_path):
+    """A library that forks leaves a child holding the worker's pipe open after the worker dies: the run
+    notices the death by the worker's exit status, not the pipe's end, and does not wait for the child."""
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("CRASH_LEAVES_CHILD", str(pid_file))
+    start = time.monotonic()
+    try:
+        status, out, _ = run_main(capsys, cli.main, [*CRASH_ARGV[:-1], "transpose/3d_cycle_2*", "--isolate"])
+        assert time.monotonic() - start < 40  # the child sleeps 60 s
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert status == 1 and "the backend's process died with SIGSEGV (signal 11) during this case" in out
+
+
 # --------------------------------------------------------------------------- the C ABI, on the example library
 
 
@@ -226,6 +338,11 @@ def example(tmp_path_factory):
 @pytest.fixture(scope="module")
 def broken(tmp_path_factory):
     return _build(tmp_path_factory, "kb_broken", "-DBREAK_TRANSPOSE", "-DBREAK_SOFTMAX")
+
+
+@pytest.fixture(scope="module")
+def crashing(tmp_path_factory):
+    return _build(tmp_path_factory, "kb_crash", "-DCRASH_SOFTMAX")
 
 
 def _judge(library, store, ops=C_OPS):
@@ -261,6 +378,41 @@ def test_the_broken_c_example_fails(broken, store):
     assert {c.key for c in CASE_MODULES["transpose"].TABLE
             if list(c.attrs.permutation) != sorted(c.attrs.permutation) and c.inputs["input"].size} <= failed
     assert {"softmax/stable_pm1000", "softmax/f64_3d_dim0"} <= failed
+
+
+def test_a_c_library_that_crashes_fails_those_cases_and_the_run_goes_on(crashing, capsys, tmp_path):
+    """c:PATH runs in worker processes by default: the softmaxes that segfault fail, naming SIGSEGV, in the
+    report, JSON and JUnit; every other case of the three ops gets its verdict of the sound build."""
+    xml_path, json_path = tmp_path / "report.xml", tmp_path / "report.json"
+    status, out, _ = run_main(capsys, cli.main, ["--backend", f"c:{crashing}", "--device", "cpu",
+                                                 *(arg for op in C_OPS for arg in ("--op", op)),
+                                                 "--junit-xml", str(xml_path), "--json", str(json_path)])
+    assert status == 1
+    crashed = {"softmax/stable_pm1000", "softmax/stable_pm1000_dim0"}
+    results = json.loads(json_path.read_text())["results"]
+    for r in results:
+        key = f"{r['op']}/{r['case']}"
+        if key in crashed:
+            assert (r["status"], r["max_ulps"]) == ("failed", None)
+            assert "the backend's process died with SIGSEGV (signal 11) during this case" in r["message"]
+            continue
+        case = next(c for c in CASE_MODULES[r["op"]].TABLE if c.key == key)
+        floats = np.dtype(case.dtype) in (np.float32, np.float64)
+        assert r["status"] == ("passed" if floats or case.op == "transpose" else "skipped"), key
+    assert len(results) == sum(len(CASE_MODULES[op].TABLE) for op in C_OPS)
+    assert {f"FAILED {key}[cpu]" for key in crashed} == {line for line in out.splitlines() if line.startswith("FAILED")}
+    failures = [case for case in ET.parse(xml_path).getroot()[0].iter("testcase") if case.find("failure") is not None]
+    assert sorted(case.get("name") for case in failures) == ["stable_pm1000[cpu]", "stable_pm1000_dim0[cpu]"]
+    assert all("SIGSEGV (signal 11)" in case.find("failure").text for case in failures)
+
+
+def test_a_crashing_c_library_run_in_this_process_takes_it_down(crashing):
+    """--no-isolate runs the library in the command's own process: the segfault ends it, with no report."""
+    done = subprocess.run([sys.executable, "-m", "conformance", "--backend", f"c:{crashing}", "--device", "cpu",
+                           "--op", "softmax", "-k", "stable_pm1000_dim0", "--no-isolate"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == -signal.SIGSEGV
+    assert "passed" not in done.stdout
 
 
 def test_pytest_judges_a_backend_through_its_option(example):

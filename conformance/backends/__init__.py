@@ -41,11 +41,14 @@ class Backend:
     - ``views``: whether it takes tensors that are views at any element offset inside a larger
       allocation (the red zones). False: each tensor is handed as an allocation of its own, without
       margins, in the aligned layout only, and the report says margins were not applied.
+    - ``isolate``: whether `python -m conformance` runs it in worker processes unless told otherwise
+      (--isolate, --no-isolate), so that a crash fails one case, not the run: True for C libraries.
     """
 
     name = "backend"
     schedules: tuple[str, ...] = SCHEDULES
     views = True
+    isolate = False
 
     def op(self, name: str) -> Any:
         """The object with op `name`'s four functions, or None where the backend has no such op."""
@@ -92,6 +95,7 @@ class _Adapted(Backend):
         self.target, self.name = target, getattr(target, "name", name)
         self.schedules = tuple(getattr(target, "schedules", SCHEDULES))
         self.views = bool(getattr(target, "views", True))
+        self.isolate = bool(getattr(target, "isolate", False))
 
     def op(self, name: str) -> Any:
         if callable(getattr(self.target, "op", None)):

@@ -152,7 +152,10 @@ class _Op:
 
 
 class CBackend(Backend):
-    """A shared library of kernels_backend.h's ABI."""
+    """A shared library of kernels_backend.h's ABI. A C library can crash the process it runs in, so the
+    command line runs it in worker processes by default (isolate: a crash fails the case it hit)."""
+
+    isolate = True
 
     def __init__(self, path: str):
         self.path = path

@@ -8,9 +8,12 @@
  * Deliberately broken builds, which the conformance run must fail:
  *     -DBREAK_TRANSPOSE   the forward copies the elements in order, as if every permutation were the
  *                         identity (it stays inside the tensors: a wrong stride that reads past them
- *                         may crash the process, which no harness in it can report)
+ *                         could crash, as CRASH_SOFTMAX does below)
  *     -DBREAK_SOFTMAX     the forward does not subtract the row's maximum and takes exp in float
  *                         (a naive softmax: it overflows from inputs of 89 on)
+ * and one that crashes, which the run (in its worker processes) must report as failed cases:
+ *     -DCRASH_SOFTMAX     the forward writes through a null pointer where a finite input's magnitude
+ *                         reaches 1000 (a SIGSEGV in softmax/stable_pm1000 and stable_pm1000_dim0)
  */
 #include <math.h>
 #include <stdio.h>
@@ -178,6 +181,13 @@ static int softmax_forward(const kb_call *call) {
     if (status != KB_OK) return status;
     int dim = (int)((json_int(call->attrs, "dim", -1) + x->ndim) % x->ndim);
     rows r = rows_of(x, dim);
+#ifdef CRASH_SOFTMAX
+    static float *volatile nowhere; /* NULL, and volatile: the compiler must really store through it */
+    for (long long i = 0, n = count_of(x); i < n; i++) {
+        long double v = load(x, offset_of(i, x->ndim, x->shape, x->strides));
+        if (isfinite(v) && fabsl(v) >= 1000) *nowhere = 0;
+    }
+#endif
     for (long long row = 0; row < r.count; row++) {
         long double top = -INFINITY, sum = 0;
 #ifndef BREAK_SOFTMAX
