@@ -39,16 +39,19 @@ def median_us(function, runs: int, sync, warmup: int = 20, loops: int = 7) -> fl
     return statistics.median(samples)
 
 
-def cases(device: torch.device) -> dict:
-    """name -> (ours, torch's): calls of no argument, on tensors made once, for the device given."""
+def array_of(device: torch.device):
+    """The function that gives a torch tensor of `device` as our array of the same memory (CuPy on cuda,
+    NumPy on the CPU). tools/torch_bridge_overhead.py makes its arrays with it too."""
     if device.type == "cuda":
         import cupy
 
-        def array(t):
-            return cupy.from_dlpack(t)
-    else:
-        def array(t):
-            return t.numpy()
+        return cupy.from_dlpack
+    return torch.Tensor.numpy
+
+
+def cases(device: torch.device) -> dict:
+    """name -> (ours, torch's): calls of no argument, on tensors made once, for the device given."""
+    array = array_of(device)
     generator = torch.Generator().manual_seed(0)
 
     def randn(*dims):

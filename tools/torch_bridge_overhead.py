@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone, as the other tools
-from functional_overhead import median_us  # noqa: E402  (tools/, this script's folder)
+from functional_overhead import array_of, median_us  # noqa: E402  (tools/, this script's folder)
 
 import kernels.functional as F  # noqa: E402
 import kernels.torch as KT  # noqa: E402
@@ -37,14 +37,7 @@ def main() -> None:
     torch.set_num_threads(1)
     device = torch.device(arguments.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    if device.type == "cuda":
-        import cupy
-
-        def array(t):
-            return cupy.from_dlpack(t)
-    else:
-        def array(t):
-            return t.numpy()
+    array = array_of(device)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1, 16, 32, 32, generator=generator).to(device)
     w = torch.randn(16, 16, 3, 3, generator=generator).to(device)
