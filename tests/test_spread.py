@@ -44,6 +44,19 @@ def test_bad_jobs_is_a_usage_error(capsys, jobs):
     assert status == 2 and "--jobs: expected a count >= 1 or 'gpus'" in err
 
 
+@pytest.mark.parametrize("seconds", ["0", "-1", "-0.5", "two", "", "nan", "inf"])
+def test_bad_case_timeout_is_a_usage_error(capsys, seconds):
+    status, _, err = run(capsys, "--case-timeout", seconds)
+    assert status == 2 and "--case-timeout: expected a positive number of seconds" in err
+
+
+def test_case_timeout_needs_workers(capsys):
+    """--case-timeout with --no-isolate and --jobs 1 is refused: a case in this process cannot be killed."""
+    status, out, err = run(capsys, "--device", "cpu", "--op", "transpose", "--case-timeout", "5", "--no-isolate")
+    assert (status, out) == (2, "")
+    assert "error: --case-timeout needs the cases in worker processes" in err
+
+
 def test_jobs_gpus_is_one_worker_per_visible_gpu_and_at_least_one(monkeypatch):
     monkeypatch.setattr(cli, "visible_gpus", lambda: 4)
     assert cli._jobs("gpus") == 4
