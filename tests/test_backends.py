@@ -157,11 +157,14 @@ class Crashing:
 
 
 class _HangingTranspose(_Transpose):
-    """kernels' transpose, whose forward sleeps an hour (a hang) on float32 (2, 3, 4) (transpose/3d_cycle_201)."""
+    """kernels' transpose, whose forward sleeps an hour (a hang) on float32 (2, 3, 4) (transpose/3d_cycle_201);
+    with HANG_IGNORES_TERM set, deaf to SIGTERM."""
 
     @staticmethod
     def forward_kernel(stream, handle, state, attrs, input, output):
         if input.shape == (2, 3, 4) and input.dtype == np.float32:
+            if os.environ.get("HANG_IGNORES_TERM"):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             time.sleep(3600)
         kernels.transpose.forward_kernel(stream, handle, state, attrs, input, output)
 
@@ -353,6 +356,15 @@ def test_a_case_that_runs_past_the_timeout_fails_and_the_run_goes_on(capsys, tmp
         assert [f.text for f in failures if f is not None] == [failed[0]["message"]]
         reports.append(data["results"])
     assert reports[0] == reports[1]
+
+
+def test_a_hung_worker_deaf_to_sigterm_is_killed(capsys, monkeypatch):
+    """A worker that ignores the SIGTERM is sent SIGKILL after the grace."""
+    monkeypatch.setenv("HANG_IGNORES_TERM", "1")
+    argv = ["--backend", "tests.test_backends:Hanging", *CRASH_ARGV[2:-1], "transpose/3d_cycle_2*", "--case-timeout", "1"]
+    status, out, err = run_main(capsys, cli.main, argv)
+    assert status == 1 and "the case ran past --case-timeout 1 s; its worker was killed" in out
+    assert "the process was killed (died with SIGKILL (signal 9))" in err
 
 
 # --------------------------------------------------------------------------- the C ABI, on the example library
