@@ -99,6 +99,7 @@ backends (--backend, or the environment variable KERNELS_BACKEND):
   Cases a backend cannot run are skipped with its reason. With --isolate (the default
   for c:PATH) or --jobs N the cases run in spawned worker processes; a case in which
   one dies is failed with the signal or exit status, and a fresh worker goes on.
+  --case-timeout SECONDS does the same for a case that hangs: its worker is killed.
 """
 
 
@@ -130,6 +131,17 @@ def _jobs(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    """--case-timeout SECONDS: a positive, finite number."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m conformance", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -158,6 +170,11 @@ def _parser() -> argparse.ArgumentParser:
                              "segfault, an exit) fails the case it crashed in, naming the signal, and a fresh worker "
                              "goes on with the rest (default: on for c:PATH backends, off for the others; "
                              "--no-isolate runs a c:PATH backend in this process, where --jobs is 1)")
+    parser.add_argument("--case-timeout", type=_seconds, metavar="SECONDS",
+                        help="fail a case that runs longer than this in its worker process, kill that worker "
+                             "(SIGTERM, then SIGKILL) and go on with a fresh one: a backend that hangs fails the "
+                             "case it hung in (default: no limit). Implies --isolate where --jobs is 1; refused "
+                             "with --no-isolate and --jobs 1")
     parser.add_argument("--backend", metavar="BACKEND", default=os.environ.get("KERNELS_BACKEND", "kernels"),
                         help="the kernel library to judge: kernels, torch, torch-strict, c:PATH or module:attr "
                              "(default: $KERNELS_BACKEND, else kernels)")
@@ -214,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         if reason is not None:
             return _error(f"--device {device} cannot run here: {reason}")
 
+    if arguments.case_timeout is not None and arguments.isolate is False and arguments.jobs == 1:
+        return _error("--case-timeout needs the cases in worker processes, and --no-isolate with --jobs 1 runs "
+                      "them in this one: drop --no-isolate (--case-timeout implies --isolate) or give --jobs N")
+    if arguments.case_timeout is not None and arguments.isolate is None:
+        arguments.isolate = True  # a case can be timed out only in a worker that can be killed
+
     try:
         backend = load(arguments.backend)
     except Exception as error:  # an unknown name, a library that does not load, a module that raises
@@ -245,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     isolate = backend.isolate if arguments.isolate is None else arguments.isolate
     if arguments.jobs > 1 or isolate:
         results, seconds = run_spread(path, cases, devices, arguments.jobs, arguments.schedule, paths, cpu_seen,
-                                      arguments.backend)
+                                      arguments.backend, arguments.case_timeout)
         if arguments.verbose:
             for result in results:
                 _print_result(result)

@@ -7,7 +7,9 @@ run reads exactly as a run in one process does.
 
 A worker reports each case as it starts it and as it finishes it. A worker that dies in the middle of
 a case (a signal, a non-zero exit: a backend that crashes) has that case failed with how it died, and
-a fresh worker of the same number goes on with the rest of its share."""
+a fresh worker of the same number goes on with the rest of its share. With a case timeout, a worker in a
+case longer than that is killed by the run (SIGTERM, then SIGKILL after a short grace): a death the run
+caused, accounted for as any other, the case failed as having run past the timeout."""
 
 from __future__ import annotations
 
@@ -98,8 +100,12 @@ def death(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
-def crashed(case: Case, device: str, how: str, started: bool) -> Result:
-    """The failed result of a case whose process died (`how`, death's words) in it, or before it started."""
+def crashed(case: Case, device: str, how: str, started: bool, timeout: float | None = None) -> Result:
+    """The failed result of a case whose process died (`how`, death's words) in it, or before it started; or,
+    with `timeout`, whose process the run killed because the case ran past it."""
+    if timeout is not None:
+        return Result(case.op, case.name, device, "failed", f"{case.op} / {case.name} / {device}:\n"
+                      f"the case ran past --case-timeout {timeout:g} s; its worker was killed and the run went on")
     when = "during this case (the run went on without it)" if started else \
         "before this case started, in a fresh process that had run no case yet: the case did not run"
     return Result(case.op, case.name, device, "failed", f"{case.op} / {case.name} / {device}:\n"
@@ -118,15 +124,21 @@ class _Worker:
     running: Item | None = None
     started: float = 0.0
     ran: int = 0
+    killed: Item | None = None  # the item it was running when the run killed it for the timeout
+    terminated: float = 0.0  # when it was sent SIGTERM for that (SIGKILL follows after KILL_GRACE)
+
+
+# Seconds between the SIGTERM and the SIGKILL of a worker in a case past the timeout.
+KILL_GRACE = 1.0
 
 
 def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, schedules: list[str] | None,
                paths: dict[str, dict], cpu_seen: dict[str, dict] | None = None,
-               backend: str = "kernels") -> tuple[list[Result], list[float]]:
+               backend: str = "kernels", timeout: float | None = None) -> tuple[list[Result], list[float]]:
     """Every case on every device over `jobs` worker processes (spawned: CUDA is never forked), each replaced
-    by a fresh one where it dies; the results and seconds in the order of a run in one process (devices, then
-    cases), the GPU paths merged into `paths` and the CPU paths into `cpu_seen` (each path's first case: the
-    first in that order)."""
+    by a fresh one where it dies or, in a case longer than `timeout` seconds (None: no limit), is killed; the
+    results and seconds in the order of a run in one process (devices, then cases), the GPU paths merged into
+    `paths` and the CPU paths into `cpu_seen` (each path's first case: the first in that order)."""
     cpu_seen = {} if cpu_seen is None else cpu_seen
     gpus = visible_gpus() if "gpu" in devices else 0
     context = multiprocessing.get_context("spawn")
@@ -139,7 +151,7 @@ def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, s
                                                             backend), daemon=True)
         worker.process.start()
         send.close()  # the worker's end: it alone holds it now, so its death ends the pipe
-        worker.connection, worker.running, worker.ran = receive, None, 0
+        worker.connection, worker.running, worker.ran, worker.killed = receive, None, 0, None
         return worker
 
     live = [launch(_Worker(number, [(d, c) for d in range(len(devices)) for c in share]))
@@ -147,7 +159,8 @@ def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, s
     while live:
         # A worker's death ends its pipe, unless a child of its own outlives it holding the pipe (and the
         # process's sentinel) open: hence the timeout, and the exit status asked for each time.
-        ready = multiprocessing.connection.wait([worker.connection for worker in live], timeout=1.0)
+        ready = multiprocessing.connection.wait([worker.connection for worker in live],
+                                                timeout=_next_look(live, timeout))
         for worker in list(live):
             ended = worker.process.exitcode is not None  # before reading: all it sent is in the pipe by now
             if not ended and worker.connection not in ready:
@@ -161,9 +174,12 @@ def run_spread(goldens: str, cases: list[Case], devices: list[str], jobs: int, s
                 worker.process.join()
                 worker.connection.close()
                 live.remove(worker)
-                worker.items = _ended(worker, cases, devices, outcomes)
+                worker.items = _ended(worker, cases, devices, outcomes, timeout)
                 if worker.items:
                     live.append(launch(worker))
+        if timeout is not None:
+            for worker in live:
+                _watch(worker, timeout)
     order = sorted(outcomes)
     for item in order:
         result, _, gpu_counts, cpu_counts = outcomes[item]
@@ -183,20 +199,49 @@ def _receive(worker: _Worker, message: tuple, outcomes: dict[Item, tuple[Result,
         worker.running, worker.ran = None, worker.ran + 1
 
 
+def _next_look(live: list[_Worker], timeout: float | None) -> float:
+    """Seconds to wait for a message before looking at the workers again: at most one (a death that leaves
+    its pipe open is seen by its exit status), less where a case's timeout or a kill's grace ends sooner."""
+    now, wait = time.perf_counter(), 1.0
+    for worker in live:
+        if worker.killed is not None:
+            wait = min(wait, worker.terminated + KILL_GRACE - now)
+        elif timeout is not None and worker.running is not None:
+            wait = min(wait, worker.started + timeout - now)
+    return max(wait, 0.01)
+
+
+def _watch(worker: _Worker, timeout: float) -> None:
+    """Kill a worker whose case has run past `timeout` seconds: SIGTERM, then SIGKILL where it is still
+    alive KILL_GRACE seconds later. Its death is then seen and accounted for as any other (_ended)."""
+    now = time.perf_counter()
+    if worker.killed is None and worker.running is not None and now - worker.started > timeout:
+        worker.killed, worker.terminated = worker.running, now
+        worker.process.terminate()
+    elif worker.killed is not None and now - worker.terminated > KILL_GRACE and worker.process.exitcode is None:
+        worker.process.kill()
+
+
 def _ended(worker: _Worker, cases: list[Case], devices: list[str],
-           outcomes: dict[Item, tuple[Result, float, dict, dict]]) -> list[Item]:
+           outcomes: dict[Item, tuple[Result, float, dict, dict]], timeout: float | None = None) -> list[Item]:
     """Account for a worker process that has ended; the items a fresh process must go on with. A case it
-    died in is failed with how it died; where it died before its first case, a fresh one would too, and
-    the rest are failed."""
+    died in is failed with how it died (or, where the run killed it for running past `timeout`, with that);
+    where it died before its first case, a fresh one would too, and the rest are failed."""
+    if worker.killed is not None and worker.running not in (None, worker.killed):
+        # The case it was killed for finished as the kill was decided, and the next one had started: that
+        # one is not to blame, and a fresh process runs it again.
+        worker.running = None
     left = [item for item in worker.items if item not in outcomes and item != worker.running]
     how = death(worker.process.exitcode)
     name = f"worker {worker.number}"
     if worker.running is not None:
         d, c = worker.running
-        outcomes[worker.running] = (crashed(cases[c], devices[d], how, True), time.perf_counter() - worker.started,
-                                    {}, {})
-        print(f"[{name}: the process {how} during {cases[c].key}[{devices[d]}]; "
-              f"{len(left)} cases left to a fresh process]", file=sys.stderr, flush=True)
+        limit = timeout if worker.running == worker.killed else None
+        outcomes[worker.running] = (crashed(cases[c], devices[d], how, True, limit),
+                                    time.perf_counter() - worker.started, {}, {})
+        what = (f"{cases[c].key}[{devices[d]}] ran past --case-timeout {limit:g} s and the process was killed "
+                f"({how})") if limit is not None else f"the process {how} during {cases[c].key}[{devices[d]}]"
+        print(f"[{name}: {what}; {len(left)} cases left to a fresh process]", file=sys.stderr, flush=True)
     elif not left:
         print(f"[{name} done: {worker.ran} results" + ("" if worker.process.exitcode == 0 else
               f"; then the process {how}") + "]", file=sys.stderr, flush=True)

@@ -156,6 +156,26 @@ class Crashing:
             os._exit(4)
 
 
+class _HangingTranspose(_Transpose):
+    """kernels' transpose, whose forward sleeps an hour (a hang) on float32 (2, 3, 4) (transpose/3d_cycle_201);
+    with HANG_IGNORES_TERM set, deaf to SIGTERM."""
+
+    @staticmethod
+    def forward_kernel(stream, handle, state, attrs, input, output):
+        if input.shape == (2, 3, 4) and input.dtype == np.float32:
+            if os.environ.get("HANG_IGNORES_TERM"):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(3600)
+        kernels.transpose.forward_kernel(stream, handle, state, attrs, input, output)
+
+
+class Hanging:
+    """A backend of one op, transpose, that hangs in one case."""
+
+    name = "hanging"
+    transpose = _HangingTranspose
+
+
 def test_a_backend_wrong_in_one_element_is_caught(store):
     backend = load("tests.test_backends:Wrong")
     assert backend.name == "wrong"
@@ -310,6 +330,41 @@ def test_a_worker_that_dies_is_seen_dead_though_its_child_holds_its_pipe(capsys,
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert status == 1 and "the backend's process died with SIGSEGV (signal 11) during this case" in out
+
+
+def test_a_case_that_runs_past_the_timeout_fails_and_the_run_goes_on(capsys, tmp_path):
+    """--case-timeout: the case that hangs fails, its worker killed, and the others pass in a fresh one; the
+    reports read as for a crash. Without --isolate (implied) and with --jobs 2, the same results in order."""
+    argv = ["--backend", "tests.test_backends:Hanging", *CRASH_ARGV[2:], "--case-timeout", "2"]
+    key = "transpose/3d_cycle_201[cpu]"
+    message = "the case ran past --case-timeout 2 s; its worker was killed and the run went on"
+    reports = []
+    for extra in ([], ["--jobs", "2"]):
+        xml_path, json_path = tmp_path / "report.xml", tmp_path / "report.json"
+        start = time.monotonic()
+        status, out, err = run_main(capsys, cli.main, [*argv, *extra, "--junit-xml", str(xml_path),
+                                                       "--json", str(json_path)])
+        assert time.monotonic() - start < 60  # the backend sleeps an hour
+        assert status == 1
+        assert f"FAILED {key}\ntranspose / 3d_cycle_201 / cpu:\n{message}\n" in out
+        assert f"{key} ran past --case-timeout 2 s and the process was killed (died with SIGTERM (signal 15))" in err
+        assert out.rstrip().endswith("2 passed, 1 failed, 0 skipped (backend hanging)")
+        data = json.loads(json_path.read_text())
+        failed = [r for r in data["results"] if r["status"] == "failed"]
+        assert [(r["case"], r["max_ulps"]) for r in failed] == [("3d_cycle_201", None)] and message in failed[0]["message"]
+        failures = [case.find("failure") for case in ET.parse(xml_path).getroot()[0].iter("testcase")]
+        assert [f.text for f in failures if f is not None] == [failed[0]["message"]]
+        reports.append(data["results"])
+    assert reports[0] == reports[1]
+
+
+def test_a_hung_worker_deaf_to_sigterm_is_killed(capsys, monkeypatch):
+    """A worker that ignores the SIGTERM is sent SIGKILL after the grace."""
+    monkeypatch.setenv("HANG_IGNORES_TERM", "1")
+    argv = ["--backend", "tests.test_backends:Hanging", *CRASH_ARGV[2:-1], "transpose/3d_cycle_2*", "--case-timeout", "1"]
+    status, out, err = run_main(capsys, cli.main, argv)
+    assert status == 1 and "the case ran past --case-timeout 1 s; its worker was killed" in out
+    assert "the process was killed (died with SIGKILL (signal 9))" in err
 
 
 # --------------------------------------------------------------------------- the C ABI, on the example library

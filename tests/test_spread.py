@@ -44,6 +44,35 @@ def test_bad_jobs_is_a_usage_error(capsys, jobs):
     assert status == 2 and "--jobs: expected a count >= 1 or 'gpus'" in err
 
 
+@pytest.mark.parametrize("seconds", ["0", "-1", "-0.5", "two", "", "nan", "inf"])
+def test_bad_case_timeout_is_a_usage_error(capsys, seconds):
+    status, _, err = run(capsys, "--case-timeout", seconds)
+    assert status == 2 and "--case-timeout: expected a positive number of seconds" in err
+
+
+def test_case_timeout_needs_workers(capsys):
+    """--case-timeout with --no-isolate and --jobs 1 is refused: a case in this process cannot be killed."""
+    status, out, err = run(capsys, "--device", "cpu", "--op", "transpose", "--case-timeout", "5", "--no-isolate")
+    assert (status, out) == (2, "")
+    assert "error: --case-timeout needs the cases in worker processes" in err
+
+
+def test_a_case_started_as_its_worker_was_killed_runs_again():
+    """The case a worker was killed for finished as the kill was decided and the next had started: the next
+    one is not failed but left to the fresh worker; the one killed for keeps its result."""
+    from types import SimpleNamespace
+
+    from conformance.cases import all_cases
+    from conformance.runner import Result
+
+    cases = all_cases()[:3]
+    worker = spread._Worker(0, [(0, 0), (0, 1), (0, 2)], process=SimpleNamespace(exitcode=-15),
+                            running=(0, 1), ran=1, killed=(0, 0))
+    outcomes = {(0, 0): (Result(cases[0].op, cases[0].name, "cpu", "passed"), 3.0, {}, {})}
+    assert spread._ended(worker, cases, ["cpu"], outcomes, timeout=2.0) == [(0, 1), (0, 2)]
+    assert list(outcomes) == [(0, 0)] and outcomes[(0, 0)][0].status == "passed"
+
+
 def test_jobs_gpus_is_one_worker_per_visible_gpu_and_at_least_one(monkeypatch):
     monkeypatch.setattr(cli, "visible_gpus", lambda: 4)
     assert cli._jobs("gpus") == 4
