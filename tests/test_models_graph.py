@@ -97,6 +97,7 @@ def test_later_runs_equal_the_checked_first_run_also_on_a_delayed_stream(mode):
         model.init_random(3)
         with model.stream:
             x = cupy.asarray(np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32))
+        model.graphs = False  # every call makes its op calls: the replaying path, not a CUDA graph
         getattr(model, mode)()
         runs = []
         for i in range(3):
@@ -112,3 +113,85 @@ def test_later_runs_equal_the_checked_first_run_also_on_a_delayed_stream(mode):
         assert all(np.isfinite(a).all() for a in runs[0])
         _same_bits(runs[1], runs[0], f"{mode} run 2")
         _same_bits(runs[2], runs[0], f"{mode} run 3 (delayed)")
+
+
+def _gpu_calls(model, x, **options):
+    """model(x, **options), and how many GPU kernel calls of the library it made (core.before_gpu_call)."""
+    calls = []
+    with kernels.runtime.core.before_gpu_call(calls.append):
+        out = model(x, **options)
+    return out, len(calls)
+
+
+def _eval_arrays(out):
+    return [a for key in ("one2many", "one2one") if key in out for a in out[key]] + [out["decoded"]] + (
+        [out["detections"]] if "detections" in out else [])  # (a fused model has no one-to-many head)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_model_calls_replay_a_cuda_graph_from_the_second_call_with_the_eager_bits(fused):
+    """model(x) on the GPU in eval: the first call of a shape makes its op calls; the second captures a CUDA
+    graph of them (its op calls are captured, not run), with the detections or, for detections=False,
+    without (a graph each), and replays it, as every later call does, making no op call of its own. Every
+    call writes the bits of a model that makes its op calls every time (graphs=False), on inputs that
+    change between the calls, into outputs poisoned first.
+    New weights (init_random: in place, the folded ones too) show in the next replay."""
+    reason = kernels.gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"gpu: {reason}")
+    import cupy
+
+    dims = (2, 3, 64, 96)
+    with YOLOv10("n", device="gpu") as model, YOLOv10("n", device="gpu") as eager:
+        eager.graphs = False
+        for m in (model, eager):
+            m.init_random(2)
+            m.fuse() if fused else m.eval()
+        with model.stream:
+            xs = [cupy.asarray(np.random.default_rng(i).standard_normal(dims).astype(np.float32)) for i in range(3)]
+        model.stream.synchronize()  # the inputs are read on the other model's stream too
+        plan = model.plan(dims)
+        steps = [(0, {}), (1, {}), (2, {}), (0, {"detections": False}), (1, {"detections": False}),
+                 (2, {"detections": False}), (1, {})]
+        for step, (i, options) in enumerate(steps):
+            if step == len(steps) - 1:  # new weights: written in place, so the graph reads them
+                for m in (model, eager):
+                    m.init_random(7)
+            expected = _host(eager, _eval_arrays(eager(xs[i], **options)))
+            with model.stream:  # every output buffer of the plan, the detections too
+                for a in _eval_arrays(dict(plan.outputs, detections=plan.after.rows)):
+                    a.fill(np.nan)
+            out, calls = _gpu_calls(model, xs[i], **options)
+            after = options.get("detections", True)
+            assert ("detections" in out) == after
+            _same_bits(_host(model, _eval_arrays(out)), expected, f"call {step + 1} {options}")
+            if step in (0, 1, 3):  # the first call's op calls; then the capture of each graph (captured, not run)
+                assert calls > 0, f"call {step + 1}"
+            else:
+                assert calls == 0, f"call {step + 1} made {calls} op calls, not a graph replay"
+            assert (after in plan.graphs) == (step > 0)
+        assert set(plan.graphs) == {True, False}
+
+
+def test_training_calls_and_graphs_false_make_their_op_calls():
+    """Only inference calls replay a graph: a training forward makes its op calls every time (its backward
+    follows it, eagerly), and so does every call of a model with graphs=False."""
+    reason = kernels.gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"gpu: {reason}")
+    import cupy
+
+    dims = (1, 3, 64, 64)
+    with YOLOv10("n", device="gpu") as model:
+        with model.stream:
+            x = cupy.asarray(np.random.default_rng(0).standard_normal(dims).astype(np.float32))
+        model.train()
+        assert all(_gpu_calls(model, x)[1] > 0 for _ in range(3))
+        assert model.plan(dims).graphs == {}
+        model.eval()
+        model.graphs = False
+        assert all(_gpu_calls(model, x)[1] > 0 for _ in range(3))
+        assert model.plan(dims).graphs == {}
+        model.graphs = True  # the plan's forward has run: this call captures, the next replays
+        assert _gpu_calls(model, x)[1] > 0 and set(model.plan(dims).graphs) == {True}
+        assert _gpu_calls(model, x)[1] == 0

@@ -234,6 +234,8 @@ class Plan:
         # What a network runs after the forward on its outputs, made by the network (YOLOv10's detections,
         # kernels.models.detections): an object with `calls` (as forward_calls) and `close()`, or None.
         self.after: Any = None
+        # run(graphs=True): the CUDA graph of the forward, with (True) or without (False) the calls after it.
+        self.graphs: dict[bool, Any] = {}
         dtype = runtime.dtype
         with runtime.active():
             self.buffers: list[Any] = self._allocate(outputs, runtime, reuse=reuse and not training)
@@ -488,6 +490,21 @@ class Plan:
     def backward(self) -> None:
         self._run(self.backward_calls, "backward")
 
+    def run(self, after: bool = False, graphs: bool = False) -> None:
+        """forward(), then run_after() where `after`. With `graphs` (a GPU inference plan; the network says
+        when), a run after the first is a CUDA graph of the same calls: the second run captures it
+        (capture(after=after)), and it and every later run replay it, one graph for each value of `after`.
+        A replay does no host work per op and writes the bits the calls write (tests/test_models_graph.py)."""
+        if graphs and not self.training and "forward" in self.checked:  # pragma: no cover - GPU: CUDA graphs
+            graph = self.graphs.get(after)
+            if graph is None:
+                graph = self.graphs[after] = self.capture(after=after)
+            graph.launch(self.runtime.stream.cupy_stream)
+            return
+        self.forward()
+        if after:
+            self.run_after()
+
     def run_after(self) -> None:
         """The network's calls after the forward (`after`: YOLOv10's detections), on the plan's buffers."""
         if self.after is not None:
@@ -534,6 +551,7 @@ class Plan:
 
     def close(self) -> None:
         """Clean up every op state of the plan (each once) and drop the buffers."""
+        self.graphs = {}
         states, self.states, self.node_states = self.states, [], []
         for module, state in states:
             module.cleanup_kernel(self.runtime.handle, state)

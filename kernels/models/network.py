@@ -137,6 +137,9 @@ class Network:
             self.xp, self.prefix, self._context = gpu_runtime.cupy, "gpu_", self.stream
         self.training = True  # as a torch module: training until eval()
         self.fused = False  # eval plans trace the fused graph (fuse())
+        # GPU inference: a call after a plan's first replays a CUDA graph of it (Plan.run); False: every
+        # call makes its op calls (docs/models.md#cuda-graphs).
+        self.graphs = True
         self.fused_params: dict[str, Any] = {}  # the folded weights and biases, made by fuse()
         self.closed = False
         self.plans: dict[tuple, Plan] = {}
@@ -376,15 +379,18 @@ class Network:
 
     def forward(self, x: Any, **options: Any) -> dict[str, Any]:
         """Run the network on x (an array on the network's device, in its dtype). Returns the plan's output
-        buffers: valid until the next call with the same input shape and mode. `options` go to finish()."""
+        buffers: valid until the next call with the same input shape and mode. `options` go to finish().
+        On the GPU with `graphs` (the default), an inference call after the first of its shape and options
+        replays a CUDA graph of the plan's calls (Plan.run): the same bits, without the host's per-op work."""
         self._require_open()
         dims = tuple(getattr(x, "shape", ()))
         check_tensor(self.OP, "x", x, TensorShape(dims, self.dtype), self.device)
         self.check_input_dims(dims)
         plan = self.plan(dims)
+        after = self.runs_after(plan, **options)
         with self.active():
             plan.input[...] = x
-        plan.forward()
+        plan.run(after, graphs=self.graphs and self.device != "cpu")
         if self.training:
             for name in plan.bn_names:
                 self.counts[name] += 1
@@ -393,6 +399,11 @@ class Network:
 
     def __call__(self, x: Any, **options: Any) -> dict[str, Any]:
         return self.forward(x, **options)
+
+    def runs_after(self, plan: Plan) -> bool:
+        """Whether a forward with these options runs the plan's calls after the forward (`plan.after`); a
+        subclass that has such calls says, from its options (YOLOv10: detections)."""
+        return False
 
     def finish(self, plan: Plan) -> dict[str, Any]:
         """What a forward returns, from the plan's outputs (a subclass may add to it, and take options)."""

@@ -487,11 +487,14 @@ class YOLOv10(Network):
                                         self.handle)
         return plan
 
+    def runs_after(self, plan: Any, detections: bool = True) -> bool:
+        """In eval, the detection stage runs after the forward unless `detections=False`."""
+        return detections and plan.after is not None
+
     def finish(self, plan: Any, detections: bool = True) -> dict[str, Any]:
         """The plan's outputs, and in eval the detections (the plan's detection stage: the top_k op on the
-        device, into a buffer of the plan) unless `detections=False` (model(x, detections=False))."""
+        device, into a buffer of the plan, run by forward) unless `detections=False` (model(x, detections=False))."""
         outputs = dict(plan.outputs)
-        if "decoded" in outputs and detections:
-            plan.run_after()
+        if self.runs_after(plan, detections):
             outputs["detections"] = plan.after.rows
         return outputs
