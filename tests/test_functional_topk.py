@@ -164,6 +164,15 @@ def test_topk_backward_retain_and_any_backward(dev):
     assert np.array_equal(first, expected)
 
 
+def test_topk_of_no_rows_and_its_backward(dev):
+    """(0, 5): no rows, outputs (0, 2); the backward's gradient is as empty."""
+    ctx = F.Context()
+    values, indices = F.topk(dev.array(np.zeros((0, 5))), 2, ctx=ctx, stream=dev.stream)
+    assert values.shape == indices.shape == (0, 2)
+    input_grad = F.topk_backward(dev.array(np.zeros((0, 2))), ctx, stream=dev.stream)
+    assert input_grad.shape == (0, 5) and input_grad.dtype == np.float64
+
+
 def test_topk_torch_tensors_in_and_out(dev):
     if dev.name == "gpu" and not torch.cuda.is_available():
         pytest.skip("gpu: this torch has no CUDA")
