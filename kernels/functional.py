@@ -83,6 +83,7 @@ from . import gradient_reduction as gradient_reduction_op
 from . import reshape as reshape_op
 from . import softmax as softmax_op
 from . import split as split_op
+from . import top_k as top_k_op
 from . import transpose as transpose_op
 from . import upsample as upsample_op
 from .activation import Activation
@@ -99,6 +100,7 @@ from .runtime import core, cpu, dlpack, gpu, handle
 from .runtime.core import AttrsError, DeviceError, KernelError, ShapeError, StateError, TensorShape, fail
 from .softmax import SoftmaxAttrs
 from .split import SplitAttrs
+from .top_k import TopKAttrs
 from .transpose import TransposeAttrs
 from .upsample import UpsampleAttrs, UpsampleMode
 
@@ -110,11 +112,11 @@ ActivationArg = Activation | str | None
 
 __all__ = [
     "Context", "clear_cache", "cache_info", "default_stream", "backward",
-    "Conv2dGrads", "BatchNormGrads", "BinaryGrads",
+    "Conv2dGrads", "BatchNormGrads", "BinaryGrads", "TopK",
     "conv2d", "conv2d_backward", "batch_norm", "batch_norm_backward",
     "max_pool2d", "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
     "interpolate", "interpolate_backward", "upsample", "upsample_backward",
-    "softmax", "softmax_backward", "cat", "cat_backward", "split", "split_backward",
+    "softmax", "softmax_backward", "topk", "topk_backward", "cat", "cat_backward", "split", "split_backward",
     "reshape", "reshape_backward", "permute", "permute_backward", "transpose", "transpose_backward",
     "matmul", "matmul_backward", "gradient_reduction", "gradient_reduction_backward",
     "add", "add_backward", "sub", "sub_backward", "mul", "mul_backward", "div", "div_backward",
@@ -596,7 +598,8 @@ def _remember(form: Any, env: _Env, module: Any, attrs: Any, shapes: tuple, dims
     _PLANS[form] = _Plan(env, module, attrs, shapes, dims, dtype)
 
 
-def _begin_backward(op: str, ctx: Any, grad_output: Any, stream: Any) -> tuple[_Env, dict[str, Any]]:
+def _begin_backward(op: str, ctx: Any, grad_output: Any, stream: Any,
+                    name: str = "grad_output") -> tuple[_Env, dict[str, Any]]:
     if not isinstance(ctx, Context):
         raise fail(StateError, op, "ctx", "the Context a forward recorded into", type(ctx).__name__)
     if ctx.op is None or ctx.state is None:
@@ -604,12 +607,12 @@ def _begin_backward(op: str, ctx: Any, grad_output: Any, stream: Any) -> tuple[_
                    "an empty or released context")
     if ctx.op != op.removesuffix("_backward"):
         raise fail(StateError, op, "ctx", f"a context of {op.removesuffix('_backward')}", f"one of {ctx.op}")
-    device = _device_of(op, "grad_output", grad_output)
+    device = _device_of(op, name, grad_output)
     if device != ctx.state.device:
-        raise fail(DeviceError, op, "grad_output", f"a tensor on the forward's device ({_where(ctx.state.device)})",
+        raise fail(DeviceError, op, name, f"a tensor on the forward's device ({_where(ctx.state.device)})",
                    _where(device))
     # The forward's runtime: its handle and the state it recorded.
-    env = _Env(op, grad_output, ctx._stream if stream is None else stream, ctx._runtime, "grad_output")
+    env = _Env(op, grad_output, ctx._stream if stream is None else stream, ctx._runtime, name)
     return env, ctx.saved
 
 
@@ -1045,6 +1048,66 @@ def softmax(input: Tensor, dim: int, *, dtype: Any = None, ctx: Context | None =
 def softmax_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the softmax forward recorded in `ctx` (from its output)."""
     return _unary_like_backward("softmax_backward", softmax_op, grad_output, ctx, retain, stream)
+
+
+# --------------------------------------------------------------------------- topk
+
+
+class TopK(NamedTuple):
+    """topk's result, as torch.topk's: the k largest values of each row and their int64 indices."""
+
+    values: Tensor
+    indices: Tensor
+
+
+@_ordered
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *,
+         ctx: Context | None = None, stream: Any = None) -> TopK:
+    """torch.topk along the last dim: the k largest of each row, descending, in torch.sort(descending=True,
+    stable=True)'s order (equal values lower index first, NaN above +inf, -0.0 equal to +0.0; each value's
+    own bits). `dim` must name the last dim and `largest` be True (the kernel's only selection); sorted=False
+    is accepted, the result sorted all the same (an order torch allows it)."""
+    op = "topk"
+    form, plan = _planned(op, ctx, stream, (input,), (k, dim, largest, sorted))
+    if plan is not None:
+        values, indices = np.empty(plan.dims, plan.dtype), np.empty(plan.dims, top_k_op.INDEX_DTYPE)
+        plan.run(input, values, indices)
+        return TopK(values, indices)
+    env = _Env(op, input, stream)
+    x = env.array("input", input)
+    if x.ndim < 1:
+        raise fail(ShapeError, op, "input", "rank >= 1 (rows along the last dim)", "rank 0")
+    axis = core.normalize_axis(op, "dim", core.attr_int(op, "dim", dim), x.ndim)
+    if axis != x.ndim - 1:
+        raise fail(AttrsError, op, "dim", f"the last dim (-1 or {x.ndim - 1}): the kernel selects along the last dim "
+                   "(move the dim there first, with permute or transpose)", dim)
+    _refuse(op, "largest", largest, True, "the kernel keeps the largest")
+    core.attr_bool(op, "sorted", sorted)
+    attrs = TopKAttrs(k)
+    dims = top_k_op.output_dims(attrs, tuple(x.shape))
+    values, indices = env.empty(dims, x.dtype), env.empty(dims, top_k_op.INDEX_DTYPE)
+    shapes = (TensorShape.of(x), TensorShape(dims, x.dtype), TensorShape(dims, top_k_op.INDEX_DTYPE))
+    _run_forward(env, op, top_k_op, attrs, shapes,
+                 lambda state: top_k_op.forward_kernel(env.stream, env.handle, state, attrs, x, values, indices), ctx,
+                 False, indices=indices, input_shape=(tuple(x.shape), x.dtype))
+    _remember(form, env, top_k_op, attrs, shapes, dims, x.dtype)
+    return TopK(env.out(values), env.out(indices))
+
+
+@_ordered
+def topk_backward(grad_values: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
+    """The input gradient of the topk forward recorded in `ctx`: grad_values at the forward's indices, zeros
+    elsewhere (the indices are what it reads: do not change them in place before)."""
+    op = "topk_backward"
+    env, saved = _begin_backward(op, ctx, grad_values, stream, "grad_values")
+    g = env.array("grad_values", grad_values)
+    dims, dtype = saved["input_shape"]
+    input_grad = env.empty(dims, dtype)
+    with env.active():
+        top_k_op.backward_kernel(env.stream, env.handle, ctx.state, ctx.state.attrs, None, g, saved["indices"], None,
+                                 input_grad)
+    _finish_backward(ctx, retain)
+    return env.out(input_grad)
 
 
 # --------------------------------------------------------------------------- cat, split

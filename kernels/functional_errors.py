@@ -26,6 +26,7 @@ _PER_OP = {
     "concat": {"input_shapes[i]": "tensors[i]", "inputs[i]": "tensors[i]", "axis": "dim"},
     "gradient_reduction": {"input_shapes[i]": "tensors[i]", "inputs[i]": "tensors[i]"},
     "split": {"input_shape": "tensor", "input": "tensor", "splits": "split_size_or_sections", "axis": "dim"},
+    "top_k": {"values_grad": "grad_values"},
     "transpose": {"permutation": "dims"},
     "batch_matmul": {"lhs": "input", "lhs_shape": "input", "rhs": "other", "rhs_shape": "other"},
     "element_binary": {"lhs": "input", "lhs_shape": "input", "rhs": "other", "rhs_shape": "other"},

@@ -44,7 +44,7 @@ from . import functional as F
 from .runtime import gpu
 
 __all__ = [
-    "conv2d", "batch_norm", "max_pool2d", "avg_pool2d", "interpolate", "upsample", "softmax", "cat", "split",
+    "conv2d", "batch_norm", "max_pool2d", "avg_pool2d", "interpolate", "upsample", "softmax", "topk", "cat", "split",
     "reshape", "permute", "transpose", "matmul", "add", "sub", "mul", "div", "maximum", "minimum",
     "relu", "sigmoid", "tanh", "elu", "gelu", "silu", "exp", "rsqrt", "sin", "cos", "pow", "gradient_reduction",
 ]
@@ -230,6 +230,13 @@ def upsample(input: torch.Tensor, size: Any = None, scale_factor: Any = None, mo
 def softmax(input: torch.Tensor, dim: int, *, dtype: Any = None) -> torch.Tensor:
     """torch.nn.functional.softmax through the kernels, differentiable (`dtype`: a NumPy dtype the input is cast to)."""
     return _one_input("softmax", args=(dim,), dtype=dtype)(input)
+
+
+def topk(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+    """torch.topk along the last dim through the kernels (torch.sort(descending=True, stable=True)'s order:
+    ties lower index first, NaN largest), as torch's (values, indices); values differentiable (their gradient
+    goes back to the indices), indices int64, not (torch makes no integer output differentiable)."""
+    return torch.return_types.topk(_one_input("topk", args=(k, dim, largest, sorted))(input))
 
 
 def cat(tensors: Sequence[torch.Tensor], dim: int = 0) -> torch.Tensor:

@@ -50,6 +50,11 @@ def _ctx(forward, *args, **kwargs):
     return ctx
 
 
+def _released(ctx):
+    ctx.release()
+    return ctx
+
+
 def _cupy_grad_output():
     """relu_backward of a CPU forward given a CuPy array (of GPU 0)."""
     ctx = _ctx(F.relu, X)
@@ -133,6 +138,26 @@ ROWS = [
     ("pow_tensor_exponent", lambda: F.pow(X, X), AttrsError,
      r"^pow: exponent: expected a number \(no tensor exponents\), found ndarray"),
     ("pow_bool_exponent", lambda: F.pow(X, True), AttrsError, r"^pow: exponent: expected a number"),
+    ("topk_k_0", lambda: F.topk(X, 0), AttrsError, r"^topk: k: expected an integer >= 1, found 0"),
+    ("topk_k_bool", lambda: F.topk(X, True), AttrsError, r"^topk: k: expected an integer, found True"),
+    ("topk_dim_not_last", lambda: F.topk(X, 2, 1), AttrsError,
+     r"^topk: dim: expected the last dim \(-1 or 3\): the kernel selects along the last dim \(move the dim there "
+     r"first, with permute or transpose\), found 1"),
+    ("topk_dim_out_of_range", lambda: F.topk(X, 2, 4), AttrsError, r"^topk: dim: expected an axis in \[-4, 4\), found 4"),
+    ("topk_dim_not_an_int", lambda: F.topk(X, 2, -1.0), AttrsError, r"^topk: dim: expected an integer, found -1.0"),
+    ("topk_smallest", lambda: F.topk(X, 2, largest=False), AttrsError,
+     r"^topk: largest: expected True \(the kernel keeps the largest\), found False"),
+    ("topk_sorted_not_a_bool", lambda: F.topk(X, 2, sorted="no"), AttrsError, r"^topk: sorted: expected a bool, found 'no'"),
+    ("topk_rank_0", lambda: F.topk(np.array(1.0), 1), ShapeError,
+     r"^topk: input: expected rank >= 1 \(rows along the last dim\), found rank 0"),
+    ("topk_ctx_not_a_context", lambda: F.topk(X, 2, ctx=object()), StateError,
+     r"^topk: ctx: expected a kernels.functional.Context or None, found object"),
+    ("topk_backward_ctx_of_another_op", lambda: F.topk_backward(X, _ctx(F.relu, X)), StateError,
+     r"^topk_backward: ctx: expected a context of topk, found one of relu"),
+    ("topk_backward_released_ctx", lambda: F.topk_backward(X, _released(_ctx(F.topk, X, 2))), StateError,
+     r"^topk_backward: ctx: expected a context holding a topk forward, found an empty or released context"),
+    ("topk_backward_grad_values_on_another_device", lambda: F.topk_backward(_CupyArray(0), _ctx(F.topk, X, 2)),
+     DeviceError, r"^topk_backward: grad_values: expected a tensor on the forward's device \(cpu\), found GPU 0"),
 ]
 
 

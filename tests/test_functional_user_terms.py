@@ -38,6 +38,14 @@ ROWS = [
                                                        _ctx(F.split, np.zeros((4, 3)), 2)), kernels.ShapeError,
      "split_backward: grad_outputs[0]: expected dims (2, 3), found (1, 3)", "split: output_grads[0]:"),
     ("pow_scalar", lambda: F.pow(A, float("nan")), kernels.AttrsError, "pow: exponent: ", "element_unary: scalar:"),
+    ("topk_k_past_the_row", lambda: F.topk(A, 4), kernels.AttrsError,
+     "topk: k: expected at most the last dim of input (3), found 4", "top_k: k:"),
+    ("topk_dtype", lambda: F.topk(A.astype(np.int32), 1), kernels.DTypeError,
+     "topk: input: expected one of float16, bfloat16, float32, float64, found int32", "top_k: input_shape:"),
+    ("topk_backward_grad_values_dims", lambda: F.topk_backward(np.zeros((2, 2)), _ctx(F.topk, A, 1)), kernels.ShapeError,
+     "topk_backward: grad_values: expected dims (2, 1), found (2, 2)", "top_k: values_grad:"),
+    ("topk_backward_grad_values_dtype", lambda: F.topk_backward(np.zeros((2, 1), np.float32), _ctx(F.topk, A, 1)),
+     kernels.DTypeError, "topk_backward: grad_values: expected dtype float64, found float32", "top_k: values_grad:"),
 ]
 
 

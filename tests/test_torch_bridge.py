@@ -65,6 +65,8 @@ CASES = [
     ("interpolate_bilinear", lambda x: KT.upsample(x, scale_factor=2, mode="bilinear"),
      lambda x: TF.interpolate(x, scale_factor=2, mode="bilinear"), [((1, 2, 3, 4),)]),
     ("softmax", lambda x: KT.softmax(x, 1), lambda x: TF.softmax(x, 1), [((3, 5, 2),)]),
+    ("topk", lambda x: KT.topk(x, 2), lambda x: torch.topk(x, 2), [((3, 5),)]),
+    ("topk_k_n_dim_2", lambda x: KT.topk(x, 4, 2), lambda x: torch.topk(x, 4, 2), [((2, 3, 4),)]),
     ("cat", lambda a, b: KT.cat([a, b], 1), lambda a, b: torch.cat([a, b], 1), [((2, 3, 2),), ((2, 1, 2),)]),
     ("split", lambda x: KT.split(x, [1, 3], 1), lambda x: torch.split(x, [1, 3], 1), [((2, 4, 3),)]),
     ("split_one_piece_used", lambda x: KT.split(x, 2, 1)[1], lambda x: torch.split(x, 2, 1)[1], [((2, 4, 3),)]),
@@ -108,7 +110,11 @@ def test_forward_matches_torch_and_gradcheck_passes(device, ours, theirs, specs)
     got, expected = ours(*inputs), theirs(*inputs)
     got, expected = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
     for g, e in zip(got, expected):
-        assert isinstance(g, torch.Tensor) and g.device == e.device and g.dtype == e.dtype and g.grad_fn is not None
+        assert isinstance(g, torch.Tensor) and g.device == e.device and g.dtype == e.dtype
+        if not e.is_floating_point():  # topk's indices: equal, and not differentiable (as torch's)
+            assert torch.equal(g, e) and not g.requires_grad
+            continue
+        assert g.grad_fn is not None
         # float64: the kernels and torch sum in other orders (conv, matmul, softmax, batch statistics);
         # measured at most 2.1e-16 (about one ulp) relative to the largest value on the CPU; bound 1e-13.
         torch.testing.assert_close(g, e, rtol=0, atol=1e-13 * max(1.0, float(e.detach().abs().max())))
@@ -207,6 +213,35 @@ def test_errors_are_the_functional_layers():
         KT.conv2d(_randn("cpu", 1, 3, 5, 5), _randn("cpu", 2, 4, 3, 3))
     with pytest.raises(kernels.ShapeError, match=r"^cat: tensors: expected a non-empty list"):
         KT.cat([])
+    with pytest.raises(kernels.AttrsError, match=r"^topk: dim: expected the last dim \(-1 or 2\)"):
+        KT.topk(_randn("cpu", 2, 3, 4), 2, 1)
+    with pytest.raises(kernels.AttrsError, match=r"^topk: k: expected at most the last dim of input \(4\), found 5"):
+        KT.topk(_randn("cpu", 2, 3, 4), 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16], ids=["f64", "f16", "bf16"])
+def test_topk_ties_nan_and_the_gradient(device, dtype):
+    """torch.sort(descending=True, stable=True)'s order through the bridge (ties lower index first, NaN
+    largest, each value's own bits, -0.0 kept), as torch.return_types.topk; the gradient is the values'
+    scattered to the indices, zeros elsewhere; the indices are int64 and not differentiable."""
+    nan, inf = float("nan"), float("inf")
+    rows = torch.tensor([[1.0, nan, 2.0, nan, -inf, inf, 2.0], [-0.0, 0.0, -1.0, 0.0, -0.0, -2.0, -inf],
+                         [0.5, 0.5, 0.5, 0.5, -0.5, inf, -inf]], dtype=dtype, device=device)
+    x = rows.clone().requires_grad_()
+    result = KT.topk(x, 3)
+    assert isinstance(result, torch.return_types.topk)
+    values, indices = result
+    expected = torch.sort(rows.double(), dim=-1, descending=True, stable=True).indices[:, :3]
+    assert torch.equal(indices, expected) and indices.dtype == torch.int64 and not indices.requires_grad
+    bits = {2: torch.int16, 8: torch.int64}[rows.element_size()]  # gathered as integers: torch's bfloat16 gather
+    assert torch.equal(values.view(bits), rows.view(bits).gather(-1, expected))  # changes NaN's bits on the CPU
+    grad = torch.tensor([[1.0, -2.0, 0.5], [4.0, 0.25, -1.0], [3.0, 2.0, 1.0]], dtype=dtype, device=device)
+    values.backward(grad)
+    assert torch.equal(x.grad, torch.zeros_like(rows).scatter(-1, expected, grad))
+    with torch.no_grad():
+        plain = KT.topk(x, 3)
+    assert isinstance(plain, torch.return_types.topk) and plain.values.grad_fn is None
+    assert torch.equal(plain.indices, indices)
 
 
 def test_bfloat16_through_the_bridge():

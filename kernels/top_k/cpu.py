@@ -8,6 +8,8 @@ order. forward and backward run after the package's checks (cpu_forward_kernel, 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..runtime import core
@@ -36,17 +38,33 @@ def order_key(x: np.ndarray) -> np.ndarray:
     return key
 
 
+def forward_plan(state: core.KernelState, attrs: Any, threads: int) -> Any:
+    """forward for the calls of a functional plan of the state's form (kernels/functional.py, _Plan):
+    compute(state, input, values, indices) on checked arrays, the rows' dims worked out once. `threads` is
+    not used: the CPU top_k shares no work out (one argsort of all the rows)."""
+    rows, n = rows_and_length(state)
+    k = attrs.k
+    if rows == 0:
+        return lambda state, input, values, indices: None
+    return lambda state, input, values, indices: _select(input.reshape(rows, n), values.reshape(rows, k),
+                                                         indices.reshape(rows, k))
+
+
 def forward(state: core.KernelState, input: np.ndarray, values: np.ndarray, indices: np.ndarray) -> None:
     """values, indices = the k largest of each row, descending, ties by the lower index first."""
     rows, n = rows_and_length(state)
     k = state.attrs.k
     if rows == 0:
         return
-    x = input.reshape(rows, n)
+    _select(input.reshape(rows, n), values.reshape(rows, k), indices.reshape(rows, k))
+
+
+def _select(x: np.ndarray, values: np.ndarray, indices: np.ndarray) -> None:
+    """values, indices (rows, k) = the k largest of each row of x (rows, n), as forward describes."""
     # The complement of the key sorts the largest first; kind="stable" keeps equal keys in index order.
-    order = np.argsort(~order_key(x), axis=1, kind="stable")[:, :k]
-    np.copyto(indices.reshape(rows, k), order, casting="same_kind")
-    np.copyto(values.reshape(rows, k), np.take_along_axis(x, order, axis=1))
+    order = np.argsort(~order_key(x), axis=1, kind="stable")[:, :values.shape[1]]
+    np.copyto(indices, order, casting="same_kind")
+    np.copyto(values, np.take_along_axis(x, order, axis=1))
 
 
 def backward(state: core.KernelState, values_grad: np.ndarray, indices: np.ndarray,
