@@ -36,7 +36,11 @@ Contract:
   dtypes of its arrays, its other arguments with their types), what it worked out from
   them and its op's CPU compute for the form (the op's cpu.forward_plan); a repeated call
   of that form on C-contiguous NumPy arrays runs that compute, skipping this layer's
-  checks and the kernel's entry point and checks (_Plan; docs/performance.md).
+  checks and the kernel's entry point and checks (_Plan; docs/performance.md). A GPU
+  forward without ctx on C-contiguous CuPy arrays keeps one per form too (their devices
+  in it), in the runtime of its stream: a repeated call runs the op's gpu_forward_kernel
+  with the stream entered once and the arrays' checks skipped, ordered with CuPy's
+  current stream as the full path is (_GpuPlan).
 - **Streams and handles.** CPU calls use ``kernels.cpu_stream()``/``cpu_handle()``. A GPU
   call runs on the ``stream=`` given, or on a default stream of the input's device,
   made on first use (``default_stream(device)``); outputs are allocated inside that
