@@ -263,6 +263,7 @@ def test_clear_cache_and_cache_info_count_the_gpu_plans(cupy, monkeypatch):
     for _ in range(2):
         F.relu(x)
     assert envs.count == 2 and F.cache_info() == {"element_unary": 1}
+    F.clear_cache()
     monkeypatch.setattr(F, "_PLAN_LIMIT", 2)
     for n in (2, 3, 4):
         values = distinct(n, 5)
