@@ -36,7 +36,11 @@ Contract:
   dtypes of its arrays, its other arguments with their types), what it worked out from
   them and its op's CPU compute for the form (the op's cpu.forward_plan); a repeated call
   of that form on C-contiguous NumPy arrays runs that compute, skipping this layer's
-  checks and the kernel's entry point and checks (_Plan; docs/performance.md).
+  checks and the kernel's entry point and checks (_Plan; docs/performance.md). A GPU
+  forward without ctx on C-contiguous CuPy arrays keeps one per form too (their devices
+  in it), in the runtime of its stream: a repeated call runs the op's gpu_forward_kernel
+  with the stream entered once and the arrays' checks skipped, ordered with CuPy's
+  current stream as the full path is (_GpuPlan).
 - **Streams and handles.** CPU calls use ``kernels.cpu_stream()``/``cpu_handle()``. A GPU
   call runs on the ``stream=`` given, or on a default stream of the input's device,
   made on first use (``default_stream(device)``); outputs are allocated inside that
@@ -144,6 +148,7 @@ class _Runtime:
         self.handle = handle
         self.free: dict[tuple, list[Any]] = {}
         self.made: dict[tuple, int] = {}
+        self.plans: dict[tuple, Any] = {}  # a GPU stream's plans, form -> _GpuPlan (the CPU's are in _PLANS)
         self.lock = threading.RLock()  # re-entrant: a Context released by the GC may give back mid-call
         self.closed = False
 
@@ -171,6 +176,7 @@ class _Runtime:
         with self.lock:
             self.closed = True
             pools, self.free = self.free, {}
+            self.plans = {}
         for key, states in pools.items():
             _drain(states, _OP_MODULES[key[0]], self.handle)
         self.handle.close()
@@ -309,20 +315,8 @@ class _Env:
             self.xp = gpu.cupy
             self.runtime = _gpu_runtime(stream) if runtime is None else runtime
             if stream is _DEFAULT_GPU_STREAMS.get(self.device):
-                self._follow_current()
+                _follow_current(stream, self.device)
         self.handle = self.runtime.handle
-
-    def _follow_current(self) -> None:  # pragma: no cover - GPU: the default stream of a GPU
-        """Order this call on the default stream after CuPy's current stream of the device, and (when the
-        outermost public call returns: _ordered) that stream after the call's work."""
-        with self.xp.cuda.Device(self.device):
-            current = self.xp.cuda.get_current_stream()
-        if current.ptr == self.stream.ptr:  # inside `with default_stream(device):` already
-            return
-        gpu.stream_wait(self.stream.cupy_stream, current, self.device)
-        pending = getattr(_ORDER, "pending", None)
-        if pending is not None:  # None: not inside a public function (every public one is _ordered)
-            pending.append((self.stream, current))
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -376,6 +370,21 @@ class _Env:
 # this host thread (None outside one): each current stream waits for its default stream when it returns.
 _ORDER = threading.local()
 _ORDER.pending = None
+
+
+def _follow_current(stream: Any, device: int) -> None:  # pragma: no cover - GPU: the default stream of a GPU
+    """Order a call on the default `stream` of GPU `device` after CuPy's current stream of the device, and (when
+    the outermost public call returns: _ordered) that stream after the call's work. Called before the call
+    enters `stream` (inside it, CuPy's current stream is `stream` itself)."""
+    cupy = gpu.cupy
+    with cupy.cuda.Device(device):
+        current = cupy.cuda.get_current_stream()
+    if current.ptr == stream.ptr:  # inside `with default_stream(device):` already
+        return
+    gpu.stream_wait(stream.cupy_stream, current, device)
+    pending = getattr(_ORDER, "pending", None)
+    if pending is not None:  # None: not inside a public function (every public one is _ordered)
+        pending.append((stream, current))
 
 
 def _ordered(function: Any) -> Any:
@@ -505,6 +514,8 @@ class _Plan:
 
     __slots__ = ("runtime", "module", "attrs", "shapes", "key", "free", "dims", "dtype", "compute")
 
+    empty = staticmethod(np.empty)  # a new output: empty(dims, dtype)
+
     def __init__(self, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any):
         self.runtime, self.module, self.attrs, self.shapes = env.runtime, module, attrs, shapes
         self.key = (module.OP, attrs, _freeze(shapes))
@@ -513,9 +524,13 @@ class _Plan:
         self.dims, self.dtype = dims, dtype  # one output's dims, or split's list of them
         state = self.take()
         try:
-            self.compute = module.cpu.forward_plan(state, attrs, env.handle.threads)
+            self.compute = self._compute(env, state)
         finally:
             self.give_back(state)
+
+    def _compute(self, env: _Env, state: Any) -> Any:
+        """The op's CPU compute of the form."""
+        return self.module.cpu.forward_plan(state, self.attrs, env.handle.threads)
 
     def take(self) -> Any:
         try:
@@ -551,8 +566,40 @@ class _Plan:
                     _drain(free, self.module, self.runtime.handle)
 
 
-# form -> _Plan. Emptied by clear_cache, and when it grows past _PLAN_LIMIT forms (a caller whose dims
-# change on every call gains nothing from plans, and must not grow the cache without bound).
+class _GpuPlan(_Plan):  # pragma: no cover - GPU: CuPy arrays
+    """A GPU forward's plan, kept in the runtime of its stream (_Runtime.plans; a form's arrays are CuPy
+    arrays, their devices in the form): as a CPU plan, the attrs, the output's dims and dtype and the place
+    of the form's states in the cache, worked out once. Its compute is the op's gpu_forward_kernel on the
+    stream, entered once for the call, with the arrays' checks skipped (core.replaying): the arrays are of
+    the form whose first call was checked (C-contiguous CuPy arrays of these dims, dtypes and devices; the
+    outputs the plan's own, allocated in the stream's context as the full path's); the checks of the
+    stream, handle, state and attrs stay, and so do the kernel's launch plans, kept in its state. A call
+    on the device's default stream is ordered with CuPy's current stream both ways, as the full path's
+    (_follow_current, before the stream is entered). The plan holds its stream by a weak reference: its
+    runtime, which _GPU_RUNTIMES keeps while the stream lives, holds the plan."""
+
+    __slots__ = ("stream", "device", "default", "handle")
+
+    def _compute(self, env: _Env, state: Any) -> Any:
+        self.stream, self.device, self.handle = weakref.ref(env.stream), env.device, env.handle
+        self.default = env.stream is _DEFAULT_GPU_STREAMS.get(env.device)
+        return self._launch
+
+    def _launch(self, state: Any, *arrays: Any, **keywords: Any) -> None:
+        stream = self.stream()
+        if self.default:
+            _follow_current(stream, self.device)
+        with core.replaying(stream):  # the kernel looked up per call, as the entry points do: a test may replace it
+            self.module.gpu_forward_kernel(stream, self.handle, state, self.attrs, *arrays, **keywords)
+
+    def empty(self, dims: Any, dtype: Any) -> Any:
+        with self.stream():
+            return gpu.cupy.empty(tuple(dims), dtype)
+
+
+# form -> _Plan of the CPU (a GPU stream's are in its runtime: _Runtime.plans). Emptied by clear_cache, and
+# when it grows past _PLAN_LIMIT forms (a caller whose dims change on every call gains nothing from plans,
+# and must not grow the cache without bound); so are a runtime's plans.
 _PLANS: dict[tuple, _Plan] = {}
 _PLAN_LIMIT = 4096
 
@@ -560,24 +607,27 @@ _PLAN_LIMIT = 4096
 def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: tuple) -> tuple[Any, Any]:
     """(form, plan) of a forward call: the form is the op, the dims and dtype of each of `arrays`, and
     each of `values` (the other arguments) with its type, since 1, 1.0 and True are equal keys but not
-    the same argument to check; the plan is the form's, or None where no call of it has run yet. The form
-    is None where the call takes the full path every time: a ctx, a GPU stream, an array that is not a
-    C-contiguous NumPy array (a CuPy array, a torch tensor, a strided view), an argument that is not hashable."""
-    if ctx is not None or (stream is not None and type(stream) is not cpu.CpuStream):
+    the same argument to check; the plan is the form's, or None where no call of it has run yet. Arrays
+    that are not C-contiguous NumPy arrays, or a GPU stream, make a GPU form, or none (_gpu_planned). The
+    form is None where the call takes the full path every time: a ctx, a torch tensor, a strided view, an
+    argument that is not hashable."""
+    if ctx is not None:
         return None, None
     kinds = tuple(map(type, values))
     if tuple in kinds or list in kinds:  # a pair or a list of ints: its items' types too, (1, True) is not (1, 1)
         values = tuple((tuple(v), tuple(map(type, v))) if type(v) in (tuple, list) else v for v in values)
+    if stream is not None and type(stream) is not cpu.CpuStream:
+        return _gpu_planned(op, stream, arrays, values, kinds)
     if len(arrays) == 1:  # most calls: the form as one tuple, no list
         array = arrays[0]
         if type(array) is not np.ndarray or not array.flags.c_contiguous:
-            return None, None
+            return _gpu_planned(op, stream, arrays, values, kinds)
         key: tuple = (op, array.shape, array.dtype, values, kinds)
     else:
         form: list[Any] = [op]
         for array in arrays:
             if type(array) is not np.ndarray or not array.flags.c_contiguous:
-                return None, None
+                return _gpu_planned(op, stream, arrays, values, kinds)
             form.append(array.shape)
             form.append(array.dtype)
         form.append(values)
@@ -589,13 +639,41 @@ def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: tupl
         return None, None
 
 
+def _gpu_planned(op: str, stream: Any, arrays: Sequence[Any], values: tuple, kinds: tuple) -> tuple[Any, Any]:
+    """_planned's (form, plan) of a call on C-contiguous CuPy arrays: the form holds each array's device too,
+    and the plan is looked up in the runtime of the call's stream (the one given, or the default stream of
+    the first array's device), where the first call of the form keeps it. (None, None) for anything else."""
+    cupy = _cupy_module()
+    if cupy is not None:  # pragma: no cover - GPU: CuPy arrays
+        form: list[Any] = [op]
+        for array in arrays:
+            if type(array) is not cupy.ndarray or not array.flags.c_contiguous:
+                return None, None
+            form += (array.shape, array.dtype, array.device.id)
+        form.append(values)
+        form.append(kinds)
+        key = tuple(form)
+        if stream is None:
+            stream = _DEFAULT_GPU_STREAMS.get(form[3])  # None before the device's first call
+        try:
+            runtime = None if stream is None else _GPU_RUNTIMES.get(stream)
+            return key, (runtime.plans if runtime is not None else {}).get(key)
+        except TypeError:  # an argument that is not hashable, or a stream that is not one (refused on the full path)
+            return None, None
+    return None, None
+
+
 def _remember(form: Any, env: _Env, module: Any, attrs: Any, shapes: tuple, dims: Any, dtype: Any) -> None:
     """Keep the plan of a call of `form` that has just run through the full path (a form of None: none)."""
     if form is None:
         return
-    if len(_PLANS) >= _PLAN_LIMIT:
-        _PLANS.clear()
-    _PLANS[form] = _Plan(env, module, attrs, shapes, dims, dtype)
+    if env.device == "cpu":
+        plans, plan = _PLANS, _Plan
+    else:  # pragma: no cover - GPU: CuPy arrays
+        plans, plan = env.runtime.plans, _GpuPlan
+    if len(plans) >= _PLAN_LIMIT:
+        plans.clear()
+    plans[form] = plan(env, module, attrs, shapes, dims, dtype)
 
 
 def _begin_backward(op: str, ctx: Any, grad_output: Any, stream: Any,
@@ -695,7 +773,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     form, plan = _planned(op, ctx, stream, (input, weight) if bias is None else (input, weight, bias),
                           (bias is None, stride, padding, dilation, groups, activation))
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         plan.run(input, weight, bias, output)
         return output
     env = _Env(op, input, stream)
@@ -758,7 +836,7 @@ def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor |
     form, plan = _planned(op, ctx, stream, [input] + given, (running_mean is None, running_var is None, weight is None,
                                                               bias is None, training, momentum, eps, activation, mode))
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         state = plan.take()
         own = state.running_mean, state.running_var
         try:  # as call() below, on the caller's statistics themselves (the plan's first call needed no copy)
@@ -891,7 +969,7 @@ def _planned_unary(op: str, ctx: Any, stream: Any, input: Any, values: Sequence[
     form, plan = _planned(op, ctx, stream, (input,), values)
     if plan is None:
         return form, None
-    output = np.empty(plan.dims, plan.dtype)
+    output = plan.empty(plan.dims, plan.dtype)
     plan.run(input, output)
     return form, output
 
@@ -1121,7 +1199,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, 
         raise fail(ShapeError, op, "tensors", "a non-empty list of tensors", type(tensors).__name__)
     form, plan = _planned(op, ctx, stream, tensors, (dim,))
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         plan.run(list(tensors), output)
         return output
     env = _Env(op, tensors[0], stream)
@@ -1161,7 +1239,7 @@ def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int 
     op = "split"
     form, plan = _planned(op, ctx, stream, (tensor,), (split_size_or_sections, dim))
     if plan is not None:
-        outputs = [np.empty(d, plan.dtype) for d in plan.dims]
+        outputs = [plan.empty(d, plan.dtype) for d in plan.dims]
         plan.run(tensor, outputs)
         return tuple(outputs)
     env = _Env(op, tensor, stream)
@@ -1349,7 +1427,7 @@ def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: 
     op = "matmul"
     form, plan = _planned(op, ctx, stream, (input, other), ())
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         plan.run(input, other, output)
         return output
     env = _Env(op, input, stream)
@@ -1378,7 +1456,7 @@ def _elementwise(op: str, op_type: BinaryOpType, input: Tensor, other: Tensor | 
     number = isinstance(other, (int, float, np.integer, np.floating)) and not isinstance(other, bool)
     form, plan = _planned(op, ctx, stream, (input,), (other,)) if number else _planned(op, ctx, stream, (input, other), ())
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         if number:
             plan.run(input, output)
         else:
@@ -1493,7 +1571,7 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
         raise fail(ShapeError, op, "tensors", "a non-empty list of tensors", type(tensors).__name__)
     form, plan = _planned(op, ctx, stream, tensors, ())
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         plan.run(list(tensors), output)
         return output
     env = _Env(op, tensors[0], stream)
@@ -1529,7 +1607,7 @@ def _unary(op: str, op_type: UnaryOpType, input: Tensor, scalar: float | None, c
            stream: Any) -> Tensor:
     form, plan = _planned(op, ctx, stream, (input,), (scalar,))
     if plan is not None:
-        output = np.empty(plan.dims, plan.dtype)
+        output = plan.empty(plan.dims, plan.dtype)
         plan.run(input, output)
         return output
     env = _Env(op, input, stream)

@@ -772,6 +772,24 @@ def test_plans_keep_the_checks():
         F.add(a, distinct(3, 4))
 
 
+def test_numpy_arrays_with_a_gpu_stream_are_refused_every_call():
+    """A GPU stream (here a stand-in with a device ordinal) takes a call to the GPU plans (_gpu_planned), which
+    keep none for NumPy arrays: each call takes the full path and is refused there, and no plan is kept."""
+
+    class GpuStream:
+        device = 0
+
+        def synchronize(self):
+            pass
+
+    F.clear_cache()
+    x = distinct(2, 3)
+    for _ in range(2):
+        with pytest.raises(kernels.DeviceError, match="relu: stream: expected a stream of the input's device"):
+            F.relu(x, stream=GpuStream())
+    assert F._PLANS == {} and F._planned("relu", None, GpuStream(), (x,), (None,)) == (None, None)
+
+
 def test_an_unhashable_argument_takes_the_full_path_every_call():
     """permute's dims as a NumPy array: a valid argument that no form can hold, so no plan is kept for it."""
     F.clear_cache()

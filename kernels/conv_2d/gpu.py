@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .. import activation
-from ..runtime import core, cublas, gpu, gpu_paths
+from ..runtime import core, cublas, cudnn, gpu, gpu_paths
 from .plan import (
     DEPTHWISE_BLOCK,
     IMPLICIT_GEMM_BELOW_FLOPS,
@@ -103,8 +103,6 @@ def init(handle: Any, state: Conv2DState) -> None:
     """Make the cuDNN descriptors, pick the paths and cuDNN's algorithms from the shapes, and reserve the
     workspace in the handle (calls never allocate). On failure, release what was made and raise."""
     import cupy
-
-    from ..runtime import cudnn
 
     attrs = state.attrs
     dtype = state.shapes["input_shape"].dtype
@@ -308,8 +306,6 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
             output: Any) -> None:
     """output = activation(conv(input, filter) + bias), enqueued on the stream; with an activation, the
     pre-activation is kept in the state's buffer (state.pre) for the backward."""
-    from ..runtime import cudnn
-
     target = output  # without backward, a fused activation is applied in the output itself
     # Without backward, the bias and activation are one epilogue: in the depthwise kernel, else one
     # conv_bias_activation launch (rather than cuDNN's AddTensor, then activation.cu's pass).
@@ -365,8 +361,6 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
 def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_grad: Any, input: Any, input_grad: Any,
              filter: Any, filter_grad: Any, bias_grad: Any) -> None:
     """Write input_grad, filter_grad and bias_grad (those not None), enqueued on the stream."""
-    from ..runtime import cudnn
-
     dtype = output_grad.dtype
     grad = output_grad
     if attrs.activation is not None:
