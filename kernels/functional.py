@@ -1148,7 +1148,7 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     op = "topk"
     form, plan = _planned(op, ctx, stream, (input,), (k, dim, largest, sorted))
     if plan is not None:
-        values, indices = np.empty(plan.dims, plan.dtype), np.empty(plan.dims, top_k_op.INDEX_DTYPE)
+        values, indices = plan.empty(plan.dims, plan.dtype), plan.empty(plan.dims, top_k_op.INDEX_DTYPE)
         plan.run(input, values, indices)
         return TopK(values, indices)
     env = _Env(op, input, stream)

@@ -90,6 +90,7 @@ def _calls(d):
         "interpolate": lambda **k: F.interpolate(x4, scale_factor=2, **k),
         "upsample bilinear": lambda **k: F.upsample(x4, scale_factor=2, mode="bilinear", **k),
         "gradient_reduction": lambda **k: F.gradient_reduction([a, b], **k),
+        "topk": lambda **k: F.topk(x4, 2, **k),
     }
 
 
