@@ -421,3 +421,172 @@ def test_descriptors_destroyed_at_cleanup_and_on_failed_init(gdev, monkeypatch):
         _make_state(gdev, CASES[0].values[1], (2, 8, 12, 10), dtype, monkeypatch, backend=True)
     assert "refused by the test" in str(raised.value)
     assert cudnn.live_descriptors() == start
+
+
+# ------------------------------------------------------------------ ForwardPlan against a stand-in library
+
+
+class _FakeBackend:
+    """cudnnBackend* in Python, enough for ForwardPlan: descriptors hold their attributes; the
+    heuristics offer `offers[mode]` (engine index, notes, plan status, workspace) in order."""
+
+    _CTYPES = {cudnn.TYPE_INT64: ctypes.c_int64, cudnn.TYPE_FLOAT: ctypes.c_float, cudnn.TYPE_DOUBLE: ctypes.c_double,
+               cudnn.TYPE_HANDLE: ctypes.c_void_p, cudnn.TYPE_VOID_PTR: ctypes.c_void_p,
+               cudnn.TYPE_BACKEND_DESCRIPTOR: ctypes.c_void_p}
+
+    def __init__(self, offers):
+        self.offers, self.descriptors, self.executed, self.next = offers, {}, [], 4096
+        self.loaded = self
+
+    def __call__(self):
+        return self
+
+    def _ctype(self, kind):
+        return self._CTYPES.get(kind, ctypes.c_int)
+
+    def cudnnBackendCreateDescriptor(self, kind, pointer):
+        self.next += 16
+        self.descriptors[self.next] = {"kind": kind, "attrs": {}, "final": False}
+        pointer._obj.value = self.next
+        return 0
+
+    def cudnnBackendDestroyDescriptor(self, ptr):
+        return 0 if self.descriptors.pop(ptr, None) is not None else 2000
+
+    def cudnnBackendSetAttribute(self, ptr, name, kind, count, array):
+        values = ctypes.cast(array, ctypes.POINTER(self._ctype(kind)))
+        self.descriptors[ptr]["attrs"][name] = (kind, [values[i] for i in range(count)])
+        return 0
+
+    def cudnnBackendFinalize(self, ptr):
+        d = self.descriptors[ptr]
+        if d["kind"] == cudnn.BACKEND_OPERATIONGRAPH_DESCRIPTOR and not d["attrs"][cudnn.ATTR_OPERATIONGRAPH_HANDLE][1][0]:
+            return 2000
+        if d["kind"] == cudnn.BACKEND_EXECUTION_PLAN_DESCRIPTOR:
+            config = self.descriptors[d["attrs"][cudnn.ATTR_EXECUTION_PLAN_ENGINE_CONFIG][1][0]]
+            if config["offer"][2]:
+                return config["offer"][2]
+        d["final"] = True
+        return 0
+
+    def cudnnBackendGetAttribute(self, ptr, name, kind, requested, returned, array):
+        d = self.descriptors[ptr]
+        if name == cudnn.ATTR_ENGINEHEUR_RESULTS:
+            offers = self.offers.get(d["attrs"][cudnn.ATTR_ENGINEHEUR_MODE][1][0], [])
+            returned._obj.value = len(offers)
+            targets = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p)) if array is not None else None
+            for i in range(min(requested, len(offers))):
+                self.descriptors[targets[i]]["offer"] = offers[i]
+            return 0
+        if name == cudnn.ATTR_ENGINECFG_ENGINE:
+            engine = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))[0]
+            self.descriptors[engine]["offer"] = d["offer"]
+            values = [engine]
+        elif name == cudnn.ATTR_ENGINE_GLOBAL_INDEX:
+            values = [d["offer"][0]]
+        elif name == cudnn.ATTR_ENGINE_NUMERICAL_NOTE:
+            values = list(d["offer"][1])
+        elif name == cudnn.ATTR_EXECUTION_PLAN_WORKSPACE_SIZE:
+            config = self.descriptors[d["attrs"][cudnn.ATTR_EXECUTION_PLAN_ENGINE_CONFIG][1][0]]
+            values = [config["offer"][3]]
+        else:
+            values = d["attrs"][name][1]
+        returned._obj.value = len(values)
+        target = ctypes.cast(array, ctypes.POINTER(self._ctype(kind)))
+        for i, value in enumerate(values[:requested]):
+            target[i] = value
+        return 0
+
+    def cudnnBackendExecute(self, handle, plan, pack):
+        assert self.descriptors[plan]["final"] and self.descriptors[pack]["final"]
+        self.executed.append((handle, self.descriptors[pack]["attrs"]))
+        return 0
+
+    def cudnnGetLastErrorString(self, buffer, size):
+        buffer.value = b""
+
+    def cudnnGetErrorString(self, status):
+        return None
+
+
+def _fake(monkeypatch, offers):
+    fake = _FakeBackend(offers)
+    monkeypatch.setattr(cudnn, "library", fake)
+    return fake
+
+
+_PLAN_ARGS = (np.float16, (2, 8, 12, 10), (16, 8, 3, 3), (2, 16, 12, 10), (1, 1), (1, 1), (1, 1), False, 1000)
+
+
+def test_forward_plan_takes_the_first_acceptable_engine(monkeypatch):
+    """Refused notes, a plan that does not finalize and a workspace over the limit are passed over,
+    in heuristics order, then the fallback list; the graph is what the attrs say."""
+    fake = _fake(monkeypatch, {
+        cudnn.HEUR_MODE_A: [(11, [cudnn.NUMERICAL_NOTE_WINOGRAD], 0, 0), (12, [], 3000, 0), (13, [], 0, 5000)],
+        cudnn.HEUR_MODE_FALLBACK: [(14, [cudnn.NUMERICAL_NOTE_NONDETERMINISTIC], 0, 0),
+                                   (15, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 512), (16, [], 0, 0)]})
+    start = cudnn.live_descriptors()
+    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    assert (plan.engine, plan.workspace) == (15, 512)  # half data: tensor cores allowed
+    assert [(c.engine, c.rejected) for c in plan.choices] == [
+        (11, "WINOGRAD"), (12, "plan: CUDNN_STATUS_NOT_SUPPORTED"), (13, "workspace 5000 > 1000"),
+        (14, "NONDETERMINISTIC"), (15, None)]
+    kinds = [d["kind"] for d in fake.descriptors.values()]
+    assert kinds.count(cudnn.BACKEND_TENSOR_DESCRIPTOR) == 3 and kinds.count(cudnn.BACKEND_CONVOLUTION_DESCRIPTOR) == 1
+    tensors = {d["attrs"][cudnn.ATTR_TENSOR_UNIQUE_ID][1][0]: d["attrs"] for d in fake.descriptors.values()
+               if d["kind"] == cudnn.BACKEND_TENSOR_DESCRIPTOR}
+    assert tensors[cudnn.W_UID][cudnn.ATTR_TENSOR_DIMENSIONS][1] == [16, 8, 3, 3]
+    assert tensors[cudnn.W_UID][cudnn.ATTR_TENSOR_STRIDES][1] == [72, 9, 3, 1]
+    assert tensors[cudnn.X_UID][cudnn.ATTR_TENSOR_BYTE_ALIGNMENT][1] == [cudnn.BACKEND_ALIGNMENT]
+    assert tensors[cudnn.Y_UID][cudnn.ATTR_TENSOR_DATA_TYPE][1] == [cudnn.DATA_HALF]
+    conv = next(d["attrs"] for d in fake.descriptors.values() if d["kind"] == cudnn.BACKEND_CONVOLUTION_DESCRIPTOR)
+    assert conv[cudnn.ATTR_CONVOLUTION_COMP_TYPE][1] == [cudnn.DATA_FLOAT]
+    assert conv[cudnn.ATTR_CONVOLUTION_CONV_MODE][1] == [cudnn.CROSS_CORRELATION]
+    op = next(d["attrs"] for d in fake.descriptors.values()
+              if d["kind"] == cudnn.BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
+    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA] == (cudnn.TYPE_FLOAT, [1.0])
+    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_BETA] == (cudnn.TYPE_FLOAT, [0.0])
+    plan.destroy()
+    plan.destroy()
+    assert cudnn.live_descriptors() == start and not fake.descriptors
+
+
+def test_forward_plan_variant_pack_and_refusals(monkeypatch):
+    fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(7, [cudnn.NUMERICAL_NOTE_STRICT_NAN_PROP], 0, 0)]})
+    start = cudnn.live_descriptors()
+    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    live = cudnn.live_descriptors()["backend"]
+    assert plan.run(0x5000, 512, 1024, 2048, 4096)
+    assert plan.run(0x5000, 512, 1024, 2048, 4096)
+    assert (plan.executions, plan.packs) == (2, 1)
+    assert cudnn.live_descriptors()["backend"] == live + 1
+    pack = fake.executed[-1][1]
+    assert pack[cudnn.ATTR_VARIANT_PACK_UNIQUE_IDS][1] == [cudnn.X_UID, cudnn.W_UID, cudnn.Y_UID]
+    assert pack[cudnn.ATTR_VARIANT_PACK_DATA_POINTERS][1] == [512, 1024, 2048]
+    assert pack[cudnn.ATTR_VARIANT_PACK_WORKSPACE][1] == [4096]
+    assert not plan.run(0x5000, 516, 1024, 2048, 4096)  # misaligned: nothing done, the pack kept
+    assert not plan.run(0x6000, 512, 1024, 2048, 4096)  # another cuDNN handle
+    assert (plan.executions, plan.packs) == (2, 1)
+    assert plan.run(0x5000, 512, 1024, 2048, 8192)  # the workspace moved: a new pack, the old destroyed
+    assert (plan.executions, plan.packs) == (3, 2) and cudnn.live_descriptors()["backend"] == live + 1
+    assert fake.executed[-1][1][cudnn.ATTR_VARIANT_PACK_WORKSPACE][1] == [8192]
+    plan.destroy()
+    assert cudnn.live_descriptors() == start and not fake.descriptors
+
+
+def test_forward_plan_without_an_engine_raises_and_leaks_nothing(monkeypatch):
+    fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(3, [cudnn.NUMERICAL_NOTE_FFT], 0, 0)]})
+    start = cudnn.live_descriptors()
+    args = (np.float32,) + _PLAN_ARGS[1:]
+    with pytest.raises(CudaError, match=r"CUDNN_STATUS_NOT_SUPPORTED.*engine 3: FFT") as raised:
+        cudnn.ForwardPlan(0x5000, *args)
+    assert "heuristics" not in str(raised.value)  # the fallback mode offered nothing
+    fake.offers = {cudnn.HEUR_MODE_A: [(4, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 0)]}  # TF32 without tf32
+    with pytest.raises(CudaError, match="engine 4: TENSOR_CORE"):
+        cudnn.ForwardPlan(0x5000, *args)
+    plan = cudnn.ForwardPlan(0x5000, *args[:-2], True, 1000)  # with tf32
+    assert plan.engine == 4
+    plan.destroy()
+    with pytest.raises(CudaError):
+        cudnn.ForwardPlan(0, *args)  # the graph does not finalize
+    assert cudnn.live_descriptors() == start and not fake.descriptors

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             with stream:
                 output = cupy.empty(dims, dtype)
 
-            def call(state=state, output=output):
+            def call(state=state, output=output, x=x, w=w):
                 conv_2d.forward_kernel(stream, handle, state, attrs, x, w, None, output)
 
             us = _median_us(call, stream.synchronize, args.runs, args.calls)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             tx = torch.as_tensor(x, device="cuda")
             tw = torch.as_tensor(w, device="cuda")
             torch.backends.cudnn.allow_tf32 = False
-            us = _median_us(lambda: F.conv2d(tx, tw, None, 1, 1), torch.cuda.synchronize, args.runs, args.calls)
+            us = _median_us(lambda tx=tx, tw=tw: F.conv2d(tx, tw, None, 1, 1), torch.cuda.synchronize, args.runs, args.calls)
             print(f"{np.dtype(dtype).name:8s} {'torch':8s} {us:8.1f} us  (F.conv2d, allow_tf32 False, "
                   f"cudnn.benchmark {torch.backends.cudnn.benchmark})")
     handle.close()
