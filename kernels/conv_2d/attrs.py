@@ -57,11 +57,14 @@ class Conv2DDescriptors:
     y: Any = None  # the output
     bias: Any = None  # (1, O, 1, 1)
     conv: Any = None  # the convolution
+    # The forward's cuDNN backend plan (cudnn.ForwardPlan: its graph, engine, plan and variant pack), made
+    # at init where KERNELS_CUDNN_BACKEND=1 and the forward runs in cuDNN; None: the legacy call.
+    forward_plan: Any = None
 
     def destroy(self) -> list[core.KernelError]:
         """Destroy every descriptor made, each once; return the failures (the others are destroyed anyway)."""
         errors = []
-        for name in ("y", "bias", "x", "w", "conv"):
+        for name in ("forward_plan", "y", "bias", "x", "w", "conv"):
             descriptor = getattr(self, name)
             if descriptor is None:
                 continue

@@ -6,7 +6,10 @@ allows it; half data on tensor cores with float32 compute):
 - "columns" (other groups == 1): the forward in cuDNN, both gradients by conv_2d.cu's im2col /
   col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
 - "depthwise": conv_2d.cu's own kernels throughout;
-- "cudnn": cuDNN's legacy convolution API (kernels/runtime/cudnn.py).
+- "cudnn": cuDNN's legacy convolution API (kernels/runtime/cudnn.py). With KERNELS_CUDNN_BACKEND=1
+  when the state is made, the forward runs instead through cuDNN's backend API: an execution plan
+  built at init (cudnn.ForwardPlan), one cudnnBackendExecute a call; the legacy call stays for a
+  call the plan cannot take (pointers not 16-byte aligned, another handle's cuDNN handle).
 
 init, forward and backward run after the package's checks (init_kernel, gpu_forward_kernel,
 gpu_backward_kernel, which run inside their stream). Everything is enqueued on the given stream.
@@ -143,7 +146,13 @@ def init(handle: Any, state: Conv2DState) -> None:
                     if state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward):
                         state.algorithms[direction] = cudnn.find_algorithm(
                             direction, cudnn_handle, descriptors, conv, dtype, limit, preferred, tensor_ops)
+                if state.paths["forward"] == "cudnn" and cudnn.backend_requested():
+                    d.forward_plan = cudnn.ForwardPlan(
+                        cudnn_handle, dtype, x.dims, w.dims, output.dims, (attrs.padding_h, attrs.padding_w),
+                        (attrs.stride_h, attrs.stride_w), (attrs.dilation_h, attrs.dilation_w), state.tf32, limit)
                 sizes = [algorithm.workspace for algorithm in state.algorithms.values()]
+                if d.forward_plan is not None:
+                    sizes.append(d.forward_plan.workspace)
                 sizes.append(workspace_elements(state) * dtype.itemsize)
                 state.workspace_size = max(sizes)
                 handle.reserve(state.workspace_size)  # calls never allocate
@@ -332,9 +341,12 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
             cudnn_handle = handle.cudnn(stream)
             workspace, workspace_bytes = _workspace(handle, state)
             d = state.descriptors
-            cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d.x, input.data.ptr,
-                                      d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
-                                      workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
+            plan = d.forward_plan
+            if plan is None or not plan.run(cudnn_handle, input.data.ptr, filter.data.ptr, target.data.ptr,
+                                             workspace):
+                cudnn.convolution_forward(cudnn_handle, cudnn.scalar(dtype, 1), d.x, input.data.ptr,
+                                          d.w, filter.data.ptr, d.conv, state.algorithms["forward"],
+                                          workspace, workspace_bytes, cudnn.scalar(dtype, 0), d.y, target.data.ptr)
         # The epilogue kernel: bias and activation of a state without backward; for the half dtypes also
         # the bias alone (added in float, rounded), where float and double take cuDNN's AddTensor.
         half_bias = bias is not None and dtype in core.HALF_DTYPES

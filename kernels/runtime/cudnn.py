@@ -1,4 +1,5 @@
-"""The cuDNN binding: ctypes over cuDNN 9's legacy (v7/v8-style) API, loaded on first use.
+"""The cuDNN binding: ctypes over cuDNN 9's legacy (v7/v8-style) API, loaded on first use, and
+over its backend (graph) API for one operation: the convolution forward (ForwardPlan).
 
 Where the library comes from, first found wins:
 
@@ -141,6 +142,82 @@ BWD_FILTER_ALGO_WINOGRAD = 4
 BWD_FILTER_ALGO_WINOGRAD_NONFUSED = 5
 BWD_FILTER_ALGO_FFT_TILING = 6
 
+# The backend API (cudnn_graph.h; values read from cuDNN 9.19's header, not from memory).
+# cudnnBackendDescriptorType_t
+BACKEND_CONVOLUTION_DESCRIPTOR = 1
+BACKEND_ENGINE_DESCRIPTOR = 2
+BACKEND_ENGINECFG_DESCRIPTOR = 3
+BACKEND_ENGINEHEUR_DESCRIPTOR = 4
+BACKEND_EXECUTION_PLAN_DESCRIPTOR = 5
+BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10
+BACKEND_OPERATIONGRAPH_DESCRIPTOR = 15
+BACKEND_VARIANT_PACK_DESCRIPTOR = 16
+BACKEND_TENSOR_DESCRIPTOR = 17
+# cudnnBackendAttributeType_t
+TYPE_HANDLE = 0
+TYPE_DATA_TYPE = 1
+TYPE_INT64 = 3
+TYPE_FLOAT = 4
+TYPE_DOUBLE = 5
+TYPE_VOID_PTR = 6
+TYPE_CONVOLUTION_MODE = 7
+TYPE_HEUR_MODE = 8
+TYPE_NUMERICAL_NOTE = 11
+TYPE_BACKEND_DESCRIPTOR = 15
+TYPE_BEHAVIOR_NOTE = 19
+# cudnnBackendAttributeName_t
+ATTR_CONVOLUTION_COMP_TYPE = 100
+ATTR_CONVOLUTION_CONV_MODE = 101
+ATTR_CONVOLUTION_DILATIONS = 102
+ATTR_CONVOLUTION_FILTER_STRIDES = 103
+ATTR_CONVOLUTION_POST_PADDINGS = 104
+ATTR_CONVOLUTION_PRE_PADDINGS = 105
+ATTR_CONVOLUTION_SPATIAL_DIMS = 106
+ATTR_ENGINEHEUR_MODE = 200
+ATTR_ENGINEHEUR_OPERATION_GRAPH = 201
+ATTR_ENGINEHEUR_RESULTS = 202
+ATTR_ENGINECFG_ENGINE = 300
+ATTR_EXECUTION_PLAN_HANDLE = 400
+ATTR_EXECUTION_PLAN_ENGINE_CONFIG = 401
+ATTR_EXECUTION_PLAN_WORKSPACE_SIZE = 402
+ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA = 700
+ATTR_OPERATION_CONVOLUTION_FORWARD_BETA = 701
+ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC = 702
+ATTR_OPERATION_CONVOLUTION_FORWARD_W = 703
+ATTR_OPERATION_CONVOLUTION_FORWARD_X = 704
+ATTR_OPERATION_CONVOLUTION_FORWARD_Y = 705
+ATTR_OPERATIONGRAPH_HANDLE = 800
+ATTR_OPERATIONGRAPH_OPS = 801
+ATTR_TENSOR_BYTE_ALIGNMENT = 900
+ATTR_TENSOR_DATA_TYPE = 901
+ATTR_TENSOR_DIMENSIONS = 902
+ATTR_TENSOR_STRIDES = 903
+ATTR_TENSOR_UNIQUE_ID = 906
+ATTR_VARIANT_PACK_UNIQUE_IDS = 1000
+ATTR_VARIANT_PACK_DATA_POINTERS = 1001
+ATTR_VARIANT_PACK_WORKSPACE = 1003
+ATTR_ENGINE_GLOBAL_INDEX = 1301
+ATTR_ENGINE_NUMERICAL_NOTE = 1303
+ATTR_ENGINE_BEHAVIOR_NOTE = 1305
+# cudnnBackendHeurMode_t
+HEUR_MODE_FALLBACK = 2
+HEUR_MODE_A = 3
+# cudnnBackendNumericalNote_t
+NUMERICAL_NOTE_TENSOR_CORE = 0
+NUMERICAL_NOTE_DOWN_CONVERT_INPUTS = 1
+NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION = 2
+NUMERICAL_NOTE_FFT = 3
+NUMERICAL_NOTE_NONDETERMINISTIC = 4
+NUMERICAL_NOTE_WINOGRAD = 5
+NUMERICAL_NOTE_WINOGRAD_TILE_4x4 = 6
+NUMERICAL_NOTE_WINOGRAD_TILE_6x6 = 7
+NUMERICAL_NOTE_WINOGRAD_TILE_13x13 = 8
+NUMERICAL_NOTE_STRICT_NAN_PROP = 9
+NUMERICAL_NOTE_TYPE_COUNT = 10
+# cudnnBackendBehaviorNote_t
+BEHAVIOR_NOTE_RUNTIME_COMPILATION = 0
+BEHAVIOR_NOTE_TYPE_COUNT = 5
+
 _DATA_TYPES = {np.dtype(np.float32): DATA_FLOAT, np.dtype(np.float64): DATA_DOUBLE, np.dtype(np.float16): DATA_HALF,
                BFLOAT16: DATA_BFLOAT16}
 
@@ -177,6 +254,15 @@ FUNCTIONS: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "cudnnCreate": (_status, (ctypes.POINTER(_p),)),
     "cudnnDestroy": (_status, (_p,)),
     "cudnnSetStream": (_status, (_p, _p)),
+    # cudnnBackend*: descriptor, attributeName, attributeType (enums), elementCount (int64_t), arrays
+    "cudnnBackendCreateDescriptor": (_status, (_i, ctypes.POINTER(_p))),  # descriptorType, *descriptor
+    "cudnnBackendDestroyDescriptor": (_status, (_p,)),
+    "cudnnBackendFinalize": (_status, (_p,)),
+    # descriptor, attributeName, attributeType, elementCount, arrayOfElements
+    "cudnnBackendSetAttribute": (_status, (_p, _i, _i, ctypes.c_int64, _p)),
+    # descriptor, attributeName, attributeType, requestedElementCount, *elementCount, arrayOfElements
+    "cudnnBackendGetAttribute": (_status, (_p, _i, _i, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), _p)),
+    "cudnnBackendExecute": (_status, (_p, _p, _p)),  # handle, executionPlan, variantPack
     # cudnn_ops.h
     "cudnnCreateTensorDescriptor": (_status, (ctypes.POINTER(_p),)),
     "cudnnSetTensor4dDescriptor": (_status, (_p, _i, _i, _i, _i, _i, _i)),  # desc, format, dataType, n, c, h, w
@@ -364,7 +450,7 @@ def set_stream(handle: int, stream_ptr: int) -> None:
 
 # --------------------------------------------------------------------------- descriptors
 
-_LIVE = {"tensor": 0, "filter": 0, "convolution": 0}
+_LIVE = {"tensor": 0, "filter": 0, "convolution": 0, "backend": 0}  # backend: every BackendDescriptor
 _LIVE_LOCK = threading.Lock()
 
 
@@ -613,3 +699,341 @@ def add_tensor(handle: int, alpha: int, a: TensorDescriptor, a_ptr: int, beta: i
                c_ptr: int) -> None:
     """C = alpha * A + beta * C with A broadcast over C's dims of size 1 in A (a bias of (1, K, 1, 1))."""
     _call("cudnnAddTensor", handle, alpha, a.ptr, a_ptr, beta, c.ptr, c_ptr)
+
+
+# --------------------------------------------------------------------------- the backend (graph) API
+# The convolution forward as an execution plan, built once (ForwardPlan): a call is then one
+# cudnnBackendExecute on a variant pack (the data pointers), rebuilt only when the pointers change.
+# The legacy cudnnConvolutionForward rebuilds cuDNN 9's plan inside every call.
+
+# Opt-in, read when a conv_2d state is made: "1" builds the forward's execution plan.
+BACKEND_ENV = "KERNELS_CUDNN_BACKEND"
+# The byte alignment the plan's tensors are described with. Engines with vector loads (every tensor-core
+# engine for the half dtypes) need 16; a call whose pointers (or workspace) are not all 16-byte aligned
+# (a view at an odd offset) takes the legacy call instead (ForwardPlan.run returns False).
+BACKEND_ALIGNMENT = 16
+# The tensors' unique ids in the graph and the variant pack.
+X_UID, W_UID, Y_UID = 1, 2, 3
+
+# Numerical notes that break the library's rules for a convolution: not a plain sum of products in
+# the compute type, or not the same bits every run.
+_REJECTED_NOTES = {
+    NUMERICAL_NOTE_DOWN_CONVERT_INPUTS: "DOWN_CONVERT_INPUTS",
+    NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION: "REDUCED_PRECISION_REDUCTION",
+    NUMERICAL_NOTE_FFT: "FFT",
+    NUMERICAL_NOTE_NONDETERMINISTIC: "NONDETERMINISTIC",
+    NUMERICAL_NOTE_WINOGRAD: "WINOGRAD",
+    NUMERICAL_NOTE_WINOGRAD_TILE_4x4: "WINOGRAD_TILE_4x4",
+    NUMERICAL_NOTE_WINOGRAD_TILE_6x6: "WINOGRAD_TILE_6x6",
+    NUMERICAL_NOTE_WINOGRAD_TILE_13x13: "WINOGRAD_TILE_13x13",
+}
+
+
+def backend_requested(environ: Any = None) -> bool:
+    """Whether KERNELS_CUDNN_BACKEND asks for the backend forward ("1"; anything else: the legacy call)."""
+    return (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip() == "1"
+
+
+def packed_strides(dims: Sequence[int]) -> tuple[int, ...]:
+    """The element strides of a packed (C-contiguous) tensor: NCHW data, the KCRS filter."""
+    strides, step = [], 1
+    for extent in reversed(dims):
+        strides.append(step)
+        step *= max(int(extent), 1)
+    return tuple(reversed(strides))
+
+
+def engine_rejection(numerical_notes: Sequence[int], dtype: Any, tf32: bool) -> str | None:
+    """Why an engine with these numerical notes may not run a convolution of `dtype` data (None: it
+    may). Rejected: FFT, Winograd, nondeterministic, reduced-precision reductions, inputs converted
+    down; tensor cores for float32 (TF32) unless `tf32`, and for float64. Behaviour notes are not
+    looked at: runtime compilation (NVRTC, once, at init) changes no result."""
+    for note in numerical_notes:
+        if note in _REJECTED_NOTES:
+            return _REJECTED_NOTES[note]
+    if NUMERICAL_NOTE_TENSOR_CORE in numerical_notes and np.dtype(dtype) not in HALF_DTYPES:
+        if not (tf32 and np.dtype(dtype) == np.float32):
+            return "TENSOR_CORE"
+    return None
+
+
+def aligned(alignment: int, *pointers: int) -> bool:
+    """Whether every pointer is a multiple of `alignment` bytes (a power of two)."""
+    mask = alignment - 1
+    return not any(int(pointer) & mask for pointer in pointers)
+
+
+class BackendDescriptor:
+    """Owns one cudnnBackendDescriptor_t from creation until destroy() (idempotent); counted in
+    live_descriptors()["backend"]."""
+
+    def __init__(self, kind: int):
+        pointer = ctypes.c_void_p()
+        _call("cudnnBackendCreateDescriptor", int(kind), ctypes.byref(pointer))
+        self.kind = int(kind)
+        self.ptr: int | None = int(pointer.value)
+        with _LIVE_LOCK:
+            _LIVE["backend"] += 1
+
+    def set(self, name: int, kind: int, ctype: Any, values: Sequence[Any]) -> None:
+        """cudnnBackendSetAttribute with `values` as an array of `ctype`."""
+        array = (ctype * len(values))(*values)
+        _call("cudnnBackendSetAttribute", self.ptr, int(name), int(kind), len(values), ctypes.cast(array, _p))
+
+    def set_descriptors(self, name: int, descriptors: Sequence["BackendDescriptor"]) -> None:
+        self.set(name, TYPE_BACKEND_DESCRIPTOR, _p, [d.ptr for d in descriptors])
+
+    def get(self, name: int, kind: int, ctype: Any, count: int) -> list[Any]:
+        """cudnnBackendGetAttribute of at most `count` elements of `ctype`: the elements returned."""
+        array = (ctype * max(count, 1))()
+        returned = ctypes.c_int64()
+        _call("cudnnBackendGetAttribute", self.ptr, int(name), int(kind), count, ctypes.byref(returned),
+              ctypes.cast(array, _p))
+        return list(array[: min(returned.value, count)])
+
+    def count(self, name: int, kind: int) -> int:
+        """How many elements an attribute holds (cudnnBackendGetAttribute with none requested)."""
+        returned = ctypes.c_int64()
+        _call("cudnnBackendGetAttribute", self.ptr, int(name), int(kind), 0, ctypes.byref(returned), None)
+        return int(returned.value)
+
+    def get_descriptors(self, name: int, descriptors: Sequence["BackendDescriptor"]) -> int:
+        """Fill descriptors made by the caller (cuDNN's rule for descriptor-valued attributes); how many
+        it filled."""
+        array = (_p * max(len(descriptors), 1))(*[d.ptr for d in descriptors])
+        returned = ctypes.c_int64()
+        _call("cudnnBackendGetAttribute", self.ptr, int(name), TYPE_BACKEND_DESCRIPTOR, len(descriptors),
+              ctypes.byref(returned), ctypes.cast(array, _p))
+        return min(int(returned.value), len(descriptors))
+
+    def finalize(self) -> None:
+        _call("cudnnBackendFinalize", self.ptr)
+
+    def try_finalize(self) -> int:
+        """cudnnBackendFinalize's status, not raised (an engine config that cannot run these shapes)."""
+        return int(library().cudnnBackendFinalize(self.ptr))
+
+    def destroy(self) -> None:
+        if self.ptr is None:
+            return
+        pointer, self.ptr = self.ptr, None
+        with _LIVE_LOCK:
+            _LIVE["backend"] -= 1
+        _call("cudnnBackendDestroyDescriptor", pointer)
+
+    @property
+    def alive(self) -> bool:
+        return self.ptr is not None
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """One engine config the heuristics offered: its engine's global index, the heuristics mode that
+    offered it, and why it was passed over (None: the chosen one)."""
+
+    engine: int
+    mode: int
+    rejected: str | None
+
+
+def tensor_descriptor(uid: int, dims: Sequence[int], dtype: Any, alignment: int = BACKEND_ALIGNMENT,
+                      owner: list[BackendDescriptor] | None = None) -> BackendDescriptor:
+    """A finalized backend tensor: packed (C-contiguous) `dims` of `dtype` data, unique id `uid`.
+    Appended to `owner` as soon as it is made (whoever owns the list destroys it on failure)."""
+    tensor = BackendDescriptor(BACKEND_TENSOR_DESCRIPTOR)
+    if owner is not None:
+        owner.append(tensor)
+    try:
+        tensor.set(ATTR_TENSOR_DATA_TYPE, TYPE_DATA_TYPE, _i, [data_type(dtype)])
+        tensor.set(ATTR_TENSOR_DIMENSIONS, TYPE_INT64, ctypes.c_int64, [int(d) for d in dims])
+        tensor.set(ATTR_TENSOR_STRIDES, TYPE_INT64, ctypes.c_int64, packed_strides(dims))
+        tensor.set(ATTR_TENSOR_UNIQUE_ID, TYPE_INT64, ctypes.c_int64, [int(uid)])
+        tensor.set(ATTR_TENSOR_BYTE_ALIGNMENT, TYPE_INT64, ctypes.c_int64, [int(alignment)])
+        tensor.finalize()
+    except BaseException:
+        if owner is None:
+            tensor.destroy()
+        raise
+    return tensor
+
+
+def convolution_descriptor(padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int], dtype: Any,
+                           owner: list[BackendDescriptor] | None = None) -> BackendDescriptor:
+    """A finalized backend 2-D cross-correlation computing in compute_type(dtype), symmetric padding."""
+    conv = BackendDescriptor(BACKEND_CONVOLUTION_DESCRIPTOR)
+    if owner is not None:
+        owner.append(conv)
+    try:
+        int64 = ctypes.c_int64
+        conv.set(ATTR_CONVOLUTION_COMP_TYPE, TYPE_DATA_TYPE, _i, [compute_type(dtype)])
+        conv.set(ATTR_CONVOLUTION_CONV_MODE, TYPE_CONVOLUTION_MODE, _i, [CROSS_CORRELATION])
+        conv.set(ATTR_CONVOLUTION_SPATIAL_DIMS, TYPE_INT64, int64, [2])
+        conv.set(ATTR_CONVOLUTION_DILATIONS, TYPE_INT64, int64, [int(v) for v in dilation])
+        conv.set(ATTR_CONVOLUTION_FILTER_STRIDES, TYPE_INT64, int64, [int(v) for v in stride])
+        conv.set(ATTR_CONVOLUTION_PRE_PADDINGS, TYPE_INT64, int64, [int(v) for v in padding])
+        conv.set(ATTR_CONVOLUTION_POST_PADDINGS, TYPE_INT64, int64, [int(v) for v in padding])
+        conv.finalize()
+    except BaseException:
+        if owner is None:
+            conv.destroy()
+        raise
+    return conv
+
+
+class ForwardPlan:
+    """y = conv(x, w) (alpha 1, beta 0) through cuDNN's backend API: the operation graph, the engine
+    and the execution plan built once here; run() is one cudnnBackendExecute on a variant pack kept
+    for the last (x, w, y, workspace) pointers.
+
+    The engine: the first config of the heuristics (mode A, then the fallback list) whose engine's
+    numerical notes engine_rejection accepts, whose plan finalizes for these shapes and whose
+    workspace fits `workspace_limit`; CudaError("cuDNN", "CUDNN_STATUS_NOT_SUPPORTED") where none
+    does, naming each config passed over. Every descriptor made is owned until destroy(); a failure
+    here destroys them before raising.
+    """
+
+    def __init__(self, handle: int, dtype: Any, x_dims: Sequence[int], w_dims: Sequence[int],
+                 y_dims: Sequence[int], padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
+                 tf32: bool, workspace_limit: int):
+        self.handle = int(handle)  # the cuDNN handle the graph and plan were built with
+        self.dtype = np.dtype(dtype)
+        self._owned: list[BackendDescriptor] = []
+        self.plan: BackendDescriptor | None = None
+        self.pack: BackendDescriptor | None = None
+        self.workspace = 0
+        self.engine = -1  # the chosen engine's global index
+        self.choices: list[EngineChoice] = []
+        self._key: tuple[int, ...] | None = None
+        self.executions = 0  # cudnnBackendExecute calls made
+        self.packs = 0  # variant packs built
+        try:
+            graph = self._graph(x_dims, w_dims, y_dims, padding, stride, dilation)
+            self._choose(graph, tf32, int(workspace_limit))
+            self._execute = library().cudnnBackendExecute
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _make(self, kind: int) -> BackendDescriptor:
+        descriptor = BackendDescriptor(kind)
+        self._owned.append(descriptor)
+        return descriptor
+
+    def _graph(self, x_dims: Sequence[int], w_dims: Sequence[int], y_dims: Sequence[int], padding: Sequence[int],
+               stride: Sequence[int], dilation: Sequence[int]) -> BackendDescriptor:
+        x, w, y = (tensor_descriptor(uid, dims, self.dtype, owner=self._owned)
+                   for uid, dims in ((X_UID, x_dims), (W_UID, w_dims), (Y_UID, y_dims)))
+        conv = convolution_descriptor(padding, stride, dilation, self.dtype, owner=self._owned)
+        op = self._make(BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
+        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_X, [x])
+        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_W, [w])
+        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_Y, [y])
+        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, [conv])
+        # alpha and beta: double for double data, float otherwise (the half dtypes compute in float)
+        scalar_type, scalar_ctype = (TYPE_DOUBLE, ctypes.c_double) if self.dtype == np.float64 else \
+            (TYPE_FLOAT, ctypes.c_float)
+        op.set(ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar_type, scalar_ctype, [1.0])
+        op.set(ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar_type, scalar_ctype, [0.0])
+        op.finalize()
+        graph = self._make(BACKEND_OPERATIONGRAPH_DESCRIPTOR)
+        graph.set_descriptors(ATTR_OPERATIONGRAPH_OPS, [op])
+        graph.set(ATTR_OPERATIONGRAPH_HANDLE, TYPE_HANDLE, _p, [self.handle])
+        graph.finalize()
+        return graph
+
+    def _configs(self, graph: BackendDescriptor, mode: int) -> list[BackendDescriptor]:
+        """The engine configs the heuristics of `mode` offer, best first (none where that mode has none
+        for this graph)."""
+        heuristics = self._make(BACKEND_ENGINEHEUR_DESCRIPTOR)
+        heuristics.set_descriptors(ATTR_ENGINEHEUR_OPERATION_GRAPH, [graph])
+        heuristics.set(ATTR_ENGINEHEUR_MODE, TYPE_HEUR_MODE, _i, [mode])
+        status = heuristics.try_finalize()
+        if status != STATUS_SUCCESS:
+            self.choices.append(EngineChoice(-1, mode, f"heuristics: {status_name(status)}"))
+            return []
+        count = heuristics.count(ATTR_ENGINEHEUR_RESULTS, TYPE_BACKEND_DESCRIPTOR)
+        configs = [self._make(BACKEND_ENGINECFG_DESCRIPTOR) for _ in range(count)]
+        filled = heuristics.get_descriptors(ATTR_ENGINEHEUR_RESULTS, configs) if configs else 0
+        return configs[:filled]
+
+    def _choose(self, graph: BackendDescriptor, tf32: bool, workspace_limit: int) -> None:
+        int64 = ctypes.c_int64
+        for mode in (HEUR_MODE_A, HEUR_MODE_FALLBACK):
+            for config in self._configs(graph, mode):
+                engine = self._make(BACKEND_ENGINE_DESCRIPTOR)
+                config.get_descriptors(ATTR_ENGINECFG_ENGINE, [engine])
+                index = engine.get(ATTR_ENGINE_GLOBAL_INDEX, TYPE_INT64, int64, 1)
+                index = int(index[0]) if index else -1
+                notes = engine.get(ATTR_ENGINE_NUMERICAL_NOTE, TYPE_NUMERICAL_NOTE, _i, NUMERICAL_NOTE_TYPE_COUNT)
+                rejected = engine_rejection(notes, self.dtype, tf32)
+                if rejected is None:
+                    plan = self._make(BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+                    plan.set(ATTR_EXECUTION_PLAN_HANDLE, TYPE_HANDLE, _p, [self.handle])
+                    plan.set_descriptors(ATTR_EXECUTION_PLAN_ENGINE_CONFIG, [config])
+                    status = plan.try_finalize()
+                    if status != STATUS_SUCCESS:
+                        rejected = f"plan: {status_name(status)}"
+                    else:
+                        size = plan.get(ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, TYPE_INT64, int64, 1)
+                        workspace = int(size[0]) if size else 0
+                        if workspace > workspace_limit:
+                            rejected = f"workspace {workspace} > {workspace_limit}"
+                        else:
+                            self.plan, self.workspace, self.engine = plan, workspace, index
+                            self.choices.append(EngineChoice(index, mode, None))
+                            return
+                self.choices.append(EngineChoice(index, mode, rejected))
+        passed = "; ".join(f"engine {c.engine}: {c.rejected}" for c in self.choices) or "none offered"
+        raise CudaError(LIBRARY, "CUDNN_STATUS_NOT_SUPPORTED",
+                        f"no deterministic sum-of-products forward engine for these shapes ({passed})")
+
+    def _variant_pack(self, key: tuple[int, int, int, int]) -> None:
+        """A finalized variant pack for (x, w, y, workspace) pointers, replacing the last one."""
+        x_ptr, w_ptr, y_ptr, workspace_ptr = key
+        pack = BackendDescriptor(BACKEND_VARIANT_PACK_DESCRIPTOR)
+        try:  # cuDNN copies the values at each set
+            pack.set(ATTR_VARIANT_PACK_UNIQUE_IDS, TYPE_INT64, ctypes.c_int64, [X_UID, W_UID, Y_UID])
+            pack.set(ATTR_VARIANT_PACK_DATA_POINTERS, TYPE_VOID_PTR, _p, [x_ptr, w_ptr, y_ptr])
+            pack.set(ATTR_VARIANT_PACK_WORKSPACE, TYPE_VOID_PTR, _p, [workspace_ptr])
+            pack.finalize()
+        except BaseException:
+            pack.destroy()
+            raise
+        old, self.pack, self._key = self.pack, pack, key
+        self.packs += 1
+        if old is not None:
+            old.destroy()
+
+    def run(self, handle: int, x_ptr: int, w_ptr: int, y_ptr: int, workspace_ptr: int) -> bool:
+        """Enqueue y = conv(x, w) on the handle's stream; False (nothing done) where the plan cannot take
+        this call: another cuDNN handle than the plan's, or a pointer not BACKEND_ALIGNMENT-aligned."""
+        key = (x_ptr, w_ptr, y_ptr, workspace_ptr)
+        if key != self._key:
+            if handle != self.handle or not aligned(BACKEND_ALIGNMENT, *key):
+                return False
+            self._variant_pack(key)
+        elif handle != self.handle:
+            return False
+        status = self._execute(handle, self.plan.ptr, self.pack.ptr)  # type: ignore[union-attr]
+        if status != STATUS_SUCCESS:
+            check(status, "cudnnBackendExecute")
+        self.executions += 1
+        return True
+
+    def destroy(self) -> None:
+        """Destroy every descriptor made (the variant pack first, then the rest newest first); the first
+        failure is raised after all are destroyed."""
+        errors = []
+        owned = ([self.pack] if self.pack is not None else []) + self._owned[::-1]
+        self.pack, self._owned, self.plan, self._key = None, [], None, None
+        for descriptor in owned:
+            try:
+                descriptor.destroy()
+            except CudaError as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+    @property
+    def alive(self) -> bool:
+        return self.plan is not None

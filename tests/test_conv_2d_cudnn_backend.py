@@ -1,0 +1,592 @@
+"""conv_2d's forward through cuDNN's backend API (KERNELS_CUDNN_BACKEND=1; kernels.runtime.cudnn.ForwardPlan).
+
+Without a GPU: the pure pieces (which engines are refused, packed strides, alignment, the switch) and,
+where cuDNN's library loads, backend tensor and convolution descriptors made, finalized and destroyed
+(no device is needed for those), and a plan whose graph cannot be finalized leaking nothing.
+
+On a GPU (marked gpu): with the switch set before the state is made, for float32, float64, float16 and
+bfloat16 and shapes whose forward runs in cuDNN (plan.choose_paths: groups 1 and not pointwise, or
+groups > 1 and not depthwise), the backend forward
+- is really taken (the state holds the plan; its executions count the calls),
+- gives the same values as the legacy call and as a float64 NumPy reference on exact-valued inputs
+  (entries in {-1, 0, 1}: every product and partial sum is exact in float32, every result exact in
+  every dtype, so any sum-of-products engine in any order gives the exact result; as the conformance
+  cases, whose conv tolerance is EXACT),
+- stays within the forward error bound of a plain sum in the compute type on random data (which TF32,
+  a reduced-precision reduction or inputs converted down would exceed),
+- keeps its variant pack while the pointers stay, builds a new one when they change, and hands
+  calls it cannot take (misaligned pointers, another handle) to the legacy call,
+- leaves every descriptor destroyed after cleanup, also when init fails,
+- keeps the bias, the fused activations and the (legacy) backward right.
+"""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from kernels import Activation, Conv2DAttrs, CudaError, TensorShape, conv_2d
+from kernels.runtime import cudnn
+from kernels.runtime.core import BFLOAT16
+
+from .conftest import Dev, require
+
+DTYPES = [pytest.param(np.dtype(np.float32), id="f32"), pytest.param(np.dtype(np.float64), id="f64"),
+          pytest.param(np.dtype(np.float16), id="f16"), pytest.param(BFLOAT16, id="bf16")]
+
+# (input dims, attrs): each one's forward runs in cuDNN (groups 1 not pointwise; groups > 1 not depthwise).
+CASES = [
+    pytest.param((2, 8, 12, 10), Conv2DAttrs(16, 3, 3, padding_h=1, padding_w=1), id="k3_p1_batch2"),
+    pytest.param((2, 8, 11, 9), Conv2DAttrs(12, 3, 3, 2, 2, 1, 1), id="k3_s2_p1_odd"),
+    pytest.param((1, 8, 9, 13), Conv2DAttrs(8, 3, 3, 1, 1, 2, 2, 2, 2), id="k3_d2_p2"),
+    pytest.param((2, 8, 10, 12), Conv2DAttrs(8, 3, 3, padding_h=1, padding_w=1, groups=2), id="g2_k3"),
+    pytest.param((2, 8, 7, 9), Conv2DAttrs(12, 1, 3, 1, 2, 0, 1, groups=4), id="g4_k1x3_s1x2"),
+    pytest.param((1, 32, 160, 160), Conv2DAttrs(32, 3, 3, padding_h=1, padding_w=1), id="c2f_k3_160"),
+]
+
+
+# ------------------------------------------------------------------ without a GPU
+
+
+def test_packed_strides():
+    assert cudnn.packed_strides((2, 8, 12, 10)) == (960, 120, 10, 1)
+    assert cudnn.packed_strides((16, 4, 3, 1)) == (12, 3, 1, 1)
+    assert cudnn.packed_strides((3, 0, 2, 2)) == (4, 4, 2, 1)  # a zero extent steps as one
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_engine_rejection(dtype):
+    reject = cudnn.engine_rejection
+    for note, name in ((cudnn.NUMERICAL_NOTE_FFT, "FFT"), (cudnn.NUMERICAL_NOTE_WINOGRAD, "WINOGRAD"),
+                       (cudnn.NUMERICAL_NOTE_WINOGRAD_TILE_4x4, "WINOGRAD_TILE_4x4"),
+                       (cudnn.NUMERICAL_NOTE_WINOGRAD_TILE_6x6, "WINOGRAD_TILE_6x6"),
+                       (cudnn.NUMERICAL_NOTE_WINOGRAD_TILE_13x13, "WINOGRAD_TILE_13x13"),
+                       (cudnn.NUMERICAL_NOTE_NONDETERMINISTIC, "NONDETERMINISTIC"),
+                       (cudnn.NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION, "REDUCED_PRECISION_REDUCTION"),
+                       (cudnn.NUMERICAL_NOTE_DOWN_CONVERT_INPUTS, "DOWN_CONVERT_INPUTS")):
+        for tf32 in (False, True):
+            assert reject([note], dtype, tf32) == name
+            assert reject([cudnn.NUMERICAL_NOTE_STRICT_NAN_PROP, note], dtype, tf32) == name
+    assert reject([], dtype, False) is None
+    assert reject([cudnn.NUMERICAL_NOTE_STRICT_NAN_PROP], dtype, False) is None
+    tensor_core = [cudnn.NUMERICAL_NOTE_TENSOR_CORE]
+    half = dtype in (np.dtype(np.float16), BFLOAT16)
+    assert reject(tensor_core, dtype, False) == (None if half else "TENSOR_CORE")
+    # TF32 lets float32 on the tensor cores, never float64
+    assert reject(tensor_core, dtype, True) == (None if dtype != np.float64 else "TENSOR_CORE")
+
+
+def test_aligned():
+    assert cudnn.aligned(16, 0, 512, 4096 + 16)
+    assert not cudnn.aligned(16, 512, 516)
+    assert cudnn.aligned(4, 516)
+    assert cudnn.aligned(16)
+
+
+def test_backend_requested(monkeypatch):
+    assert cudnn.backend_requested({cudnn.BACKEND_ENV: "1"})
+    assert cudnn.backend_requested({cudnn.BACKEND_ENV: " 1\n"})
+    for value in ("", "0", "yes", "true"):
+        assert not cudnn.backend_requested({cudnn.BACKEND_ENV: value})
+    assert not cudnn.backend_requested({})
+    monkeypatch.setenv(cudnn.BACKEND_ENV, "1")
+    assert cudnn.backend_requested()
+    monkeypatch.delenv(cudnn.BACKEND_ENV)
+    assert not cudnn.backend_requested()
+
+
+def test_backend_functions_typed():
+    """Every backend function is declared as cudnn_graph.h has it (int64_t counts, enums as int)."""
+    functions = cudnn.FUNCTIONS
+    assert functions["cudnnBackendSetAttribute"][1][3] is ctypes.c_int64
+    assert functions["cudnnBackendGetAttribute"][1][3] is ctypes.c_int64
+    assert functions["cudnnBackendGetAttribute"][1][4] == ctypes.POINTER(ctypes.c_int64)
+    for name, arity in (("cudnnBackendCreateDescriptor", 2), ("cudnnBackendDestroyDescriptor", 1),
+                        ("cudnnBackendFinalize", 1), ("cudnnBackendSetAttribute", 5),
+                        ("cudnnBackendGetAttribute", 6), ("cudnnBackendExecute", 3)):
+        restype, argtypes = functions[name]
+        assert restype is ctypes.c_int and len(argtypes) == arity, name
+
+
+def _library_or_skip():
+    try:
+        cudnn.library()
+    except CudaError as error:
+        pytest.skip(f"cuDNN's library does not load here: {error}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_descriptors_without_a_device(dtype):
+    """Tensor and convolution descriptors finalize without a GPU; what they were given reads back; each
+    one is counted while alive and destroyed once."""
+    _library_or_skip()
+    start = cudnn.live_descriptors()
+    owner = []
+    try:
+        tensor = cudnn.tensor_descriptor(7, (2, 8, 12, 10), dtype, owner=owner)
+        conv = cudnn.convolution_descriptor((1, 2), (2, 1), (1, 3), dtype, owner=owner)
+        assert cudnn.live_descriptors()["backend"] == start["backend"] + 2
+        int64 = ctypes.c_int64
+        assert tensor.get(cudnn.ATTR_TENSOR_DIMENSIONS, cudnn.TYPE_INT64, int64, 4) == [2, 8, 12, 10]
+        assert tensor.count(cudnn.ATTR_TENSOR_DIMENSIONS, cudnn.TYPE_INT64) == 4
+        assert tensor.get(cudnn.ATTR_TENSOR_STRIDES, cudnn.TYPE_INT64, int64, 4) == [960, 120, 10, 1]
+        assert tensor.get(cudnn.ATTR_TENSOR_UNIQUE_ID, cudnn.TYPE_INT64, int64, 1) == [7]
+        assert tensor.get(cudnn.ATTR_TENSOR_DATA_TYPE, cudnn.TYPE_DATA_TYPE, ctypes.c_int, 1) == \
+            [cudnn.data_type(dtype)]
+        assert conv.get(cudnn.ATTR_CONVOLUTION_PRE_PADDINGS, cudnn.TYPE_INT64, int64, 2) == [1, 2]
+        assert conv.get(cudnn.ATTR_CONVOLUTION_POST_PADDINGS, cudnn.TYPE_INT64, int64, 2) == [1, 2]
+        assert conv.get(cudnn.ATTR_CONVOLUTION_FILTER_STRIDES, cudnn.TYPE_INT64, int64, 2) == [2, 1]
+        assert conv.get(cudnn.ATTR_CONVOLUTION_DILATIONS, cudnn.TYPE_INT64, int64, 2) == [1, 3]
+        assert conv.get(cudnn.ATTR_CONVOLUTION_COMP_TYPE, cudnn.TYPE_DATA_TYPE, ctypes.c_int, 1) == \
+            [cudnn.compute_type(dtype)]
+    finally:
+        for descriptor in owner:
+            descriptor.destroy()
+            descriptor.destroy()  # idempotent
+    assert cudnn.live_descriptors() == start
+
+
+def test_backend_failures_leak_nothing():
+    """A descriptor whose finalize fails is destroyed before the CudaError; a plan whose graph cannot be
+    built (no cuDNN handle: 0) destroys all it made."""
+    _library_or_skip()
+    start = cudnn.live_descriptors()
+    with pytest.raises(CudaError):
+        cudnn.tensor_descriptor(1, (2, 8, -3, 10), np.float32)
+    assert cudnn.live_descriptors() == start
+    with pytest.raises(CudaError):
+        cudnn.ForwardPlan(0, np.float32, (1, 2, 5, 5), (3, 2, 3, 3), (1, 3, 5, 5), (1, 1), (1, 1), (1, 1),
+                          False, 2**20)
+    assert cudnn.live_descriptors() == start
+
+
+# ------------------------------------------------------------------ on a GPU
+
+
+@pytest.fixture
+def gdev():
+    require("gpu")
+    d = Dev("gpu")
+    yield d
+    d.handle.close()
+
+
+def _make_state(dev, attrs, dims, dtype, monkeypatch, backend):
+    """A state made with KERNELS_CUDNN_BACKEND set to 1 (backend) or unset."""
+    if backend:
+        monkeypatch.setenv(cudnn.BACKEND_ENV, "1")
+    else:
+        monkeypatch.delenv(cudnn.BACKEND_ENV, raising=False)
+    output_dims = conv_2d.output_dims(attrs, dims)
+    state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
+    monkeypatch.delenv(cudnn.BACKEND_ENV, raising=False)  # read at init only: the state keeps its choice
+    assert state.paths["forward"] == "cudnn"
+    assert (state.descriptors.forward_plan is not None) == backend
+    return state
+
+
+def _reference(x, w, attrs):
+    """conv_2d's forward (no bias) in float64 NumPy: a sum over the kernel taps."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c = x.shape[:2]
+    o, groups = w.shape[0], attrs.groups
+    _, _, out_h, out_w = conv_2d.output_dims(attrs, x.shape)
+    padded = np.pad(x, ((0, 0), (0, 0), (attrs.padding_h,) * 2, (attrs.padding_w,) * 2))
+    y = np.zeros((n, o, out_h, out_w))
+    cg, og = c // groups, o // groups
+    for g in range(groups):
+        xs, ws = padded[:, g * cg:(g + 1) * cg], w[g * og:(g + 1) * og]
+        for i in range(attrs.kernel_h):
+            for j in range(attrs.kernel_w):
+                top, left = i * attrs.dilation_h, j * attrs.dilation_w
+                patch = xs[:, :, top:top + attrs.stride_h * (out_h - 1) + 1:attrs.stride_h,
+                           left:left + attrs.stride_w * (out_w - 1) + 1:attrs.stride_w]
+                y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return y
+
+
+def _exact_inputs(dims, attrs, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-1, 2, size=dims).astype(dtype)
+    w = rng.integers(-1, 2, size=conv_2d.filter_dims(attrs, dims[1])).astype(dtype)
+    bias = rng.integers(-4, 5, size=attrs.out_channels).astype(dtype) if attrs.use_bias else None
+    return x, w, bias
+
+
+def _forward(dev, state, attrs, x, w, bias=None, output=None):
+    """One forward into a NaN-poisoned output (or `output`); (host copy, device output)."""
+    if output is None:
+        output = dev.array(np.full(state.shapes["output_shape"].dims, np.nan, x.dtype))
+    arrays = [dev.array(a) if isinstance(a, np.ndarray) else a for a in (x, w, bias)]
+    conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, *arrays, output)
+    dev.stream.synchronize()
+    return dev.host(output), output
+
+
+def _same(got, expected, err_msg=""):
+    """Equal values (a zero's sign aside: engines may start a sum from a product -0.0); a NaN the call
+    left in the poisoned output fails it (the expectations hold none)."""
+    assert not np.isnan(np.asarray(expected, np.float64)).any()
+    np.testing.assert_array_equal(np.asarray(got, np.float64), np.asarray(expected, np.float64), err_msg=err_msg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims, attrs", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_forward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dtype):
+    x, w, _ = _exact_inputs(dims, attrs, dtype, seed=1)
+    expected = _reference(x, w, attrs).astype(dtype)
+    legacy = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=False)
+    backend = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=True)
+    try:
+        plan = backend.descriptors.forward_plan
+        assert plan.engine >= 0 and plan.choices[-1].rejected is None
+        assert plan.workspace <= backend.workspace_size
+        got_legacy, _ = _forward(gdev, legacy, attrs, x, w)
+        got_backend, _ = _forward(gdev, backend, attrs, x, w)
+        assert plan.executions == 1 and plan.packs == 1
+        _same(got_legacy, expected)
+        _same(got_backend, expected,
+                                      err_msg=f"engine {plan.engine}, passed over {plan.choices[:-1]}")
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, legacy)
+        conv_2d.cleanup_kernel(gdev.handle, backend)
+
+
+# Unit roundoff of the compute type (float for the half dtypes) and of the stored result.
+_COMPUTE_U = {np.dtype(np.float64): 2.0**-53}
+_OUTPUT_U = {np.dtype(np.float16): 2.0**-11, BFLOAT16: 2.0**-8}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims, attrs", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_forward_within_the_sum_bound(gdev, monkeypatch, dims, attrs, dtype):
+    """Random data (inputs rounded to the dtype first). Any order of a plain sum of k products in a compute
+    type of unit roundoff u errs by at most gamma_k = k u / (1 - k u) times sum |x| |w| (Higham, 3.1);
+    the bound checked is twice that, plus half an ulp of the result where it is rounded to a half dtype.
+    TF32 (inputs cut to 10 mantissa bits), a float16 accumulation or inputs converted down exceed it by
+    orders of magnitude at these sizes (k <= 288)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(dims).astype(dtype)
+    w = rng.standard_normal(conv_2d.filter_dims(attrs, dims[1])).astype(dtype)
+    reference = _reference(x, w, attrs)
+    magnitude = _reference(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), attrs)
+    k = (dims[1] // attrs.groups) * attrs.kernel_h * attrs.kernel_w
+    u = _COMPUTE_U.get(np.dtype(dtype), 2.0**-24)
+    bound = 2 * k * u * magnitude + _OUTPUT_U.get(np.dtype(dtype), 0.0) * np.abs(reference)
+    for backend in (False, True):
+        state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend)
+        try:
+            got, _ = _forward(gdev, state, attrs, x, w)
+        finally:
+            conv_2d.cleanup_kernel(gdev.handle, state)
+        error = np.abs(got.astype(np.float64) - reference)
+        assert np.all(np.isfinite(error)), f"backend={backend}: non-finite outputs"
+        worst = np.argmax(error - bound)
+        assert np.all(error <= bound), (f"backend={backend}: error {error.flat[worst]:.3g} > bound "
+                                        f"{bound.flat[worst]:.3g} at {np.unravel_index(worst, error.shape)}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_variant_pack_kept_while_the_pointers_stay(gdev, monkeypatch, dtype):
+    dims, attrs = (2, 8, 12, 10), Conv2DAttrs(16, 3, 3, padding_h=1, padding_w=1)
+    state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=True)
+    plan = state.descriptors.forward_plan
+    try:
+        x1, w1, _ = _exact_inputs(dims, attrs, dtype, seed=2)
+        x2, w2, _ = _exact_inputs(dims, attrs, dtype, seed=3)
+        a_x, a_w = gdev.array(x1), gdev.array(w1)
+        output = gdev.array(np.full(state.shapes["output_shape"].dims, np.nan, dtype))
+        live = cudnn.live_descriptors()
+        first, _ = _forward(gdev, state, attrs, a_x, a_w, output=output)
+        assert (plan.executions, plan.packs) == (1, 1)
+        gdev.assign(output, np.full(output.shape, np.nan, dtype))
+        again, _ = _forward(gdev, state, attrs, a_x, a_w, output=output)  # the same pointers: the same pack
+        assert (plan.executions, plan.packs) == (2, 1)
+        _same(first, _reference(x1, w1, attrs).astype(dtype))
+        _same(again, first)
+        other, _ = _forward(gdev, state, attrs, x2, w2)  # new arrays: a new pack, the old one destroyed
+        assert (plan.executions, plan.packs) == (3, 2)
+        _same(other, _reference(x2, w2, attrs).astype(dtype))
+        gdev.assign(output, np.full(output.shape, np.nan, dtype))
+        back, _ = _forward(gdev, state, attrs, a_x, a_w, output=output)
+        assert (plan.executions, plan.packs) == (4, 3)
+        _same(back, first)
+        assert cudnn.live_descriptors() == live  # one pack alive at a time
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+
+
+@pytest.mark.gpu
+def test_calls_the_plan_cannot_take_go_to_the_legacy_call(gdev, monkeypatch):
+    """A view 4 bytes into a buffer (not 16-byte aligned) and another GpuHandle: the legacy call, right."""
+    import kernels
+
+    dtype = np.dtype(np.float32)
+    dims, attrs = (2, 8, 12, 10), Conv2DAttrs(16, 3, 3, padding_h=1, padding_w=1)
+    state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=True)
+    plan = state.descriptors.forward_plan
+    other_handle = kernels.gpu_handle(0)
+    try:
+        x, w, _ = _exact_inputs(dims, attrs, dtype, seed=4)
+        expected = _reference(x, w, attrs).astype(dtype)
+        flat = gdev.array(np.concatenate([np.zeros(1, dtype), x.ravel()]))
+        shifted = flat[1:].reshape(dims)
+        assert shifted.flags.c_contiguous and shifted.data.ptr % 16 == 4
+        got, _ = _forward(gdev, state, attrs, shifted, w)
+        assert (plan.executions, plan.packs) == (0, 0)
+        _same(got, expected)
+        output = gdev.array(np.full(state.shapes["output_shape"].dims, np.nan, dtype))
+        conv_2d.forward_kernel(gdev.stream, other_handle, state, attrs, gdev.array(x), gdev.array(w), None, output)
+        gdev.stream.synchronize()
+        assert (plan.executions, plan.packs) == (0, 0)
+        _same(gdev.host(output), expected)
+        got, _ = _forward(gdev, state, attrs, x, w)  # and the plan still takes an aligned call
+        assert (plan.executions, plan.packs) == (1, 1)
+        _same(got, expected)
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+        other_handle.close()
+
+
+def _forward_backward(dev, state, attrs, x, w, bias, output_grad):
+    arrays = [None if a is None else dev.array(a) for a in (x, w, bias, output_grad)]
+    dtype = x.dtype
+    output = dev.array(np.full(state.shapes["output_shape"].dims, np.nan, dtype))
+    conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, *arrays[:3], output)
+    results = [output]
+    if attrs.backward:
+        grads = [dev.array(np.full(shape, np.nan, dtype)) for shape in (x.shape, w.shape)]
+        grads.append(None if bias is None else dev.array(np.full(bias.shape, np.nan, dtype)))
+        conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, arrays[3], arrays[0], grads[0],
+                                arrays[1], grads[1], grads[2])
+        results += grads
+    dev.stream.synchronize()
+    return [None if r is None else dev.host(r) for r in results]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("use_bias, activation, backward", [
+    (True, None, True), (True, Activation.SILU, True), (True, Activation.SILU, False), (False, Activation.RELU, False),
+], ids=["bias", "bias_silu_backward", "bias_silu_inference", "relu_inference"])
+def test_bias_activation_and_backward_as_legacy(gdev, monkeypatch, dtype, use_bias, activation, backward):
+    """The same pre-activation values (exact inputs) through the same bias, activation and backward code:
+    the same values everywhere."""
+    dims = (2, 8, 11, 9)
+    attrs = Conv2DAttrs(12, 3, 3, 2, 1, 1, 1, groups=2, use_bias=use_bias, activation=activation,
+                        backward=backward)
+    x, w, bias = _exact_inputs(dims, attrs, dtype, seed=6)
+    output_grad = np.random.default_rng(7).integers(-2, 3, conv_2d.output_dims(attrs, dims)).astype(dtype)
+    results = {}
+    for backend in (False, True):
+        state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend)
+        try:
+            results[backend] = _forward_backward(gdev, state, attrs, x, w, bias, output_grad)
+            if backend:
+                assert state.descriptors.forward_plan.executions == 1
+        finally:
+            conv_2d.cleanup_kernel(gdev.handle, state)
+    if activation is None:
+        expected = _reference(x, w, attrs) + bias.astype(np.float64)[:, None, None]
+        _same(results[True][0], expected.astype(dtype))
+    for legacy, got in zip(results[False], results[True]):
+        if legacy is not None:
+            _same(got, legacy)
+
+
+@pytest.mark.gpu
+def test_descriptors_destroyed_at_cleanup_and_on_failed_init(gdev, monkeypatch):
+    dtype = np.dtype(np.float32)
+    warm = _make_state(gdev, Conv2DAttrs(4, 3, 3), (1, 2, 5, 5), dtype, monkeypatch, backend=True)
+    conv_2d.cleanup_kernel(gdev.handle, warm)  # the cuDNN handle and library made first
+    start = cudnn.live_descriptors()
+    states = []
+    for param in CASES:
+        dims, attrs = param.values
+        for dtype_param in DTYPES:
+            states.append(_make_state(gdev, attrs, dims, dtype_param.values[0], monkeypatch, backend=True))
+    assert cudnn.live_descriptors()["backend"] > start["backend"]
+    x, w, _ = _exact_inputs((2, 8, 12, 10), CASES[0].values[1], dtype, seed=8)
+    _forward(gdev, states[0], CASES[0].values[1], x, w)  # a variant pack too
+    for state in states:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+        assert state.descriptors.forward_plan is None
+    assert cudnn.live_descriptors() == start
+    # An init whose plan finds no engine (every one refused) raises cuDNN's error and leaks nothing.
+    monkeypatch.setattr(cudnn, "engine_rejection", lambda *args: "refused by the test")
+    with pytest.raises(CudaError, match="CUDNN_STATUS_NOT_SUPPORTED") as raised:
+        _make_state(gdev, CASES[0].values[1], (2, 8, 12, 10), dtype, monkeypatch, backend=True)
+    assert "refused by the test" in str(raised.value)
+    assert cudnn.live_descriptors() == start
+
+
+# ------------------------------------------------------------------ ForwardPlan against a stand-in library
+
+
+class _FakeBackend:
+    """cudnnBackend* in Python, enough for ForwardPlan: descriptors hold their attributes; the
+    heuristics offer `offers[mode]` (engine index, notes, plan status, workspace) in order."""
+
+    _CTYPES = {cudnn.TYPE_INT64: ctypes.c_int64, cudnn.TYPE_FLOAT: ctypes.c_float, cudnn.TYPE_DOUBLE: ctypes.c_double,
+               cudnn.TYPE_HANDLE: ctypes.c_void_p, cudnn.TYPE_VOID_PTR: ctypes.c_void_p,
+               cudnn.TYPE_BACKEND_DESCRIPTOR: ctypes.c_void_p}
+
+    def __init__(self, offers):
+        self.offers, self.descriptors, self.executed, self.next = offers, {}, [], 4096
+        self.loaded = self
+
+    def __call__(self):
+        return self
+
+    def _ctype(self, kind):
+        return self._CTYPES.get(kind, ctypes.c_int)
+
+    def cudnnBackendCreateDescriptor(self, kind, pointer):
+        self.next += 16
+        self.descriptors[self.next] = {"kind": kind, "attrs": {}, "final": False}
+        pointer._obj.value = self.next
+        return 0
+
+    def cudnnBackendDestroyDescriptor(self, ptr):
+        return 0 if self.descriptors.pop(ptr, None) is not None else 2000
+
+    def cudnnBackendSetAttribute(self, ptr, name, kind, count, array):
+        values = ctypes.cast(array, ctypes.POINTER(self._ctype(kind)))
+        self.descriptors[ptr]["attrs"][name] = (kind, [values[i] for i in range(count)])
+        return 0
+
+    def cudnnBackendFinalize(self, ptr):
+        d = self.descriptors[ptr]
+        if d["kind"] == cudnn.BACKEND_OPERATIONGRAPH_DESCRIPTOR and not d["attrs"][cudnn.ATTR_OPERATIONGRAPH_HANDLE][1][0]:
+            return 2000
+        if d["kind"] == cudnn.BACKEND_EXECUTION_PLAN_DESCRIPTOR:
+            config = self.descriptors[d["attrs"][cudnn.ATTR_EXECUTION_PLAN_ENGINE_CONFIG][1][0]]
+            if config["offer"][2]:
+                return config["offer"][2]
+        d["final"] = True
+        return 0
+
+    def cudnnBackendGetAttribute(self, ptr, name, kind, requested, returned, array):
+        d = self.descriptors[ptr]
+        if name == cudnn.ATTR_ENGINEHEUR_RESULTS:
+            offers = self.offers.get(d["attrs"][cudnn.ATTR_ENGINEHEUR_MODE][1][0], [])
+            returned._obj.value = len(offers)
+            targets = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p)) if array is not None else None
+            for i in range(min(requested, len(offers))):
+                self.descriptors[targets[i]]["offer"] = offers[i]
+            return 0
+        if name == cudnn.ATTR_ENGINECFG_ENGINE:
+            engine = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))[0]
+            self.descriptors[engine]["offer"] = d["offer"]
+            values = [engine]
+        elif name == cudnn.ATTR_ENGINE_GLOBAL_INDEX:
+            values = [d["offer"][0]]
+        elif name == cudnn.ATTR_ENGINE_NUMERICAL_NOTE:
+            values = list(d["offer"][1])
+        elif name == cudnn.ATTR_EXECUTION_PLAN_WORKSPACE_SIZE:
+            config = self.descriptors[d["attrs"][cudnn.ATTR_EXECUTION_PLAN_ENGINE_CONFIG][1][0]]
+            values = [config["offer"][3]]
+        else:
+            values = d["attrs"][name][1]
+        returned._obj.value = len(values)
+        target = ctypes.cast(array, ctypes.POINTER(self._ctype(kind)))
+        for i, value in enumerate(values[:requested]):
+            target[i] = value
+        return 0
+
+    def cudnnBackendExecute(self, handle, plan, pack):
+        assert self.descriptors[plan]["final"] and self.descriptors[pack]["final"]
+        self.executed.append((handle, self.descriptors[pack]["attrs"]))
+        return 0
+
+    def cudnnGetLastErrorString(self, buffer, size):
+        buffer.value = b""
+
+    def cudnnGetErrorString(self, status):
+        return None
+
+
+def _fake(monkeypatch, offers):
+    fake = _FakeBackend(offers)
+    monkeypatch.setattr(cudnn, "library", fake)
+    return fake
+
+
+_PLAN_ARGS = (np.float16, (2, 8, 12, 10), (16, 8, 3, 3), (2, 16, 12, 10), (1, 1), (1, 1), (1, 1), False, 1000)
+
+
+def test_forward_plan_takes_the_first_acceptable_engine(monkeypatch):
+    """Refused notes, a plan that does not finalize and a workspace over the limit are passed over,
+    in heuristics order, then the fallback list; the graph is what the attrs say."""
+    fake = _fake(monkeypatch, {
+        cudnn.HEUR_MODE_A: [(11, [cudnn.NUMERICAL_NOTE_WINOGRAD], 0, 0), (12, [], 3000, 0), (13, [], 0, 5000)],
+        cudnn.HEUR_MODE_FALLBACK: [(14, [cudnn.NUMERICAL_NOTE_NONDETERMINISTIC], 0, 0),
+                                   (15, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 512), (16, [], 0, 0)]})
+    start = cudnn.live_descriptors()
+    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    assert (plan.engine, plan.workspace) == (15, 512)  # half data: tensor cores allowed
+    assert [(c.engine, c.rejected) for c in plan.choices] == [
+        (11, "WINOGRAD"), (12, "plan: CUDNN_STATUS_NOT_SUPPORTED"), (13, "workspace 5000 > 1000"),
+        (14, "NONDETERMINISTIC"), (15, None)]
+    kinds = [d["kind"] for d in fake.descriptors.values()]
+    assert kinds.count(cudnn.BACKEND_TENSOR_DESCRIPTOR) == 3 and kinds.count(cudnn.BACKEND_CONVOLUTION_DESCRIPTOR) == 1
+    tensors = {d["attrs"][cudnn.ATTR_TENSOR_UNIQUE_ID][1][0]: d["attrs"] for d in fake.descriptors.values()
+               if d["kind"] == cudnn.BACKEND_TENSOR_DESCRIPTOR}
+    assert tensors[cudnn.W_UID][cudnn.ATTR_TENSOR_DIMENSIONS][1] == [16, 8, 3, 3]
+    assert tensors[cudnn.W_UID][cudnn.ATTR_TENSOR_STRIDES][1] == [72, 9, 3, 1]
+    assert tensors[cudnn.X_UID][cudnn.ATTR_TENSOR_BYTE_ALIGNMENT][1] == [cudnn.BACKEND_ALIGNMENT]
+    assert tensors[cudnn.Y_UID][cudnn.ATTR_TENSOR_DATA_TYPE][1] == [cudnn.DATA_HALF]
+    conv = next(d["attrs"] for d in fake.descriptors.values() if d["kind"] == cudnn.BACKEND_CONVOLUTION_DESCRIPTOR)
+    assert conv[cudnn.ATTR_CONVOLUTION_COMP_TYPE][1] == [cudnn.DATA_FLOAT]
+    assert conv[cudnn.ATTR_CONVOLUTION_CONV_MODE][1] == [cudnn.CROSS_CORRELATION]
+    op = next(d["attrs"] for d in fake.descriptors.values()
+              if d["kind"] == cudnn.BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
+    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA] == (cudnn.TYPE_FLOAT, [1.0])
+    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_BETA] == (cudnn.TYPE_FLOAT, [0.0])
+    plan.destroy()
+    plan.destroy()
+    assert cudnn.live_descriptors() == start and not fake.descriptors
+
+
+def test_forward_plan_variant_pack_and_refusals(monkeypatch):
+    fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(7, [cudnn.NUMERICAL_NOTE_STRICT_NAN_PROP], 0, 0)]})
+    start = cudnn.live_descriptors()
+    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    live = cudnn.live_descriptors()["backend"]
+    assert plan.run(0x5000, 512, 1024, 2048, 4096)
+    assert plan.run(0x5000, 512, 1024, 2048, 4096)
+    assert (plan.executions, plan.packs) == (2, 1)
+    assert cudnn.live_descriptors()["backend"] == live + 1
+    pack = fake.executed[-1][1]
+    assert pack[cudnn.ATTR_VARIANT_PACK_UNIQUE_IDS][1] == [cudnn.X_UID, cudnn.W_UID, cudnn.Y_UID]
+    assert pack[cudnn.ATTR_VARIANT_PACK_DATA_POINTERS][1] == [512, 1024, 2048]
+    assert pack[cudnn.ATTR_VARIANT_PACK_WORKSPACE][1] == [4096]
+    assert not plan.run(0x5000, 516, 1024, 2048, 4096)  # misaligned: nothing done, the pack kept
+    assert not plan.run(0x6000, 512, 1024, 2048, 4096)  # another cuDNN handle
+    assert (plan.executions, plan.packs) == (2, 1)
+    assert plan.run(0x5000, 512, 1024, 2048, 8192)  # the workspace moved: a new pack, the old destroyed
+    assert (plan.executions, plan.packs) == (3, 2) and cudnn.live_descriptors()["backend"] == live + 1
+    assert fake.executed[-1][1][cudnn.ATTR_VARIANT_PACK_WORKSPACE][1] == [8192]
+    plan.destroy()
+    assert cudnn.live_descriptors() == start and not fake.descriptors
+
+
+def test_forward_plan_without_an_engine_raises_and_leaks_nothing(monkeypatch):
+    fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(3, [cudnn.NUMERICAL_NOTE_FFT], 0, 0)]})
+    start = cudnn.live_descriptors()
+    args = (np.float32,) + _PLAN_ARGS[1:]
+    with pytest.raises(CudaError, match=r"CUDNN_STATUS_NOT_SUPPORTED.*engine 3: FFT") as raised:
+        cudnn.ForwardPlan(0x5000, *args)
+    assert "heuristics" not in str(raised.value)  # the fallback mode offered nothing
+    fake.offers = {cudnn.HEUR_MODE_A: [(4, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 0)]}  # TF32 without tf32
+    with pytest.raises(CudaError, match="engine 4: TENSOR_CORE"):
+        cudnn.ForwardPlan(0x5000, *args)
+    plan = cudnn.ForwardPlan(0x5000, *args[:-2], True, 1000)  # with tf32
+    assert plan.engine == 4
+    plan.destroy()
+    with pytest.raises(CudaError):
+        cudnn.ForwardPlan(0, *args)  # the graph does not finalize
+    assert cudnn.live_descriptors() == start and not fake.descriptors
