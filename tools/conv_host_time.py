@@ -22,6 +22,8 @@ sys.path.insert(0, ".")
 
 
 def _median_us(call, sync, runs: int, calls: int) -> float:
+    """Not functional_overhead.median_us: that one times the wait for the device too, which for this
+    convolution (device time near its host time) would be timed in place of the host's."""
     for _ in range(3):  # warm: plans, variant packs, caches
         call()
     sync()
