@@ -82,21 +82,30 @@ print(f"{'x.flags.c_contiguous':<32}{per_call(lambda: x.flags.c_contiguous)[0]:>
 print(f"{'with stream: pass':<32}{per_call(lambda: stream.__enter__() and stream.__exit__(None, None, None))[0]:>14.1f}")
 
 def cudnn_calls():
-    """Host time of the bare cuDNN calls of a 1x1 conv (legacy API) next to a cuBLAS GEMM of the same size."""
+    """Host time of the bare cuDNN calls of a 3x3 conv (the legacy call and the backend plan's), and of
+    a 1x1 conv's bias add, next to a cuBLAS GEMM of that 1x1's size."""
     from kernels.runtime import cudnn
 
     k = kernels
+    x3, w3 = rnd(1, 32, 160, 160), rnd(32, 32, 3, 3)
+    o3 = cupy.empty((1, 32, 160, 160), f32)
+    a3 = k.Conv2DAttrs(out_channels=32, kernel_h=3, kernel_w=3, padding_h=1, padding_w=1)
+    s3 = k.conv_2d.init_kernel(handle, a3, S.of(x3), S.of(o3))
+    k.conv_2d.forward_kernel(stream, handle, s3, a3, x3, w3, None, o3)
+    d3, h = s3.descriptors, handle.cudnn(stream)
+    ws, wsb = k.conv_2d.gpu._workspace(handle, s3)
+    one, zero = cudnn.scalar(f32, 1), cudnn.scalar(f32, 0)
+    yield "cudnnConvolutionForward 3x3", lambda: cudnn.convolution_forward(
+        h, one, d3.x, x3.data.ptr, d3.w, w3.data.ptr, d3.conv, s3.algorithms["forward"], ws, wsb, zero, d3.y,
+        o3.data.ptr)
+    if d3.forward_plan is not None:
+        yield "cudnnBackendExecute 3x3", lambda: d3.forward_plan.run(h, x3.data.ptr, w3.data.ptr, o3.data.ptr, ws)
     xi, w, b = rnd(1, 64, 80, 80), rnd(64, 64, 1, 1), rnd(64)
     oo = cupy.empty((1, 64, 80, 80), f32)
     a = k.Conv2DAttrs(out_channels=64, kernel_h=1, kernel_w=1, use_bias=True)
     st = k.conv_2d.init_kernel(handle, a, S.of(xi), S.of(oo))
     k.conv_2d.forward_kernel(stream, handle, st, a, xi, w, b, oo)
-    d, h = st.descriptors, handle.cudnn(stream)
-    ws, wsb = k.conv_2d.gpu._workspace(handle, st)
-    one, zero = cudnn.scalar(f32, 1), cudnn.scalar(f32, 0)
-    yield "cudnnConvolutionForward 1x1", lambda: cudnn.convolution_forward(
-        h, one, d.x, xi.data.ptr, d.w, w.data.ptr, d.conv, st.algorithms["forward"], ws, wsb, zero, d.y,
-        oo.data.ptr)
+    d = st.descriptors
     yield "cudnnAddTensor bias", lambda: cudnn.add_tensor(h, one, d.bias, b.data.ptr, one, d.y, oo.data.ptr)
     yield "cudnnSetStream", lambda: handle.cudnn(stream)
     from kernels.runtime import cublas
@@ -104,7 +113,7 @@ def cudnn_calls():
     yield "cublas gemm 64x6400x64", lambda: cublas.gemm_strided_batched(
         stream, handle, np.dtype(f32), False, False, 6400, 64, 64, xi.data.ptr, 6400, 0, w.data.ptr, 64, 0, 0.0,
         oo.data.ptr, 6400, 0, 1, "profile")
-    print("algorithms:", {k_: (v.algo, v.math_type) for k_, v in st.algorithms.items()})
+    print("algorithms:", {k_: (v.algo, v.math_type) for k_, v in s3.algorithms.items()})
 
 
 for name, function in cudnn_calls():

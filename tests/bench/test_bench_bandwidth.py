@@ -11,6 +11,7 @@ import pytest
 
 import kernels as k
 from kernels import TensorShape
+from kernels.runtime import gpu
 
 from .conftest import Bench
 
@@ -36,7 +37,7 @@ def _case(name, bench, dtype=F32):
     if name == "copy":
         if t:
             return lambda: out.copy_(x), 2 * 4 * words
-        return lambda: k.gpu.copy_async(bench.stream, out, x), 2 * 4 * words
+        return lambda: gpu.copy_async(bench.stream, out, x), 2 * 4 * words
     if name == "reshape":
         if t:
             return lambda: out.view(n * C, H * W).copy_(x.view(n * C, H * W)), 2 * 4 * words
