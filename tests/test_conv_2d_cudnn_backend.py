@@ -1,10 +1,11 @@
-"""conv_2d's forward through cuDNN's backend API (KERNELS_CUDNN_BACKEND=1; kernels.runtime.cudnn.ForwardPlan).
+"""conv_2d's forward through cuDNN's backend API (kernels.runtime.cudnn.ForwardPlan; the default, with
+KERNELS_CUDNN_BACKEND unset; "1" insists on it, "0" keeps the legacy call).
 
 Without a GPU: the pure pieces (which engines are refused, packed strides, alignment, the switch) and,
 where cuDNN's library loads, backend tensor and convolution descriptors made, finalized and destroyed
 (no device is needed for those), and a plan whose graph cannot be finalized leaking nothing.
 
-On a GPU (marked gpu): with the switch set before the state is made, for float32, float64, float16 and
+On a GPU (marked gpu): with the switch set to 1 or 0 before the state is made, for float32, float64, float16 and
 bfloat16 and shapes whose forward runs in cuDNN (plan.choose_paths: groups 1 and not pointwise, or
 groups > 1 and not depthwise), the backend forward
 - is really taken (the state holds the plan; its executions count the calls),
@@ -17,7 +18,8 @@ groups > 1 and not depthwise), the backend forward
 - keeps its variant pack while the pointers stay, builds a new one when they change, and hands
   calls it cannot take (misaligned pointers, another handle) to the legacy call,
 - leaves every descriptor destroyed after cleanup, also when init fails,
-- keeps the bias, the fused activations and the (legacy) backward right.
+- keeps the bias, the fused activations and the (legacy) backward right,
+- is taken with the switch unset, and gives way to the legacy call there where no engine qualifies.
 """
 
 import ctypes
@@ -83,16 +85,21 @@ def test_aligned():
     assert cudnn.aligned(16)
 
 
-def test_backend_requested(monkeypatch):
-    assert cudnn.backend_requested({cudnn.BACKEND_ENV: "1"})
-    assert cudnn.backend_requested({cudnn.BACKEND_ENV: " 1\n"})
-    for value in ("", "0", "yes", "true"):
-        assert not cudnn.backend_requested({cudnn.BACKEND_ENV: value})
-    assert not cudnn.backend_requested({})
-    monkeypatch.setenv(cudnn.BACKEND_ENV, "1")
-    assert cudnn.backend_requested()
+def test_backend_mode(monkeypatch):
+    """Unset or empty: auto (the default); "1": on; "0": off; anything else is refused by name."""
+    assert cudnn.backend_mode({}) == "auto"
+    assert cudnn.backend_mode({cudnn.BACKEND_ENV: ""}) == "auto"
+    assert cudnn.backend_mode({cudnn.BACKEND_ENV: " \n"}) == "auto"
+    assert cudnn.backend_mode({cudnn.BACKEND_ENV: "1"}) == "on"
+    assert cudnn.backend_mode({cudnn.BACKEND_ENV: " 1\n"}) == "on"
+    assert cudnn.backend_mode({cudnn.BACKEND_ENV: "0"}) == "off"
+    for value in ("yes", "true", "2", "off"):
+        with pytest.raises(ValueError, match=f"KERNELS_CUDNN_BACKEND={value!r}: expected unset or empty"):
+            cudnn.backend_mode({cudnn.BACKEND_ENV: value})
+    monkeypatch.setenv(cudnn.BACKEND_ENV, "0")
+    assert cudnn.backend_mode() == "off"
     monkeypatch.delenv(cudnn.BACKEND_ENV)
-    assert not cudnn.backend_requested()
+    assert cudnn.backend_mode() == "auto"
 
 
 def test_backend_functions_typed():
@@ -172,14 +179,12 @@ def gdev():
 
 
 def _make_state(dev, attrs, dims, dtype, monkeypatch, backend):
-    """A state made with KERNELS_CUDNN_BACKEND set to 1 (backend) or unset."""
-    if backend:
-        monkeypatch.setenv(cudnn.BACKEND_ENV, "1")
-    else:
-        monkeypatch.delenv(cudnn.BACKEND_ENV, raising=False)
+    """A state made with KERNELS_CUDNN_BACKEND set to 1 (backend) or 0 (the legacy call)."""
+    monkeypatch.setenv(cudnn.BACKEND_ENV, "1" if backend else "0")
     output_dims = conv_2d.output_dims(attrs, dims)
     state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
-    monkeypatch.delenv(cudnn.BACKEND_ENV, raising=False)  # read at init only: the state keeps its choice
+    # read at init only: the state keeps its choice whatever the variable says later
+    monkeypatch.setenv(cudnn.BACKEND_ENV, "0" if backend else "1")
     assert state.paths["forward"] == "cudnn"
     assert (state.descriptors.forward_plan is not None) == backend
     return state
@@ -584,3 +589,47 @@ def test_forward_plan_without_an_engine_raises_and_leaks_nothing(monkeypatch):
     with pytest.raises(CudaError):
         cudnn.ForwardPlan(0, *args)  # the graph does not finalize
     assert cudnn.live_descriptors() == start and not fake.descriptors
+
+
+@pytest.mark.gpu
+def test_auto_mode_takes_the_plan_and_falls_back_where_none_qualifies(gdev, monkeypatch):
+    """KERNELS_CUDNN_BACKEND unset (the default): the state holds the plan and its forward runs it; where
+    no engine qualifies, the state keeps the legacy call and its results, leaking no descriptor; "1"
+    raises there instead, and an error other than NOT_SUPPORTED is raised in auto mode too."""
+    dtype = np.dtype(np.float32)
+    dims, attrs = CASES[0].values
+    x, w, _ = _exact_inputs(dims, attrs, dtype, seed=9)
+    expected = _reference(x, w, attrs).astype(dtype)
+    monkeypatch.delenv(cudnn.BACKEND_ENV, raising=False)
+    output_shape = TensorShape(conv_2d.output_dims(attrs, dims), dtype)
+    state = conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+    try:
+        plan = state.descriptors.forward_plan
+        assert plan is not None
+        got, _ = _forward(gdev, state, attrs, x, w)
+        assert plan.executions == 1
+        _same(got, expected)
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+    start = cudnn.live_descriptors()
+    monkeypatch.setattr(cudnn, "engine_rejection", lambda *args: "refused by the test")
+    state = conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+    try:
+        assert state.descriptors.forward_plan is None
+        got, _ = _forward(gdev, state, attrs, x, w)
+        _same(got, expected)
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+    assert cudnn.live_descriptors() == start
+    monkeypatch.setenv(cudnn.BACKEND_ENV, "1")
+    with pytest.raises(CudaError, match="refused by the test"):
+        conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+    monkeypatch.delenv(cudnn.BACKEND_ENV)
+
+    def bad_param(*args, **kwargs):
+        raise CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM", "raised by the test")
+
+    monkeypatch.setattr(cudnn, "ForwardPlan", bad_param)
+    with pytest.raises(CudaError, match="raised by the test"):
+        conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+    assert cudnn.live_descriptors() == start

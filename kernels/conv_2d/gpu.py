@@ -6,10 +6,11 @@ allows it; half data on tensor cores with float32 compute):
 - "columns" (other groups == 1): the forward in cuDNN, both gradients by conv_2d.cu's im2col /
   col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
 - "depthwise": conv_2d.cu's own kernels throughout;
-- "cudnn": cuDNN's legacy convolution API (kernels/runtime/cudnn.py). With KERNELS_CUDNN_BACKEND=1
-  when the state is made, the forward runs instead through cuDNN's backend API: an execution plan
-  built at init (cudnn.ForwardPlan), one cudnnBackendExecute a call; the legacy call stays for a
-  call the plan cannot take (pointers not 16-byte aligned, another handle's cuDNN handle).
+- "cudnn": cuDNN's convolution API (kernels/runtime/cudnn.py). The forward runs through cuDNN's
+  backend API: an execution plan built at init (cudnn.ForwardPlan), one cudnnBackendExecute a call.
+  The legacy call serves where no engine qualifies, for a call the plan cannot take (pointers not
+  16-byte aligned, another handle's cuDNN handle), and for every call with KERNELS_CUDNN_BACKEND=0
+  (cudnn.backend_mode). The gradients take the legacy calls.
 
 init, forward and backward run after the package's checks (init_kernel, gpu_forward_kernel,
 gpu_backward_kernel, which run inside their stream). Everything is enqueued on the given stream.
@@ -146,10 +147,15 @@ def init(handle: Any, state: Conv2DState) -> None:
                     if state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward):
                         state.algorithms[direction] = cudnn.find_algorithm(
                             direction, cudnn_handle, descriptors, conv, dtype, limit, preferred, tensor_ops)
-                if state.paths["forward"] == "cudnn" and cudnn.backend_requested():
-                    d.forward_plan = cudnn.ForwardPlan(
-                        cudnn_handle, dtype, x.dims, w.dims, output.dims, (attrs.padding_h, attrs.padding_w),
-                        (attrs.stride_h, attrs.stride_w), (attrs.dilation_h, attrs.dilation_w), state.tf32, limit)
+                mode = cudnn.backend_mode()
+                if state.paths["forward"] == "cudnn" and mode != "off":
+                    try:
+                        d.forward_plan = cudnn.ForwardPlan(
+                            cudnn_handle, dtype, x.dims, w.dims, output.dims, (attrs.padding_h, attrs.padding_w),
+                            (attrs.stride_h, attrs.stride_w), (attrs.dilation_h, attrs.dilation_w), state.tf32, limit)
+                    except core.CudaError as error:  # "auto": no engine qualifies, the legacy call serves
+                        if mode == "on" or error.status != "CUDNN_STATUS_NOT_SUPPORTED":
+                            raise
                 sizes = [algorithm.workspace for algorithm in state.algorithms.values()]
                 if d.forward_plan is not None:
                     sizes.append(d.forward_plan.workspace)

@@ -706,8 +706,10 @@ def add_tensor(handle: int, alpha: int, a: TensorDescriptor, a_ptr: int, beta: i
 # cudnnBackendExecute on a variant pack (the data pointers), rebuilt only when the pointers change.
 # The legacy cudnnConvolutionForward rebuilds cuDNN 9's plan inside every call.
 
-# Opt-in, read when a conv_2d state is made: "1" builds the forward's execution plan.
+# Read when a conv_2d state is made (backend_mode): unset or empty, the forward's execution plan where an
+# engine qualifies, else the legacy call; "1", the plan or CudaError; "0", the legacy call always.
 BACKEND_ENV = "KERNELS_CUDNN_BACKEND"
+BACKEND_MODES = {"": "auto", "1": "on", "0": "off"}
 # The byte alignment the plan's tensors are described with. Engines with vector loads (every tensor-core
 # engine for the half dtypes) need 16; a call whose pointers (or workspace) are not all 16-byte aligned
 # (a view at an odd offset) takes the legacy call instead (ForwardPlan.run returns False).
@@ -729,9 +731,15 @@ _REJECTED_NOTES = {
 }
 
 
-def backend_requested(environ: Any = None) -> bool:
-    """Whether KERNELS_CUDNN_BACKEND asks for the backend forward ("1"; anything else: the legacy call)."""
-    return (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip() == "1"
+def backend_mode(environ: Any = None) -> str:
+    """What KERNELS_CUDNN_BACKEND asks of a conv_2d state's cuDNN forward: "auto" (unset or empty: the
+    backend plan where an engine qualifies, else the legacy call), "on" ("1": the plan, or CudaError
+    where no engine qualifies) or "off" ("0": the legacy call). Any other value: ValueError, naming
+    the three (a typo must not silently pick one)."""
+    value = (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip()
+    if value not in BACKEND_MODES:
+        raise ValueError(f"${BACKEND_ENV}={value!r}: expected unset or empty (auto), 1 (on) or 0 (off)")
+    return BACKEND_MODES[value]
 
 
 def packed_strides(dims: Sequence[int]) -> tuple[int, ...]:
