@@ -1,6 +1,9 @@
 """Where the host time of one GPU call goes: cProfile over many forward calls of a few
-ops on YOLOv10 shapes, plus the cost of the CuPy primitives they use. Run on the GPU
-machine: python3 tools/profile_overhead.py"""
+ops on YOLOv10 shapes, plus the cost of the CuPy primitives they use, the parts of one
+launch-bound call (checks, the stream's entry, the launch by CuPy and by ctypes'
+cuLaunchKernel, PyTorch's whole call beside), and cuBLAS's host time a GEMM in each
+math mode. Run on the GPU machine: python3 tools/profile_overhead.py
+(docs/performance.md#host-time-of-one-gpu-call)."""
 
 import cProfile
 import pstats
@@ -50,6 +53,12 @@ def setups():
     g3, gx3, gw3 = rnd(1, 32, 160, 160), cupy.empty_like(x3), cupy.empty_like(w3)
     yield "conv_2d c2f 3x3 backward", lambda: k.conv_2d.backward_kernel(stream, handle, s3, a3, o3, g3, x3, gx3, w3,
                                                                          gw3, None)
+    xd, wd = rnd(1, 64, 80, 80), rnd(64, 1, 3, 3)
+    od = cupy.empty((1, 64, 40, 40), f32)
+    ad = k.Conv2DAttrs(out_channels=64, kernel_h=3, kernel_w=3, stride_h=2, stride_w=2, padding_h=1, padding_w=1,
+                       groups=64)
+    sd = k.conv_2d.init_kernel(handle, ad, S.of(xd), S.of(od))
+    yield "conv_2d scdown depthwise 3x3 s2", lambda: k.conv_2d.forward_kernel(stream, handle, sd, ad, xd, wd, None, od)
     l, r = rnd(1, 80, 160, 160), rnd(1, 80, 160, 160)
     ob = cupy.empty_like(l)
     ab = k.ElementBinaryAttrs(op_type="ADD")
@@ -116,6 +125,100 @@ def cudnn_calls():
     print("algorithms:", {k_: (v.algo, v.math_type) for k_, v in s3.algorithms.items()})
 
 
+def launch_parts():
+    """One launch-bound call (element_binary ADD on 4x4 float32) and its parts."""
+    import ctypes
+
+    from kernels.runtime import core, gpu
+
+    k = kernels
+    x, y = rnd(4, 4), rnd(4, 4)
+    o = cupy.empty((4, 4), f32)
+    attrs = k.ElementBinaryAttrs(op_type="ADD")
+    st = k.element_binary.init_kernel(handle, attrs, S.of(x), S.of(y), S.of(o))
+    call = lambda: k.element_binary.forward_kernel(stream, handle, st, attrs, x, y, o)  # noqa: E731
+    call()
+    yield "element_binary add 4x4", call
+
+    def replayed():  # a hundred calls in one replaying block: a hundredth of this row is one call's
+        with core.replaying(stream):
+            for _ in range(100):
+                call()
+    yield "  100 of them, one replaying", replayed
+    rows = [(name, array, st.shapes[shape], True) for name, array, shape in
+            (("lhs", x, "lhs_shape"), ("rhs", y, "rhs_shape"), ("output", o, "output_shape"))]
+    yield "  core.check_call, 3 arrays", lambda: core.check_call("element_binary", stream, handle, st, attrs, rows)
+    kernel, grid, tail, _ = st.gpu_forward
+    args = (x, y, o) + tail + (np.int32(1),)
+    yield "  CuPy Function call", lambda: kernel((grid,), (gpu.BLOCK,), args, 0, stream.cupy_stream)
+    # cuLaunchKernel through ctypes, its arguments packed once in one buffer (the arrays' slots
+    # rewritten each call): what a launch from Python costs without CuPy's packing.
+    cuda = ctypes.CDLL("libcuda.so.1")
+    launch, u = cuda.cuLaunchKernel, ctypes.c_uint
+    launch.restype = ctypes.c_int
+    launch.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    words = np.zeros(len(args), np.uint64)  # one 8-byte slot an argument (each is at most 8 bytes)
+    for i, value in enumerate(args):
+        raw = np.array([value.data.ptr], np.uint64) if isinstance(value, cupy.ndarray) else np.array(value).reshape(1)
+        words[i:i + 1].view(np.uint8)[:raw.nbytes] = raw.view(np.uint8)
+    pointers = (ctypes.c_void_p * len(args))(*[words.ctypes.data + 8 * i for i in range(len(args))])
+    function_ptr, stream_ptr = kernel.ptr, stream.ptr
+
+    def ctypes_launch():
+        words[0], words[1], words[2] = x.data.ptr, y.data.ptr, o.data.ptr
+        status = launch(function_ptr, grid, 1, 1, gpu.BLOCK, 1, 1, 0, stream_ptr, pointers, None)
+        if status:
+            raise RuntimeError(f"cuLaunchKernel: {status}")
+    o.fill(np.nan)
+    ctypes_launch()
+    stream.synchronize()
+    assert bool(cupy.array_equal(o, x + y)), "the ctypes launch computed something else"
+    yield "  cuLaunchKernel by ctypes", ctypes_launch
+    import torch
+
+    a, b, c = (torch.ones(4, 4, device="cuda") for _ in range(3))
+    yield "torch.add 4x4", lambda: torch.add(a, b)
+    yield "torch.add 4x4 out=", lambda: torch.add(a, b, out=c)
+
+
+def cublas_math_modes():
+    """cuBLAS's host time of one SGEMM (the 1x1 head conv's) in each math mode the handle could take,
+    and whether the modes give the same bits there. Each row's mode is set before it is timed (the rows
+    are timed one after the other); the handle is left in pedantic math, as the library keeps it."""
+    import ctypes
+
+    from kernels.runtime import cublas
+
+    a, b = rnd(64, 6400), rnd(64, 64)
+    lib, blas = cublas.library(), handle.cublas()
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    outputs = []
+    for name, mode in (("pedantic", cublas.CUBLAS_PEDANTIC_MATH), ("default", 0),
+                       ("default, no reduced-precision reduction", 16)):
+        out = cupy.empty((64, 6400), f32)
+
+        def gemm(out=out):
+            status = lib.cublasSgemmStridedBatched(blas.ptr, 0, 0, 6400, 64, 64, ctypes.byref(alpha), a.data.ptr,
+                                                   6400, 0, b.data.ptr, 64, 0, ctypes.byref(beta), out.data.ptr,
+                                                   6400, 0, 1)
+            cublas.check(status, "cublasSgemmStridedBatched")
+        blas.bind(stream.ptr)
+        cublas.check(lib.cublasSetMathMode(blas.ptr, mode), "cublasSetMathMode")
+        gemm()
+        outputs.append(out)
+        yield f"sgemm 64x6400x64 {name}", gemm
+    cublas.check(lib.cublasSetMathMode(blas.ptr, cublas.CUBLAS_PEDANTIC_MATH), "cublasSetMathMode")
+    blas.math_mode = cublas.CUBLAS_PEDANTIC_MATH
+    stream.synchronize()
+    print("math modes give the same bits:", all(bool(cupy.array_equal(outputs[0], o)) for o in outputs))
+
+
+for name, function in launch_parts():
+    host, total = per_call(function, 3000 if "replaying" not in name else 30)
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
+for name, function in cublas_math_modes():
+    host, total = per_call(function)
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
 for name, function in cudnn_calls():
     host, total = per_call(function)
     print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
