@@ -1,4 +1,4 @@
-"""conv_2d's forward through cuDNN's backend API (kernels.runtime.cudnn.ForwardPlan; the default, with
+"""conv_2d's forward through cuDNN's backend API (kernels.runtime.cudnn.ConvolutionPlan("forward"); the default, with
 KERNELS_CUDNN_BACKEND unset; "1" insists on it, "0" keeps the legacy call).
 
 Without a GPU: the pure pieces (which engines are refused, packed strides, alignment, the switch) and,
@@ -23,6 +23,8 @@ groups > 1 and not depthwise), the backend forward
 """
 
 import ctypes
+import os
+import re
 
 import numpy as np
 import pytest
@@ -153,7 +155,89 @@ def test_backend_descriptors_without_a_device(dtype):
     assert cudnn.live_descriptors() == start
 
 
-def test_backend_failures_leak_nothing():
+# direction: (operation descriptor type, its alpha, beta and convolution attributes, then those of the tensors
+# in the x, w and y roles: the input or its gradient, the filter or its gradient, the output or its gradient),
+# as cudnn_graph.h names them.
+OPERATIONS = {
+    "forward": (cudnn.BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_W, cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
+    "backward_data": (cudnn.BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                      cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+                      cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                      cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
+    "backward_filter": (cudnn.BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
+}
+DIRECTIONS = [pytest.param(direction, id=direction) for direction in OPERATIONS]
+BACKWARD = [pytest.param(direction, id=direction) for direction in ("backward_data", "backward_filter")]
+
+
+def test_backend_constants_as_the_header():
+    """Every backend enum value here (descriptor types, attribute names and types, heuristics modes, notes)
+    is the value cudnn_graph.h gives its CUDNN_ name, where the loaded library's include/ folder is at hand."""
+    _library_or_skip()
+    header = os.path.join(os.path.dirname(os.path.dirname(cudnn.library().path)), "include", "cudnn_graph.h")
+    if not os.path.isfile(header):
+        pytest.skip(f"no cudnn_graph.h beside the loaded library ({header})")
+    with open(header) as file:
+        values = {name: int(value) for name, value in re.findall(r"\b(CUDNN_\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*=\s*(\d+)",
+                                                                file.read())}
+    prefixes = ("BACKEND_", "ATTR_", "TYPE_", "HEUR_MODE_", "NUMERICAL_NOTE_", "BEHAVIOR_NOTE_")
+    ours = {name: value for name, value in vars(cudnn).items()
+            if name.startswith(prefixes) and isinstance(value, int) and name != "BACKEND_ALIGNMENT"}
+    assert len(ours) > 60
+    assert {name: values.get("CUDNN_" + name) for name in ours} == ours
+    assert ours["BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR"] == 12  # the ones this change added
+    assert ours["ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY"] == 717
+
+
+# The g4_k1x3_s1x2 case: grouped, and no two of x, w, y alike.
+_GROUPED = {"x": (2, 8, 7, 9), "w": (12, 2, 1, 3), "y": (2, 12, 7, 5), "padding": (0, 1), "stride": (1, 2),
+            "dilation": (1, 1)}
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_operations_without_a_device(dtype, direction):
+    """Each direction's operation finalizes in the real library without a device, its alpha 1 and beta 0
+    read back; with the x and y roles swapped its shapes no longer agree (BAD_PARAM): the roles are
+    the attributes cuDNN checks. Everything made is destroyed."""
+    _library_or_skip()
+    start = cudnn.live_descriptors()
+    kind, alpha, beta = OPERATIONS[direction][:3]
+    scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
+    scalar_type = cudnn.TYPE_DOUBLE if dtype == np.float64 else cudnn.TYPE_FLOAT
+    owner = []
+    try:
+        x, w, y = (cudnn.tensor_descriptor(uid, _GROUPED[name], dtype, owner=owner)
+                   for uid, name in ((cudnn.X_UID, "x"), (cudnn.W_UID, "w"), (cudnn.Y_UID, "y")))
+        conv = cudnn.convolution_descriptor(_GROUPED["padding"], _GROUPED["stride"], _GROUPED["dilation"], dtype,
+                                            owner=owner)
+        op = cudnn.operation_descriptor(direction, x, w, y, conv, dtype, owner=owner)
+        assert op.kind == kind and op is owner[-1]
+        assert op.get(alpha, scalar_type, scalar, 1) == [1.0]
+        assert op.get(beta, scalar_type, scalar, 1) == [0.0]
+        made = len(owner)
+        with pytest.raises(CudaError, match="CUDNN_STATUS_BAD_PARAM"):
+            cudnn.operation_descriptor(direction, y, w, x, conv, dtype, owner=owner)
+        assert len(owner) == made + 1 and owner[-1].kind == kind  # the owner destroys the failed one
+        with pytest.raises(ValueError, match="direction: expected forward, backward_data or backward_filter"):
+            cudnn.operation_descriptor("backward", x, w, y, conv, dtype, owner=owner)
+        assert len(owner) == made + 1
+    finally:
+        for descriptor in owner:
+            descriptor.destroy()
+    assert cudnn.live_descriptors() == start
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_backend_failures_leak_nothing(direction):
     """A descriptor whose finalize fails is destroyed before the CudaError; a plan whose graph cannot be
     built (no cuDNN handle: 0) destroys all it made."""
     _library_or_skip()
@@ -162,8 +246,18 @@ def test_backend_failures_leak_nothing():
         cudnn.tensor_descriptor(1, (2, 8, -3, 10), np.float32)
     assert cudnn.live_descriptors() == start
     with pytest.raises(CudaError):
-        cudnn.ForwardPlan(0, np.float32, (1, 2, 5, 5), (3, 2, 3, 3), (1, 3, 5, 5), (1, 1), (1, 1), (1, 1),
-                          False, 2**20)
+        cudnn.ConvolutionPlan(direction, 0, np.float32, (1, 2, 5, 5), (3, 2, 3, 3), (1, 3, 5, 5), (1, 1), (1, 1),
+                              (1, 1), False, 2**20)
+    assert cudnn.live_descriptors() == start
+
+
+def test_convolution_plan_refuses_an_unknown_direction():
+    """Refused by name before anything is made (no library needed)."""
+    start = cudnn.live_descriptors()
+    for direction in ("backward", "Forward", "wgrad"):
+        with pytest.raises(ValueError, match=f"direction: expected forward, backward_data or backward_filter, "
+                                             f"found {direction!r}"):
+            cudnn.ConvolutionPlan(direction, 0x5000, *_PLAN_ARGS)
     assert cudnn.live_descriptors() == start
 
 
@@ -422,11 +516,11 @@ def test_descriptors_destroyed_at_cleanup_and_on_failed_init(gdev, monkeypatch):
     assert cudnn.live_descriptors() == start
 
 
-# ------------------------------------------------------------------ ForwardPlan against a stand-in library
+# ------------------------------------------------------------------ ConvolutionPlan against a stand-in library
 
 
 class _FakeBackend:
-    """cudnnBackend* in Python, enough for ForwardPlan: descriptors hold their attributes; the
+    """cudnnBackend* in Python, enough for ConvolutionPlan: descriptors hold their attributes; the
     heuristics offer `offers[mode]` (engine index, notes, plan status, workspace) in order."""
 
     _CTYPES = {cudnn.TYPE_INT64: ctypes.c_int64, cudnn.TYPE_FLOAT: ctypes.c_float, cudnn.TYPE_DOUBLE: ctypes.c_double,
@@ -517,15 +611,18 @@ def _fake(monkeypatch, offers):
 _PLAN_ARGS = (np.float16, (2, 8, 12, 10), (16, 8, 3, 3), (2, 16, 12, 10), (1, 1), (1, 1), (1, 1), False, 1000)
 
 
-def test_forward_plan_takes_the_first_acceptable_engine(monkeypatch):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_plan_takes_the_first_acceptable_engine(monkeypatch, direction):
     """Refused notes, a plan that does not finalize and a workspace over the limit are passed over,
-    in heuristics order, then the fallback list; the graph is what the attrs say."""
+    in heuristics order, then the fallback list; the graph is what the attrs say: one operation of the
+    direction, its x, w and y roles given the tensors of those dims and ids."""
     fake = _fake(monkeypatch, {
         cudnn.HEUR_MODE_A: [(11, [cudnn.NUMERICAL_NOTE_WINOGRAD], 0, 0), (12, [], 3000, 0), (13, [], 0, 5000)],
         cudnn.HEUR_MODE_FALLBACK: [(14, [cudnn.NUMERICAL_NOTE_NONDETERMINISTIC], 0, 0),
                                    (15, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 512), (16, [], 0, 0)]})
     start = cudnn.live_descriptors()
-    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    plan = cudnn.ConvolutionPlan(direction, 0x5000, *_PLAN_ARGS)
+    assert plan.direction == direction
     assert (plan.engine, plan.workspace) == (15, 512)  # half data: tensor cores allowed
     assert [(c.engine, c.rejected) for c in plan.choices] == [
         (11, "WINOGRAD"), (12, "plan: CUDNN_STATUS_NOT_SUPPORTED"), (13, "workspace 5000 > 1000"),
@@ -541,29 +638,46 @@ def test_forward_plan_takes_the_first_acceptable_engine(monkeypatch):
     conv = next(d["attrs"] for d in fake.descriptors.values() if d["kind"] == cudnn.BACKEND_CONVOLUTION_DESCRIPTOR)
     assert conv[cudnn.ATTR_CONVOLUTION_COMP_TYPE][1] == [cudnn.DATA_FLOAT]
     assert conv[cudnn.ATTR_CONVOLUTION_CONV_MODE][1] == [cudnn.CROSS_CORRELATION]
-    op = next(d["attrs"] for d in fake.descriptors.values()
-              if d["kind"] == cudnn.BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
-    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA] == (cudnn.TYPE_FLOAT, [1.0])
-    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_BETA] == (cudnn.TYPE_FLOAT, [0.0])
+    kind, alpha, beta, conv_attr, x_attr, w_attr, y_attr = OPERATIONS[direction]
+    ops = [d for d in fake.descriptors.values() if d["kind"] in {o[0] for o in OPERATIONS.values()}]
+    assert [d["kind"] for d in ops] == [kind]
+    op = ops[0]["attrs"]
+    assert op[alpha] == (cudnn.TYPE_FLOAT, [1.0])
+    assert op[beta] == (cudnn.TYPE_FLOAT, [0.0])
+    assert fake.descriptors[op[conv_attr][1][0]]["kind"] == cudnn.BACKEND_CONVOLUTION_DESCRIPTOR
+    for attr, uid, dims in ((x_attr, cudnn.X_UID, [2, 8, 12, 10]), (w_attr, cudnn.W_UID, [16, 8, 3, 3]),
+                            (y_attr, cudnn.Y_UID, [2, 16, 12, 10])):
+        kind_, (tensor,) = op[attr]
+        assert kind_ == cudnn.TYPE_BACKEND_DESCRIPTOR
+        assert fake.descriptors[tensor]["attrs"][cudnn.ATTR_TENSOR_UNIQUE_ID][1] == [uid]
+        assert fake.descriptors[tensor]["attrs"][cudnn.ATTR_TENSOR_DIMENSIONS][1] == dims
+    graph = next(d["attrs"] for d in fake.descriptors.values() if d["kind"] == cudnn.BACKEND_OPERATIONGRAPH_DESCRIPTOR)
+    assert graph[cudnn.ATTR_OPERATIONGRAPH_HANDLE][1] == [0x5000]
+    assert fake.descriptors[graph[cudnn.ATTR_OPERATIONGRAPH_OPS][1][0]]["kind"] == kind
     plan.destroy()
     plan.destroy()
     assert cudnn.live_descriptors() == start and not fake.descriptors
 
 
-def test_forward_plan_variant_pack_and_refusals(monkeypatch):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_plan_variant_pack_and_refusals(monkeypatch, direction):
+    """run(handle, x, w, y, workspace) takes the pointers of the x, w and y roles whatever the direction
+    (backward_data writes x, backward_filter w): the pack binds them to those roles' ids."""
     fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(7, [cudnn.NUMERICAL_NOTE_STRICT_NAN_PROP], 0, 0)]})
     start = cudnn.live_descriptors()
-    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    plan = cudnn.ConvolutionPlan(direction, 0x5000, *_PLAN_ARGS)
     live = cudnn.live_descriptors()["backend"]
     assert plan.run(0x5000, 512, 1024, 2048, 4096)
     assert plan.run(0x5000, 512, 1024, 2048, 4096)
     assert (plan.executions, plan.packs) == (2, 1)
     assert cudnn.live_descriptors()["backend"] == live + 1
-    pack = fake.executed[-1][1]
+    handle, pack = fake.executed[-1]
+    assert handle == 0x5000
     assert pack[cudnn.ATTR_VARIANT_PACK_UNIQUE_IDS][1] == [cudnn.X_UID, cudnn.W_UID, cudnn.Y_UID]
     assert pack[cudnn.ATTR_VARIANT_PACK_DATA_POINTERS][1] == [512, 1024, 2048]
     assert pack[cudnn.ATTR_VARIANT_PACK_WORKSPACE][1] == [4096]
     assert not plan.run(0x5000, 516, 1024, 2048, 4096)  # misaligned: nothing done, the pack kept
+    assert not plan.run(0x5000, 512, 1024, 2056, 4096)
     assert not plan.run(0x6000, 512, 1024, 2048, 4096)  # another cuDNN handle
     assert (plan.executions, plan.packs) == (2, 1)
     assert plan.run(0x5000, 512, 1024, 2048, 8192)  # the workspace moved: a new pack, the old destroyed
@@ -573,21 +687,23 @@ def test_forward_plan_variant_pack_and_refusals(monkeypatch):
     assert cudnn.live_descriptors() == start and not fake.descriptors
 
 
-def test_forward_plan_without_an_engine_raises_and_leaks_nothing(monkeypatch):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_plan_without_an_engine_raises_naming_the_direction_and_leaks_nothing(monkeypatch, direction):
     fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(3, [cudnn.NUMERICAL_NOTE_FFT], 0, 0)]})
     start = cudnn.live_descriptors()
     args = (np.float32,) + _PLAN_ARGS[1:]
-    with pytest.raises(CudaError, match=r"CUDNN_STATUS_NOT_SUPPORTED.*engine 3: FFT") as raised:
-        cudnn.ForwardPlan(0x5000, *args)
+    with pytest.raises(CudaError, match=rf"CUDNN_STATUS_NOT_SUPPORTED.*no deterministic sum-of-products {direction} "
+                                        r"engine for these shapes.*engine 3: FFT") as raised:
+        cudnn.ConvolutionPlan(direction, 0x5000, *args)
     assert "heuristics" not in str(raised.value)  # the fallback mode offered nothing
     fake.offers = {cudnn.HEUR_MODE_A: [(4, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 0)]}  # TF32 without tf32
     with pytest.raises(CudaError, match="engine 4: TENSOR_CORE"):
-        cudnn.ForwardPlan(0x5000, *args)
-    plan = cudnn.ForwardPlan(0x5000, *args[:-2], True, 1000)  # with tf32
+        cudnn.ConvolutionPlan(direction, 0x5000, *args)
+    plan = cudnn.ConvolutionPlan(direction, 0x5000, *args[:-2], True, 1000)  # with tf32
     assert plan.engine == 4
     plan.destroy()
     with pytest.raises(CudaError):
-        cudnn.ForwardPlan(0, *args)  # the graph does not finalize
+        cudnn.ConvolutionPlan(direction, 0, *args)  # the graph does not finalize
     assert cudnn.live_descriptors() == start and not fake.descriptors
 
 
@@ -629,7 +745,7 @@ def test_auto_mode_takes_the_plan_and_falls_back_where_none_qualifies(gdev, monk
     def bad_param(*args, **kwargs):
         raise CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM", "raised by the test")
 
-    monkeypatch.setattr(cudnn, "ForwardPlan", bad_param)
+    monkeypatch.setattr(cudnn, "ConvolutionPlan", bad_param)
     with pytest.raises(CudaError, match="raised by the test"):
         conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
     assert cudnn.live_descriptors() == start

@@ -57,7 +57,7 @@ class Conv2DDescriptors:
     y: Any = None  # the output
     bias: Any = None  # (1, O, 1, 1)
     conv: Any = None  # the convolution
-    # The forward's cuDNN backend plan (cudnn.ForwardPlan: its graph, engine, plan and variant pack), made
+    # The forward's cuDNN backend plan (cudnn.ConvolutionPlan: its graph, engine, plan and variant pack), made
     # at init where KERNELS_CUDNN_BACKEND=1 and the forward runs in cuDNN; None: the legacy call.
     forward_plan: Any = None
 

@@ -7,7 +7,7 @@ allows it; half data on tensor cores with float32 compute):
   col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
 - "depthwise": conv_2d.cu's own kernels throughout;
 - "cudnn": cuDNN's convolution API (kernels/runtime/cudnn.py). The forward runs through cuDNN's
-  backend API: an execution plan built at init (cudnn.ForwardPlan), one cudnnBackendExecute a call.
+  backend API: an execution plan built at init (cudnn.ConvolutionPlan), one cudnnBackendExecute a call.
   The legacy call serves where no engine qualifies, for a call the plan cannot take (pointers not
   16-byte aligned, another handle's cuDNN handle), and for every call with KERNELS_CUDNN_BACKEND=0
   (cudnn.backend_mode). The gradients take the legacy calls.
@@ -150,8 +150,8 @@ def init(handle: Any, state: Conv2DState) -> None:
                 mode = cudnn.backend_mode()
                 if state.paths["forward"] == "cudnn" and mode != "off":
                     try:
-                        d.forward_plan = cudnn.ForwardPlan(
-                            cudnn_handle, dtype, x.dims, w.dims, output.dims, (attrs.padding_h, attrs.padding_w),
+                        d.forward_plan = cudnn.ConvolutionPlan(
+                            "forward", cudnn_handle, dtype, x.dims, w.dims, output.dims, (attrs.padding_h, attrs.padding_w),
                             (attrs.stride_h, attrs.stride_w), (attrs.dilation_h, attrs.dilation_w), state.tf32, limit)
                     except core.CudaError as error:  # "auto": no engine qualifies, the legacy call serves
                         if mode == "on" or error.status != "CUDNN_STATUS_NOT_SUPPORTED":
