@@ -1,28 +1,36 @@
-"""conv_2d's forward through cuDNN's backend API (kernels.runtime.cudnn.ForwardPlan; the default, with
-KERNELS_CUDNN_BACKEND unset; "1" insists on it, "0" keeps the legacy call).
+"""conv_2d's cuDNN directions through cuDNN's backend API (kernels.runtime.cudnn.ConvolutionPlan: the
+forward, and for a state made for backward the backward data and backward filter where they run in
+cuDNN; the default, with KERNELS_CUDNN_BACKEND unset; "1" insists on it, "0" keeps the legacy calls).
 
-Without a GPU: the pure pieces (which engines are refused, packed strides, alignment, the switch) and,
-where cuDNN's library loads, backend tensor and convolution descriptors made, finalized and destroyed
-(no device is needed for those), and a plan whose graph cannot be finalized leaking nothing.
+Without a GPU: the pure pieces (which engines are refused, packed strides, alignment, the switch), the
+backend constants against cudnn_graph.h, each direction's plan against a stand-in library (the
+engine chosen, the graph's operation and roles, the variant pack, the errors naming the direction)
+and, where cuDNN's library loads, backend tensor, convolution and each direction's operation
+descriptors made, finalized and destroyed (no device is needed for those), and a plan whose graph
+cannot be finalized leaking nothing.
 
 On a GPU (marked gpu): with the switch set to 1 or 0 before the state is made, for float32, float64, float16 and
 bfloat16 and shapes whose forward runs in cuDNN (plan.choose_paths: groups 1 and not pointwise, or
-groups > 1 and not depthwise), the backend forward
-- is really taken (the state holds the plan; its executions count the calls),
-- gives the same values as the legacy call and as a float64 NumPy reference on exact-valued inputs
-  (entries in {-1, 0, 1}: every product and partial sum is exact in float32, every result exact in
-  every dtype, so any sum-of-products engine in any order gives the exact result; as the conformance
-  cases, whose conv tolerance is EXACT),
-- stays within the forward error bound of a plain sum in the compute type on random data (which TF32,
+groups > 1 and not depthwise; the gradients too for the half dtypes and groups > 1), the backend plans
+- are really taken (the state holds them; their executions count the calls),
+- give the same values as the legacy calls and as PyTorch's float64 conv2d and its gradients on
+  exact-valued inputs (entries in {-1, 0, 1}: every product and partial sum is exact in float32, every
+  result exact in every dtype, so any sum-of-products engine in any order gives the exact result; as
+  the conformance cases, whose conv tolerance is EXACT; for the gradients, output gradients sparse
+  enough that every sum of |products| stays within 256, so every partial sum is exact in bfloat16 too),
+- stay within the error bound of a plain sum in the compute type on random data (which TF32,
   a reduced-precision reduction or inputs converted down would exceed),
-- keeps its variant pack while the pointers stay, builds a new one when they change, and hands
-  calls it cannot take (misaligned pointers, another handle) to the legacy call,
-- leaves every descriptor destroyed after cleanup, also when init fails,
-- keeps the bias, the fused activations and the (legacy) backward right,
-- is taken with the switch unset, and gives way to the legacy call there where no engine qualifies.
+- keep their variant pack while the pointers stay, build a new one when they change, and hand
+  calls they cannot take (misaligned pointers, another handle) to the legacy calls,
+- leave every descriptor destroyed after cleanup, also when init fails,
+- keep the bias, the fused activations and the backward right,
+- are taken with the switch unset, and give way to the legacy call there, direction by direction,
+  where no engine qualifies.
 """
 
 import ctypes
+import os
+import re
 
 import numpy as np
 import pytest
@@ -153,7 +161,89 @@ def test_backend_descriptors_without_a_device(dtype):
     assert cudnn.live_descriptors() == start
 
 
-def test_backend_failures_leak_nothing():
+# direction: (operation descriptor type, its alpha, beta and convolution attributes, then those of the tensors
+# in the x, w and y roles: the input or its gradient, the filter or its gradient, the output or its gradient),
+# as cudnn_graph.h names them.
+OPERATIONS = {
+    "forward": (cudnn.BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_W, cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
+    "backward_data": (cudnn.BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                      cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+                      cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                      cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
+    "backward_filter": (cudnn.BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                        cudnn.ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
+}
+DIRECTIONS = [pytest.param(direction, id=direction) for direction in OPERATIONS]
+BACKWARD = [pytest.param(direction, id=direction) for direction in ("backward_data", "backward_filter")]
+
+
+def test_backend_constants_as_the_header():
+    """Every backend enum value here (descriptor types, attribute names and types, heuristics modes, notes)
+    is the value cudnn_graph.h gives its CUDNN_ name, where the loaded library's include/ folder is at hand."""
+    _library_or_skip()
+    header = os.path.join(os.path.dirname(os.path.dirname(cudnn.library().path)), "include", "cudnn_graph.h")
+    if not os.path.isfile(header):
+        pytest.skip(f"no cudnn_graph.h beside the loaded library ({header})")
+    with open(header) as file:
+        values = {name: int(value) for name, value in re.findall(r"\b(CUDNN_\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*=\s*(\d+)",
+                                                                file.read())}
+    prefixes = ("BACKEND_", "ATTR_", "TYPE_", "HEUR_MODE_", "NUMERICAL_NOTE_", "BEHAVIOR_NOTE_")
+    ours = {name: value for name, value in vars(cudnn).items()
+            if name.startswith(prefixes) and isinstance(value, int) and name != "BACKEND_ALIGNMENT"}
+    assert len(ours) > 60
+    assert {name: values.get("CUDNN_" + name) for name in ours} == ours
+    assert ours["BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR"] == 12  # the ones this change added
+    assert ours["ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY"] == 717
+
+
+# The g4_k1x3_s1x2 case: grouped, and no two of x, w, y alike.
+_GROUPED = {"x": (2, 8, 7, 9), "w": (12, 2, 1, 3), "y": (2, 12, 7, 5), "padding": (0, 1), "stride": (1, 2),
+            "dilation": (1, 1)}
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_operations_without_a_device(dtype, direction):
+    """Each direction's operation finalizes in the real library without a device, its alpha 1 and beta 0
+    read back; with the x and y roles swapped its shapes no longer agree (BAD_PARAM): the roles are
+    the attributes cuDNN checks. Everything made is destroyed."""
+    _library_or_skip()
+    start = cudnn.live_descriptors()
+    kind, alpha, beta = OPERATIONS[direction][:3]
+    scalar = ctypes.c_double if dtype == np.float64 else ctypes.c_float
+    scalar_type = cudnn.TYPE_DOUBLE if dtype == np.float64 else cudnn.TYPE_FLOAT
+    owner = []
+    try:
+        x, w, y = (cudnn.tensor_descriptor(uid, _GROUPED[name], dtype, owner=owner)
+                   for uid, name in ((cudnn.X_UID, "x"), (cudnn.W_UID, "w"), (cudnn.Y_UID, "y")))
+        conv = cudnn.convolution_descriptor(_GROUPED["padding"], _GROUPED["stride"], _GROUPED["dilation"], dtype,
+                                            owner=owner)
+        op = cudnn.operation_descriptor(direction, x, w, y, conv, dtype, owner=owner)
+        assert op.kind == kind and op is owner[-1]
+        assert op.get(alpha, scalar_type, scalar, 1) == [1.0]
+        assert op.get(beta, scalar_type, scalar, 1) == [0.0]
+        made = len(owner)
+        with pytest.raises(CudaError, match="CUDNN_STATUS_BAD_PARAM"):
+            cudnn.operation_descriptor(direction, y, w, x, conv, dtype, owner=owner)
+        assert len(owner) == made + 1 and owner[-1].kind == kind  # the owner destroys the failed one
+        with pytest.raises(ValueError, match="direction: expected forward, backward_data or backward_filter"):
+            cudnn.operation_descriptor("backward", x, w, y, conv, dtype, owner=owner)
+        assert len(owner) == made + 1
+    finally:
+        for descriptor in owner:
+            descriptor.destroy()
+    assert cudnn.live_descriptors() == start
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_backend_failures_leak_nothing(direction):
     """A descriptor whose finalize fails is destroyed before the CudaError; a plan whose graph cannot be
     built (no cuDNN handle: 0) destroys all it made."""
     _library_or_skip()
@@ -162,8 +252,18 @@ def test_backend_failures_leak_nothing():
         cudnn.tensor_descriptor(1, (2, 8, -3, 10), np.float32)
     assert cudnn.live_descriptors() == start
     with pytest.raises(CudaError):
-        cudnn.ForwardPlan(0, np.float32, (1, 2, 5, 5), (3, 2, 3, 3), (1, 3, 5, 5), (1, 1), (1, 1), (1, 1),
-                          False, 2**20)
+        cudnn.ConvolutionPlan(direction, 0, np.float32, (1, 2, 5, 5), (3, 2, 3, 3), (1, 3, 5, 5), (1, 1), (1, 1),
+                              (1, 1), False, 2**20)
+    assert cudnn.live_descriptors() == start
+
+
+def test_convolution_plan_refuses_an_unknown_direction():
+    """Refused by name before anything is made (no library needed)."""
+    start = cudnn.live_descriptors()
+    for direction in ("backward", "Forward", "wgrad"):
+        with pytest.raises(ValueError, match=f"direction: expected forward, backward_data or backward_filter, "
+                                             f"found {direction!r}"):
+            cudnn.ConvolutionPlan(direction, 0x5000, *_PLAN_ARGS)
     assert cudnn.live_descriptors() == start
 
 
@@ -178,15 +278,24 @@ def gdev():
     d.handle.close()
 
 
+def _plan(state, direction):
+    """The state's backend plan of a direction (None: that direction's legacy call, or not in cuDNN)."""
+    return getattr(state.descriptors, f"{direction}_plan")
+
+
 def _make_state(dev, attrs, dims, dtype, monkeypatch, backend):
-    """A state made with KERNELS_CUDNN_BACKEND set to 1 (backend) or 0 (the legacy call)."""
+    """A state made with KERNELS_CUDNN_BACKEND set to 1 (backend) or 0 (the legacy call): a plan for each
+    direction in cuDNN (the backward ones only for a state made for backward), none for the others."""
     monkeypatch.setenv(cudnn.BACKEND_ENV, "1" if backend else "0")
     output_dims = conv_2d.output_dims(attrs, dims)
     state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
     # read at init only: the state keeps its choice whatever the variable says later
     monkeypatch.setenv(cudnn.BACKEND_ENV, "0" if backend else "1")
     assert state.paths["forward"] == "cudnn"
-    assert (state.descriptors.forward_plan is not None) == backend
+    for direction in OPERATIONS:
+        in_cudnn = state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward)
+        assert (_plan(state, direction) is not None) == (backend and in_cudnn), direction
+        assert (direction in state.algorithms) == in_cudnn, direction  # the legacy algorithm, kept as the fallback
     return state
 
 
@@ -199,6 +308,53 @@ def _reference(x, w, attrs):
                                    stride=(attrs.stride_h, attrs.stride_w), padding=(attrs.padding_h, attrs.padding_w),
                                    dilation=(attrs.dilation_h, attrs.dilation_w), groups=attrs.groups)
     return y.numpy()
+
+
+def _reference_backward(direction, x, w, output_grad, attrs):
+    """input_grad (backward_data) or filter_grad (backward_filter) of conv_2d (no activation) in float64, by
+    PyTorch's torch.nn.grad.conv2d_input / conv2d_weight (what autograd of conv2d computes)."""
+    import torch
+    from torch.nn.grad import conv2d_input, conv2d_weight
+
+    x, w, output_grad = (torch.from_numpy(np.asarray(a, np.float64)) for a in (x, w, output_grad))
+    options = dict(stride=(attrs.stride_h, attrs.stride_w), padding=(attrs.padding_h, attrs.padding_w),
+                   dilation=(attrs.dilation_h, attrs.dilation_w), groups=attrs.groups)
+    if direction == "backward_data":
+        return conv2d_input(x.shape, w, output_grad, **options).numpy()
+    return conv2d_weight(x, w.shape, output_grad, **options).numpy()
+
+
+def _terms(direction, dims, attrs):
+    """How many products each result of a backward direction sums, element by element: that gradient of
+    all-ones tensors (exact counts in float64). An input element meets at most one output position per tap
+    of each of its group's O / groups filters (fewer at the edges and, with strides, between them), a
+    filter tap one input element per output position of every image; terms an engine adds beyond these
+    are products with the padding's zeros or with the zeros between strides: exact, no rounding."""
+    n = dims[0]
+    _, o, out_h, out_w = conv_2d.output_dims(attrs, dims)
+    ones = [np.ones(shape) for shape in (dims, conv_2d.filter_dims(attrs, dims[1]), (n, o, out_h, out_w))]
+    counts = _reference_backward(direction, *ones, attrs)
+    most = o // attrs.groups * attrs.kernel_h * attrs.kernel_w if direction == "backward_data" else n * out_h * out_w
+    assert 0 < counts.max() <= most
+    return counts
+
+
+# Every integer of at most this magnitude is exact in every dtype (bfloat16 has 8 significant bits).
+_EXACT_LIMIT = 256
+
+
+def _exact_output_grad(dims, attrs, seed):
+    """An output gradient of entries in {-1, 0, 1}, at most _EXACT_LIMIT of them nonzero in each output
+    channel (over the whole batch): a filter gradient then sums at most that many nonzero products of
+    {-1, 0, 1} entries, so every partial sum, in any order, is an integer within the limit."""
+    rng = np.random.default_rng(seed)
+    output_grad = rng.integers(-1, 2, size=conv_2d.output_dims(attrs, dims))
+    for channel in range(output_grad.shape[1]):
+        plane = output_grad[:, channel].copy().ravel()
+        nonzero = np.flatnonzero(plane)
+        plane[rng.permutation(nonzero)[_EXACT_LIMIT:]] = 0
+        output_grad[:, channel] = plane.reshape(output_grad[:, channel].shape)
+    return output_grad
 
 
 def _exact_inputs(dims, attrs, dtype, seed):
@@ -217,6 +373,15 @@ def _forward(dev, state, attrs, x, w, bias=None, output=None):
     conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, *arrays, output)
     dev.stream.synchronize()
     return dev.host(output), output
+
+
+def _backward(dev, state, attrs, x, w, output_grad):
+    """One backward into NaN-poisoned input_grad and filter_grad: their host copies."""
+    grads = [dev.array(np.full(shape, np.nan, x.dtype)) for shape in (x.shape, w.shape)]
+    conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, None, dev.array(output_grad.astype(x.dtype)),
+                            dev.array(x), grads[0], dev.array(w), grads[1], None)
+    dev.stream.synchronize()
+    return {"backward_data": dev.host(grads[0]), "backward_filter": dev.host(grads[1])}
 
 
 def _same(got, expected, err_msg=""):
@@ -269,21 +434,139 @@ def test_backend_forward_within_the_sum_bound(gdev, monkeypatch, dims, attrs, dt
     w = rng.standard_normal(conv_2d.filter_dims(attrs, dims[1])).astype(dtype)
     reference = _reference(x, w, attrs)
     magnitude = _reference(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), attrs)
-    k = (dims[1] // attrs.groups) * attrs.kernel_h * attrs.kernel_w
-    u = _COMPUTE_U.get(np.dtype(dtype), 2.0**-24)
-    v = _OUTPUT_U.get(np.dtype(dtype), 0.0)
-    bound = k * u / (1 - k * u) * (1 + v) * magnitude + v * np.abs(reference)
     for backend in (False, True):
         state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend)
         try:
             got, _ = _forward(gdev, state, attrs, x, w)
+            if backend:
+                assert state.descriptors.forward_plan.executions == 1
         finally:
             conv_2d.cleanup_kernel(gdev.handle, state)
-        error = np.abs(got.astype(np.float64) - reference)
-        assert np.all(np.isfinite(error)), f"backend={backend}: non-finite outputs"
-        worst = np.argmax(error - bound)
-        assert np.all(error <= bound), (f"backend={backend}: error {error.flat[worst]:.3g} > bound "
-                                        f"{bound.flat[worst]:.3g} at {np.unravel_index(worst, error.shape)}")
+        k = (dims[1] // attrs.groups) * attrs.kernel_h * attrs.kernel_w
+        _within_sum_bound(got, reference, magnitude, k, dtype, f"backend={backend}")
+
+
+def _within_sum_bound(got, reference, magnitude, k, dtype, label):
+    """|got - reference| <= gamma_k (1 + v) magnitude + v |reference| everywhere (see the forward's bound
+    test), `magnitude` being the sum of the products' magnitudes and k their count (a number, or one for
+    each element); a NaN left in a poisoned output fails."""
+    u = _COMPUTE_U.get(np.dtype(dtype), 2.0**-24)
+    v = _OUTPUT_U.get(np.dtype(dtype), 0.0)
+    bound = k * u / (1 - k * u) * (1 + v) * magnitude + v * np.abs(reference)
+    error = np.abs(np.asarray(got, np.float64) - reference)
+    assert np.all(np.isfinite(error)), f"{label}: non-finite results"
+    worst = np.argmax(error - bound)
+    assert np.all(error <= bound), (f"{label}: error {error.flat[worst]:.3g} > bound {bound.flat[worst]:.3g} "
+                                    f"at {np.unravel_index(worst, error.shape)}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims, attrs", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_backward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dtype):
+    """Exact-valued x, w and output gradient (_exact_output_grad): every sum of |products| of both gradients
+    is within _EXACT_LIMIT (checked), so every partial sum in any order is exact in every dtype, and the
+    backend plans, the legacy calls and PyTorch's float64 gradients agree exactly. Where a direction does
+    not run in cuDNN (float32 and float64 with groups 1: the columns path) the state has no plan for it
+    and the values are checked all the same."""
+    x, w, _ = _exact_inputs(dims, attrs, dtype, seed=11)
+    output_grad = _exact_output_grad(dims, attrs, seed=12)
+    legacy = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=False)
+    backend = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=True)
+    try:
+        got_legacy = _backward(gdev, legacy, attrs, x, w, output_grad)
+        got_backend = _backward(gdev, backend, attrs, x, w, output_grad)
+        planned = 0
+        for direction in ("backward_data", "backward_filter"):
+            reference = _reference_backward(direction, x, w, output_grad, attrs)
+            magnitude = _reference_backward(direction, np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)),
+                                            np.abs(output_grad), attrs)
+            assert magnitude.max() <= _EXACT_LIMIT, direction
+            assert np.abs(reference).max() > 0, direction  # not all zeros
+            _same(got_legacy[direction], reference, err_msg=f"legacy {direction}")
+            plan = _plan(backend, direction)
+            if backend.paths[direction] != "cudnn":
+                assert plan is None and backend.paths[direction] == "columns"
+                assert dtype in (np.float32, np.float64) and attrs.groups == 1
+            else:
+                planned += 1
+                assert plan.direction == direction
+                assert plan.engine >= 0 and plan.choices[-1].rejected is None
+                assert plan.workspace <= backend.workspace_size
+                assert (plan.executions, plan.packs) == (1, 1)
+            detail = "" if plan is None else f": engine {plan.engine}, passed over {plan.choices[:-1]}"
+            _same(got_backend[direction], reference, err_msg=direction + detail)
+        assert planned == (2 if dtype in (np.float16, BFLOAT16) or attrs.groups > 1 else 0)
+        assert backend.descriptors.forward_plan.executions == 0  # no forward was called
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, legacy)
+        conv_2d.cleanup_kernel(gdev.handle, backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims, attrs", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_backward_within_the_sum_bound(gdev, monkeypatch, dims, attrs, dtype):
+    """Random data (inputs rounded to the dtype first), the forward's bound with each result's count of
+    products (_terms): backward_data at most (O / groups) kh kw, backward_filter N Ho Wo (25600 for the
+    160x160 case, where the bound is loose enough for TF32 to pass; not in the other cases). A second
+    call gives the same bits (an engine summing with atomics would not, whatever its notes say)."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal(dims).astype(dtype)
+    w = rng.standard_normal(conv_2d.filter_dims(attrs, dims[1])).astype(dtype)
+    output_grad = rng.standard_normal(conv_2d.output_dims(attrs, dims)).astype(dtype)
+    wide = [np.abs(a.astype(np.float64)) for a in (x, w, output_grad)]
+    for backend in (False, True):
+        state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend)
+        try:
+            got = _backward(gdev, state, attrs, x, w, output_grad)
+            again = _backward(gdev, state, attrs, x, w, output_grad)  # the same bits every run
+            plans = {direction: _plan(state, direction) for direction in got}
+        finally:
+            conv_2d.cleanup_kernel(gdev.handle, state)
+        for direction in got:
+            if plans[direction] is not None:
+                assert plans[direction].executions == 2
+            assert got[direction].tobytes() == again[direction].tobytes(), f"backend={backend} {direction}"
+            _within_sum_bound(got[direction], _reference_backward(direction, x, w, output_grad, attrs),
+                              _reference_backward(direction, *wide, attrs), _terms(direction, dims, attrs), dtype,
+                              f"backend={backend} {direction}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_calls_the_plans_cannot_take_go_to_the_legacy_calls(gdev, monkeypatch, dtype):
+    """An output gradient 1 element into a buffer (not 16-byte aligned) and another GpuHandle: both
+    gradients by the legacy calls, right; then an aligned call on the state's handle takes both plans."""
+    import kernels
+
+    dims, attrs = (2, 8, 10, 12), Conv2DAttrs(8, 3, 3, padding_h=1, padding_w=1, groups=2)
+    state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=True)
+    plans = [_plan(state, direction) for direction in ("backward_data", "backward_filter")]
+    other_handle = kernels.gpu_handle(0)
+    try:
+        x, w, _ = _exact_inputs(dims, attrs, dtype, seed=15)
+        output_grad = _exact_output_grad(dims, attrs, seed=16).astype(dtype)
+        expected = {direction: _reference_backward(direction, x, w, output_grad, attrs)
+                    for direction in ("backward_data", "backward_filter")}
+        flat = gdev.array(np.concatenate([np.zeros(1, dtype), output_grad.ravel()]))
+        shifted = flat[1:].reshape(output_grad.shape)
+        assert shifted.flags.c_contiguous and shifted.data.ptr % 16 != 0
+        for handle, grad in ((gdev.handle, shifted), (other_handle, gdev.array(output_grad))):
+            grads = [gdev.array(np.full(shape, np.nan, dtype)) for shape in (x.shape, w.shape)]
+            conv_2d.backward_kernel(gdev.stream, handle, state, attrs, None, grad, gdev.array(x), grads[0],
+                                    gdev.array(w), grads[1], None)
+            gdev.stream.synchronize()
+            assert [(plan.executions, plan.packs) for plan in plans] == [(0, 0), (0, 0)]
+            _same(gdev.host(grads[0]), expected["backward_data"])
+            _same(gdev.host(grads[1]), expected["backward_filter"])
+        got = _backward(gdev, state, attrs, x, w, output_grad)  # the plans still take an aligned call
+        assert [(plan.executions, plan.packs) for plan in plans] == [(1, 1), (1, 1)]
+        for direction, values in got.items():
+            _same(values, expected[direction])
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+        other_handle.close()
 
 
 @pytest.mark.gpu
@@ -362,6 +645,7 @@ def _forward_backward(dev, state, attrs, x, w, bias, output_grad):
         conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, arrays[3], arrays[0], grads[0],
                                 arrays[1], grads[1], grads[2])
         results += grads
+        results.append(state.pre_grad_buffer)  # the activation's gradient, which the convolution's take (or None)
     dev.stream.synchronize()
     return [None if r is None else dev.host(r) for r in results]
 
@@ -372,8 +656,10 @@ def _forward_backward(dev, state, attrs, x, w, bias, output_grad):
     (True, None, True), (True, Activation.SILU, True), (True, Activation.SILU, False), (False, Activation.RELU, False),
 ], ids=["bias", "bias_silu_backward", "bias_silu_inference", "relu_inference"])
 def test_bias_activation_and_backward_as_legacy(gdev, monkeypatch, dtype, use_bias, activation, backward):
-    """The same pre-activation values (exact inputs) through the same bias, activation and backward code:
-    the same values everywhere."""
+    """The same pre-activation values (exact inputs) through the same bias and activation code: the same
+    output, bias gradient and activation gradient. The convolution's gradients run in cuDNN (groups 2), by
+    the plans or the legacy calls: from an exact output gradient (no activation) exactly PyTorch's; from a
+    fused activation's gradient (not exact) within the sum bound of PyTorch's from that gradient."""
     dims = (2, 8, 11, 9)
     attrs = Conv2DAttrs(12, 3, 3, 2, 1, 1, 1, groups=2, use_bias=use_bias, activation=activation,
                         backward=backward)
@@ -386,14 +672,32 @@ def test_bias_activation_and_backward_as_legacy(gdev, monkeypatch, dtype, use_bi
             results[backend] = _forward_backward(gdev, state, attrs, x, w, bias, output_grad)
             if backend:
                 assert state.descriptors.forward_plan.executions == 1
+                if backward:  # (without, _make_state checked that the state has no backward plans)
+                    assert [_plan(state, d).executions for d in ("backward_data", "backward_filter")] == [1, 1]
         finally:
             conv_2d.cleanup_kernel(gdev.handle, state)
     if activation is None:
         expected = _reference(x, w, attrs) + bias.astype(np.float64)[:, None, None]
         _same(results[True][0], expected.astype(dtype))
-    for legacy, got in zip(results[False], results[True]):
-        if legacy is not None:
-            _same(got, legacy)
+    if backward:
+        for backend in (False, True):
+            _, input_grad, filter_grad, _, pre_grad = results[backend]
+            grad = output_grad if activation is None else pre_grad
+            for direction, got in (("backward_data", input_grad), ("backward_filter", filter_grad)):
+                reference = _reference_backward(direction, x, w, grad, attrs)
+                magnitude = _reference_backward(direction, np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)),
+                                                np.abs(grad.astype(np.float64)), attrs)
+                if activation is None:  # every partial sum an integer within _EXACT_LIMIT: exact in every dtype
+                    assert magnitude.max() <= _EXACT_LIMIT
+                    _same(got, reference, err_msg=f"backend={backend} {direction}")
+                else:
+                    _within_sum_bound(got, reference, magnitude, _terms(direction, dims, attrs), dtype,
+                                      f"backend={backend} {direction}")
+    # The output, bias_grad and the activation's gradient: the same code on the same values. The convolution's
+    # gradients too where exact (no activation).
+    for index, (legacy, got) in enumerate(zip(results[False], results[True])):
+        if legacy is not None and (activation is None or index not in (1, 2)):
+            _same(got, legacy, err_msg=f"result {index}")
 
 
 @pytest.mark.gpu
@@ -410,9 +714,14 @@ def test_descriptors_destroyed_at_cleanup_and_on_failed_init(gdev, monkeypatch):
     assert cudnn.live_descriptors()["backend"] > start["backend"]
     x, w, _ = _exact_inputs((2, 8, 12, 10), CASES[0].values[1], dtype, seed=8)
     _forward(gdev, states[0], CASES[0].values[1], x, w)  # a variant pack too
+    planned = next(state for state in states if state.descriptors.backward_filter_plan is not None)
+    dims, attrs = planned.shapes["input_shape"].dims, planned.attrs
+    x, w, _ = _exact_inputs(dims, attrs, planned.shapes["input_shape"].dtype, seed=8)
+    _backward(gdev, planned, attrs, x, w, _exact_output_grad(dims, attrs, seed=8))  # the backward plans' packs
+    assert [_plan(planned, direction).packs for direction in ("backward_data", "backward_filter")] == [1, 1]
     for state in states:
         conv_2d.cleanup_kernel(gdev.handle, state)
-        assert state.descriptors.forward_plan is None
+        assert all(_plan(state, direction) is None for direction in OPERATIONS)
     assert cudnn.live_descriptors() == start
     # An init whose plan finds no engine (every one refused) raises cuDNN's error and leaks nothing.
     monkeypatch.setattr(cudnn, "engine_rejection", lambda *args: "refused by the test")
@@ -422,11 +731,11 @@ def test_descriptors_destroyed_at_cleanup_and_on_failed_init(gdev, monkeypatch):
     assert cudnn.live_descriptors() == start
 
 
-# ------------------------------------------------------------------ ForwardPlan against a stand-in library
+# ------------------------------------------------------------------ ConvolutionPlan against a stand-in library
 
 
 class _FakeBackend:
-    """cudnnBackend* in Python, enough for ForwardPlan: descriptors hold their attributes; the
+    """cudnnBackend* in Python, enough for ConvolutionPlan: descriptors hold their attributes; the
     heuristics offer `offers[mode]` (engine index, notes, plan status, workspace) in order."""
 
     _CTYPES = {cudnn.TYPE_INT64: ctypes.c_int64, cudnn.TYPE_FLOAT: ctypes.c_float, cudnn.TYPE_DOUBLE: ctypes.c_double,
@@ -517,15 +826,18 @@ def _fake(monkeypatch, offers):
 _PLAN_ARGS = (np.float16, (2, 8, 12, 10), (16, 8, 3, 3), (2, 16, 12, 10), (1, 1), (1, 1), (1, 1), False, 1000)
 
 
-def test_forward_plan_takes_the_first_acceptable_engine(monkeypatch):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_plan_takes_the_first_acceptable_engine(monkeypatch, direction):
     """Refused notes, a plan that does not finalize and a workspace over the limit are passed over,
-    in heuristics order, then the fallback list; the graph is what the attrs say."""
+    in heuristics order, then the fallback list; the graph is what the attrs say: one operation of the
+    direction, its x, w and y roles given the tensors of those dims and ids."""
     fake = _fake(monkeypatch, {
         cudnn.HEUR_MODE_A: [(11, [cudnn.NUMERICAL_NOTE_WINOGRAD], 0, 0), (12, [], 3000, 0), (13, [], 0, 5000)],
         cudnn.HEUR_MODE_FALLBACK: [(14, [cudnn.NUMERICAL_NOTE_NONDETERMINISTIC], 0, 0),
                                    (15, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 512), (16, [], 0, 0)]})
     start = cudnn.live_descriptors()
-    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    plan = cudnn.ConvolutionPlan(direction, 0x5000, *_PLAN_ARGS)
+    assert plan.direction == direction
     assert (plan.engine, plan.workspace) == (15, 512)  # half data: tensor cores allowed
     assert [(c.engine, c.rejected) for c in plan.choices] == [
         (11, "WINOGRAD"), (12, "plan: CUDNN_STATUS_NOT_SUPPORTED"), (13, "workspace 5000 > 1000"),
@@ -541,29 +853,46 @@ def test_forward_plan_takes_the_first_acceptable_engine(monkeypatch):
     conv = next(d["attrs"] for d in fake.descriptors.values() if d["kind"] == cudnn.BACKEND_CONVOLUTION_DESCRIPTOR)
     assert conv[cudnn.ATTR_CONVOLUTION_COMP_TYPE][1] == [cudnn.DATA_FLOAT]
     assert conv[cudnn.ATTR_CONVOLUTION_CONV_MODE][1] == [cudnn.CROSS_CORRELATION]
-    op = next(d["attrs"] for d in fake.descriptors.values()
-              if d["kind"] == cudnn.BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
-    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA] == (cudnn.TYPE_FLOAT, [1.0])
-    assert op[cudnn.ATTR_OPERATION_CONVOLUTION_FORWARD_BETA] == (cudnn.TYPE_FLOAT, [0.0])
+    kind, alpha, beta, conv_attr, x_attr, w_attr, y_attr = OPERATIONS[direction]
+    ops = [d for d in fake.descriptors.values() if d["kind"] in {o[0] for o in OPERATIONS.values()}]
+    assert [d["kind"] for d in ops] == [kind]
+    op = ops[0]["attrs"]
+    assert op[alpha] == (cudnn.TYPE_FLOAT, [1.0])
+    assert op[beta] == (cudnn.TYPE_FLOAT, [0.0])
+    assert fake.descriptors[op[conv_attr][1][0]]["kind"] == cudnn.BACKEND_CONVOLUTION_DESCRIPTOR
+    for attr, uid, dims in ((x_attr, cudnn.X_UID, [2, 8, 12, 10]), (w_attr, cudnn.W_UID, [16, 8, 3, 3]),
+                            (y_attr, cudnn.Y_UID, [2, 16, 12, 10])):
+        kind_, (tensor,) = op[attr]
+        assert kind_ == cudnn.TYPE_BACKEND_DESCRIPTOR
+        assert fake.descriptors[tensor]["attrs"][cudnn.ATTR_TENSOR_UNIQUE_ID][1] == [uid]
+        assert fake.descriptors[tensor]["attrs"][cudnn.ATTR_TENSOR_DIMENSIONS][1] == dims
+    graph = next(d["attrs"] for d in fake.descriptors.values() if d["kind"] == cudnn.BACKEND_OPERATIONGRAPH_DESCRIPTOR)
+    assert graph[cudnn.ATTR_OPERATIONGRAPH_HANDLE][1] == [0x5000]
+    assert fake.descriptors[graph[cudnn.ATTR_OPERATIONGRAPH_OPS][1][0]]["kind"] == kind
     plan.destroy()
     plan.destroy()
     assert cudnn.live_descriptors() == start and not fake.descriptors
 
 
-def test_forward_plan_variant_pack_and_refusals(monkeypatch):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_plan_variant_pack_and_refusals(monkeypatch, direction):
+    """run(handle, x, w, y, workspace) takes the pointers of the x, w and y roles whatever the direction
+    (backward_data writes x, backward_filter w): the pack binds them to those roles' ids."""
     fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(7, [cudnn.NUMERICAL_NOTE_STRICT_NAN_PROP], 0, 0)]})
     start = cudnn.live_descriptors()
-    plan = cudnn.ForwardPlan(0x5000, *_PLAN_ARGS)
+    plan = cudnn.ConvolutionPlan(direction, 0x5000, *_PLAN_ARGS)
     live = cudnn.live_descriptors()["backend"]
     assert plan.run(0x5000, 512, 1024, 2048, 4096)
     assert plan.run(0x5000, 512, 1024, 2048, 4096)
     assert (plan.executions, plan.packs) == (2, 1)
     assert cudnn.live_descriptors()["backend"] == live + 1
-    pack = fake.executed[-1][1]
+    handle, pack = fake.executed[-1]
+    assert handle == 0x5000
     assert pack[cudnn.ATTR_VARIANT_PACK_UNIQUE_IDS][1] == [cudnn.X_UID, cudnn.W_UID, cudnn.Y_UID]
     assert pack[cudnn.ATTR_VARIANT_PACK_DATA_POINTERS][1] == [512, 1024, 2048]
     assert pack[cudnn.ATTR_VARIANT_PACK_WORKSPACE][1] == [4096]
     assert not plan.run(0x5000, 516, 1024, 2048, 4096)  # misaligned: nothing done, the pack kept
+    assert not plan.run(0x5000, 512, 1024, 2056, 4096)
     assert not plan.run(0x6000, 512, 1024, 2048, 4096)  # another cuDNN handle
     assert (plan.executions, plan.packs) == (2, 1)
     assert plan.run(0x5000, 512, 1024, 2048, 8192)  # the workspace moved: a new pack, the old destroyed
@@ -573,21 +902,23 @@ def test_forward_plan_variant_pack_and_refusals(monkeypatch):
     assert cudnn.live_descriptors() == start and not fake.descriptors
 
 
-def test_forward_plan_without_an_engine_raises_and_leaks_nothing(monkeypatch):
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_plan_without_an_engine_raises_naming_the_direction_and_leaks_nothing(monkeypatch, direction):
     fake = _fake(monkeypatch, {cudnn.HEUR_MODE_A: [(3, [cudnn.NUMERICAL_NOTE_FFT], 0, 0)]})
     start = cudnn.live_descriptors()
     args = (np.float32,) + _PLAN_ARGS[1:]
-    with pytest.raises(CudaError, match=r"CUDNN_STATUS_NOT_SUPPORTED.*engine 3: FFT") as raised:
-        cudnn.ForwardPlan(0x5000, *args)
+    with pytest.raises(CudaError, match=rf"CUDNN_STATUS_NOT_SUPPORTED.*no deterministic sum-of-products {direction} "
+                                        r"engine for these shapes.*engine 3: FFT") as raised:
+        cudnn.ConvolutionPlan(direction, 0x5000, *args)
     assert "heuristics" not in str(raised.value)  # the fallback mode offered nothing
     fake.offers = {cudnn.HEUR_MODE_A: [(4, [cudnn.NUMERICAL_NOTE_TENSOR_CORE], 0, 0)]}  # TF32 without tf32
     with pytest.raises(CudaError, match="engine 4: TENSOR_CORE"):
-        cudnn.ForwardPlan(0x5000, *args)
-    plan = cudnn.ForwardPlan(0x5000, *args[:-2], True, 1000)  # with tf32
+        cudnn.ConvolutionPlan(direction, 0x5000, *args)
+    plan = cudnn.ConvolutionPlan(direction, 0x5000, *args[:-2], True, 1000)  # with tf32
     assert plan.engine == 4
     plan.destroy()
     with pytest.raises(CudaError):
-        cudnn.ForwardPlan(0, *args)  # the graph does not finalize
+        cudnn.ConvolutionPlan(direction, 0, *args)  # the graph does not finalize
     assert cudnn.live_descriptors() == start and not fake.descriptors
 
 
@@ -615,7 +946,7 @@ def test_auto_mode_takes_the_plan_and_falls_back_where_none_qualifies(gdev, monk
     monkeypatch.setattr(cudnn, "engine_rejection", lambda *args: "refused by the test")
     state = conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
     try:
-        assert state.descriptors.forward_plan is None
+        assert all(_plan(state, direction) is None for direction in OPERATIONS)
         got, _ = _forward(gdev, state, attrs, x, w)
         _same(got, expected)
     finally:
@@ -629,7 +960,62 @@ def test_auto_mode_takes_the_plan_and_falls_back_where_none_qualifies(gdev, monk
     def bad_param(*args, **kwargs):
         raise CudaError("cuDNN", "CUDNN_STATUS_BAD_PARAM", "raised by the test")
 
-    monkeypatch.setattr(cudnn, "ForwardPlan", bad_param)
+    monkeypatch.setattr(cudnn, "ConvolutionPlan", bad_param)
     with pytest.raises(CudaError, match="raised by the test"):
+        conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+    assert cudnn.live_descriptors() == start
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", BACKWARD)
+def test_auto_mode_falls_back_per_direction(gdev, monkeypatch, direction):
+    """Switch unset: where no engine qualifies for one backward direction (or its graph fails with a
+    NOT_SUPPORTED_* status), that direction alone keeps its legacy call (no plan, its gradient right) and
+    the others their plans; "1" raises there, naming the direction, and the plans made before it are
+    destroyed with the rest."""
+    dtype = np.dtype(np.float16)
+    dims, attrs = CASES[3].values  # g2_k3: every direction in cuDNN
+    x, w, _ = _exact_inputs(dims, attrs, dtype, seed=17)
+    output_grad = _exact_output_grad(dims, attrs, seed=18)
+    expected = {d: _reference_backward(d, x, w, output_grad, attrs) for d in ("backward_data", "backward_filter")}
+    output_shape = TensorShape(conv_2d.output_dims(attrs, dims), dtype)
+    other = "backward_filter" if direction == "backward_data" else "backward_data"
+    real_plan, real_rejection = cudnn.ConvolutionPlan, cudnn.engine_rejection
+
+    def refusing(which, *args, **kwargs):  # the real plan, every engine refused for `direction` alone
+        if which != direction:
+            return real_plan(which, *args, **kwargs)
+        monkeypatch.setattr(cudnn, "engine_rejection", lambda *a: "refused by the test")
+        try:
+            return real_plan(which, *args, **kwargs)
+        finally:
+            monkeypatch.setattr(cudnn, "engine_rejection", real_rejection)
+
+    def unsupported(which, *args, **kwargs):
+        if which == direction:
+            raise CudaError("cuDNN", "CUDNN_STATUS_NOT_SUPPORTED_SHAPE", "raised by the test")
+        return real_plan(which, *args, **kwargs)
+
+    monkeypatch.delenv(cudnn.BACKEND_ENV, raising=False)
+    warm = conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+    conv_2d.cleanup_kernel(gdev.handle, warm)  # the cuDNN handle and library made first
+    start = cudnn.live_descriptors()
+    for stand_in in (refusing, unsupported):
+        monkeypatch.setattr(cudnn, "ConvolutionPlan", stand_in)
+        state = conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
+        try:
+            assert _plan(state, direction) is None and direction in state.algorithms
+            assert _plan(state, "forward") is not None and _plan(state, other) is not None
+            got = _backward(gdev, state, attrs, x, w, output_grad)
+            assert _plan(state, other).executions == 1
+            for which, values in got.items():
+                _same(values, expected[which], err_msg=f"{stand_in.__name__}: {which}")
+        finally:
+            conv_2d.cleanup_kernel(gdev.handle, state)
+        assert cudnn.live_descriptors() == start
+    monkeypatch.setattr(cudnn, "ConvolutionPlan", refusing)
+    monkeypatch.setenv(cudnn.BACKEND_ENV, "1")
+    with pytest.raises(CudaError, match=rf"CUDNN_STATUS_NOT_SUPPORTED.*no deterministic sum-of-products {direction} "
+                                        r"engine.*refused by the test"):
         conv_2d.init_kernel(gdev.handle, attrs, TensorShape(dims, dtype), output_shape)
     assert cudnn.live_descriptors() == start

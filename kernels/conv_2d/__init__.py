@@ -32,13 +32,15 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
   shared memory; one thread an output where no tile fits; the bias added after the
   taps), a per-element gather for the input gradient, one block per filter
   element (a fixed tree in double) for the filter's;
-- other groups > 1: cuDNN's legacy convolution API (kernels/runtime/cudnn.py) throughout.
+- other groups > 1: cuDNN (kernels/runtime/cudnn.py) throughout.
 
-The cuDNN forward in FMA math (float32, float64) is IMPLICIT_GEMM below
-plan.IMPLICIT_GEMM_BELOW_FLOPS where supported (the cheapest per call on the H200),
-otherwise, and in tensor-op math, the heuristics' deterministic choice; cuDNN's
-backward algorithms are the heuristics' deterministic ones. An algorithm may ask
-for plan.workspace_limit bytes of workspace.
+Each direction in cuDNN runs an execution plan of cuDNN's backend API built at init
+(an engine of its heuristics whose numerical notes keep these rules; KERNELS_CUDNN_BACKEND,
+docs/ops.md), with cuDNN's legacy call as the fallback: its forward in FMA math (float32,
+float64) is IMPLICIT_GEMM below plan.IMPLICIT_GEMM_BELOW_FLOPS where supported (the
+cheapest per call on the H200), otherwise, and in tensor-op math, the heuristics'
+deterministic choice; its backward algorithms are the heuristics' deterministic ones.
+A plan or algorithm may ask for plan.workspace_limit bytes of workspace.
 
 Half precision (float16, bfloat16): storage in the dtype, products and sums in float32.
 On the GPU a pointwise forward and input gradient are one cuBLAS GEMM each (float32

@@ -57,14 +57,17 @@ class Conv2DDescriptors:
     y: Any = None  # the output
     bias: Any = None  # (1, O, 1, 1)
     conv: Any = None  # the convolution
-    # The forward's cuDNN backend plan (cudnn.ForwardPlan: its graph, engine, plan and variant pack), made
-    # at init where KERNELS_CUDNN_BACKEND=1 and the forward runs in cuDNN; None: the legacy call.
+    # Each direction's cuDNN backend plan (cudnn.ConvolutionPlan: its graph, engine, plan and variant pack),
+    # made at init where that direction runs in cuDNN and KERNELS_CUDNN_BACKEND is not 0 (the backward ones
+    # only for a state made for backward); None: that direction's legacy call.
     forward_plan: Any = None
+    backward_data_plan: Any = None
+    backward_filter_plan: Any = None
 
     def destroy(self) -> list[core.KernelError]:
         """Destroy every descriptor made, each once; return the failures (the others are destroyed anyway)."""
         errors = []
-        for name in ("forward_plan", "y", "bias", "x", "w", "conv"):
+        for name in ("forward_plan", "backward_data_plan", "backward_filter_plan", "y", "bias", "x", "w", "conv"):
             descriptor = getattr(self, name)
             if descriptor is None:
                 continue

@@ -6,11 +6,13 @@ allows it; half data on tensor cores with float32 compute):
 - "columns" (other groups == 1): the forward in cuDNN, both gradients by conv_2d.cu's im2col /
   col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
 - "depthwise": conv_2d.cu's own kernels throughout;
-- "cudnn": cuDNN's convolution API (kernels/runtime/cudnn.py). The forward runs through cuDNN's
-  backend API: an execution plan built at init (cudnn.ForwardPlan), one cudnnBackendExecute a call.
-  The legacy call serves where no engine qualifies, for a call the plan cannot take (pointers not
-  16-byte aligned, another handle's cuDNN handle), and for every call with KERNELS_CUDNN_BACKEND=0
-  (cudnn.backend_mode). The gradients take the legacy calls.
+- "cudnn": cuDNN's convolution API (kernels/runtime/cudnn.py). Each direction run in cuDNN (the
+  forward; the gradients of a state made for backward) goes through cuDNN's backend API: an
+  execution plan built at init (cudnn.ConvolutionPlan), one cudnnBackendExecute a call. That
+  direction's legacy call (cudnnConvolutionForward / BackwardData / BackwardFilter, its algorithm
+  also chosen at init) serves where no engine qualifies, for a call the plan cannot take (pointers
+  not 16-byte aligned, another handle's cuDNN handle), and for every call with
+  KERNELS_CUDNN_BACKEND=0 (cudnn.backend_mode).
 
 init, forward and backward run after the package's checks (init_kernel, gpu_forward_kernel,
 gpu_backward_kernel, which run inside their stream). Everything is enqueued on the given stream.
@@ -147,18 +149,25 @@ def init(handle: Any, state: Conv2DState) -> None:
                     if state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward):
                         state.algorithms[direction] = cudnn.find_algorithm(
                             direction, cudnn_handle, descriptors, conv, dtype, limit, preferred, tensor_ops)
+                # A backend plan for each direction cuDNN runs (those find_algorithm was asked for above),
+                # kept in d.<direction>_plan; the legacy algorithm stays for the calls a plan cannot take.
                 mode = cudnn.backend_mode()
-                if state.paths["forward"] == "cudnn" and mode != "off":
+                for direction in (list(state.algorithms) if mode != "off" else []):
                     try:
-                        d.forward_plan = cudnn.ForwardPlan(
-                            cudnn_handle, dtype, x.dims, w.dims, output.dims, (attrs.padding_h, attrs.padding_w),
-                            (attrs.stride_h, attrs.stride_w), (attrs.dilation_h, attrs.dilation_w), state.tf32, limit)
-                    except core.CudaError as error:  # "auto": no engine qualifies, the legacy call serves
-                        if mode == "on" or error.status != "CUDNN_STATUS_NOT_SUPPORTED":
+                        plan = cudnn.ConvolutionPlan(
+                            direction, cudnn_handle, dtype, x.dims, w.dims, output.dims,
+                            (attrs.padding_h, attrs.padding_w), (attrs.stride_h, attrs.stride_w),
+                            (attrs.dilation_h, attrs.dilation_w), state.tf32, limit)
+                    except core.CudaError as error:
+                        # "auto": no engine qualifies (or cuDNN supports no such graph, a NOT_SUPPORTED_*
+                        # status): that direction's legacy call serves
+                        if mode == "on" or not error.status.startswith("CUDNN_STATUS_NOT_SUPPORTED"):
                             raise
+                    else:
+                        setattr(d, f"{direction}_plan", plan)
                 sizes = [algorithm.workspace for algorithm in state.algorithms.values()]
-                if d.forward_plan is not None:
-                    sizes.append(d.forward_plan.workspace)
+                sizes += [plan.workspace for plan in (d.forward_plan, d.backward_data_plan, d.backward_filter_plan)
+                          if plan is not None]
                 sizes.append(workspace_elements(state) * dtype.itemsize)
                 state.workspace_size = max(sizes)
                 handle.reserve(state.workspace_size)  # calls never allocate
@@ -422,13 +431,21 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
     cudnn_handle = handle.cudnn(stream)
     d = state.descriptors
     one, zero = cudnn.scalar(dtype, 1), cudnn.scalar(dtype, 0)
+    # The backend plan where the state has one and it takes the call (its pointers by role: x, w, y), else
+    # the legacy call.
     if wants_input and state.paths["backward_data"] == "cudnn":
         gpu_paths.reach("conv_2d.cudnn.backward_data")
-        cudnn.convolution_backward_data(cudnn_handle, one, d.w, filter.data.ptr, d.y, grad.data.ptr,
-                                        d.conv, state.algorithms["backward_data"], workspace, workspace_bytes,
-                                        zero, d.x, input_grad.data.ptr)
+        plan = d.backward_data_plan
+        if plan is None or not plan.run(cudnn_handle, input_grad.data.ptr, filter.data.ptr, grad.data.ptr,
+                                         workspace):
+            cudnn.convolution_backward_data(cudnn_handle, one, d.w, filter.data.ptr, d.y, grad.data.ptr,
+                                            d.conv, state.algorithms["backward_data"], workspace, workspace_bytes,
+                                            zero, d.x, input_grad.data.ptr)
     if wants_filter and state.paths["backward_filter"] == "cudnn":
         gpu_paths.reach("conv_2d.cudnn.backward_filter")
-        cudnn.convolution_backward_filter(cudnn_handle, one, d.x, input.data.ptr, d.y, grad.data.ptr,
-                                          d.conv, state.algorithms["backward_filter"], workspace,
-                                          workspace_bytes, zero, d.w, filter_grad.data.ptr)
+        plan = d.backward_filter_plan
+        if plan is None or not plan.run(cudnn_handle, input.data.ptr, filter_grad.data.ptr, grad.data.ptr,
+                                         workspace):
+            cudnn.convolution_backward_filter(cudnn_handle, one, d.x, input.data.ptr, d.y, grad.data.ptr,
+                                              d.conv, state.algorithms["backward_filter"], workspace,
+                                              workspace_bytes, zero, d.w, filter_grad.data.ptr)

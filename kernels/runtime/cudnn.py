@@ -1,5 +1,6 @@
 """The cuDNN binding: ctypes over cuDNN 9's legacy (v7/v8-style) API, loaded on first use, and
-over its backend (graph) API for one operation: the convolution forward (ForwardPlan).
+over its backend (graph) API for one operation: a convolution's forward, backward data or backward
+filter as an execution plan (ConvolutionPlan).
 
 Where the library comes from, first found wins:
 
@@ -150,6 +151,8 @@ BACKEND_ENGINECFG_DESCRIPTOR = 3
 BACKEND_ENGINEHEUR_DESCRIPTOR = 4
 BACKEND_EXECUTION_PLAN_DESCRIPTOR = 5
 BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10
+BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR = 11
+BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR = 12
 BACKEND_OPERATIONGRAPH_DESCRIPTOR = 15
 BACKEND_VARIANT_PACK_DESCRIPTOR = 16
 BACKEND_TENSOR_DESCRIPTOR = 17
@@ -186,6 +189,18 @@ ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC = 702
 ATTR_OPERATION_CONVOLUTION_FORWARD_W = 703
 ATTR_OPERATION_CONVOLUTION_FORWARD_X = 704
 ATTR_OPERATION_CONVOLUTION_FORWARD_Y = 705
+ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA = 706
+ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA = 707
+ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC = 708
+ATTR_OPERATION_CONVOLUTION_BWD_DATA_W = 709
+ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX = 710
+ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY = 711
+ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA = 712
+ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA = 713
+ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC = 714
+ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW = 715
+ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X = 716
+ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY = 717
 ATTR_OPERATIONGRAPH_HANDLE = 800
 ATTR_OPERATIONGRAPH_OPS = 801
 ATTR_TENSOR_BYTE_ALIGNMENT = 900
@@ -702,20 +717,55 @@ def add_tensor(handle: int, alpha: int, a: TensorDescriptor, a_ptr: int, beta: i
 
 
 # --------------------------------------------------------------------------- the backend (graph) API
-# The convolution forward as an execution plan, built once (ForwardPlan): a call is then one
+# A convolution direction as an execution plan, built once (ConvolutionPlan): a call is then one
 # cudnnBackendExecute on a variant pack (the data pointers), rebuilt only when the pointers change.
-# The legacy cudnnConvolutionForward rebuilds cuDNN 9's plan inside every call.
+# The legacy cudnnConvolutionForward / BackwardData / BackwardFilter rebuild cuDNN 9's plan inside
+# every call.
 
-# Read when a conv_2d state is made (backend_mode): unset or empty, the forward's execution plan where an
-# engine qualifies, else the legacy call; "1", the plan or CudaError; "0", the legacy call always.
+# Read when a conv_2d state is made (backend_mode): unset or empty, each cuDNN direction's execution plan
+# where an engine qualifies, else the legacy call; "1", the plans or CudaError; "0", the legacy calls always.
 BACKEND_ENV = "KERNELS_CUDNN_BACKEND"
 BACKEND_MODES = {"": "auto", "1": "on", "0": "off"}
 # The byte alignment the plan's tensors are described with. Engines with vector loads (every tensor-core
 # engine for the half dtypes) need 16; a call whose pointers (or workspace) are not all 16-byte aligned
-# (a view at an odd offset) takes the legacy call instead (ForwardPlan.run returns False).
+# (a view at an odd offset) takes the legacy call instead (ConvolutionPlan.run returns False).
 BACKEND_ALIGNMENT = 16
-# The tensors' unique ids in the graph and the variant pack.
+# The tensors' unique ids in a plan's graph and variant pack, by role: x the input (backward_data: its
+# gradient), w the filter (backward_filter: its gradient), y the output (the backward ones: its gradient).
 X_UID, W_UID, Y_UID = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A convolution direction's backend operation: its descriptor type and the attribute names of its
+    alpha, beta, convolution and the tensors in the x, w and y roles."""
+
+    kind: int
+    alpha: int
+    beta: int
+    conv: int
+    x: int
+    w: int
+    y: int
+
+
+OPERATIONS = {
+    "forward": Operation(BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                         ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+                         ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+                         ATTR_OPERATION_CONVOLUTION_FORWARD_W, ATTR_OPERATION_CONVOLUTION_FORWARD_Y),
+    # dx = conv_transpose(dy, w)
+    "backward_data": Operation(BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                               ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+                               ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+                               ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY),
+    # dw = correlate(x, dy)
+    "backward_filter": Operation(BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                                 ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+                                 ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                                 ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                                 ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY),
+}
 
 # Numerical notes that break the library's rules for a convolution: not a plain sum of products in
 # the compute type, or not the same bits every run.
@@ -732,10 +782,10 @@ _REJECTED_NOTES = {
 
 
 def backend_mode(environ: Any = None) -> str:
-    """What KERNELS_CUDNN_BACKEND asks of a conv_2d state's cuDNN forward: "auto" (unset or empty: the
-    backend plan where an engine qualifies, else the legacy call), "on" ("1": the plan, or CudaError
-    where no engine qualifies) or "off" ("0": the legacy call). Any other value: ValueError, naming
-    the three (a typo must not silently pick one)."""
+    """What KERNELS_CUDNN_BACKEND asks of each direction a conv_2d state runs in cuDNN: "auto" (unset or
+    empty: the backend plan where an engine qualifies, else the legacy call), "on" ("1": the plan, or
+    CudaError where no engine qualifies) or "off" ("0": the legacy call). Any other value: ValueError,
+    naming the three (a typo must not silently pick one)."""
     value = (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip()
     if value not in BACKEND_MODES:
         raise ValueError(f"${BACKEND_ENV}={value!r}: expected unset or empty (auto), 1 (on) or 0 (off)")
@@ -888,21 +938,61 @@ def convolution_descriptor(padding: Sequence[int], stride: Sequence[int], dilati
     return conv
 
 
-class ForwardPlan:
-    """y = conv(x, w) (alpha 1, beta 0) through cuDNN's backend API: the operation graph, the engine
-    and the execution plan built once here; run() is one cudnnBackendExecute on a variant pack kept
-    for the last (x, w, y, workspace) pointers.
+def _operation(direction: str) -> Operation:
+    try:
+        return OPERATIONS[direction]
+    except KeyError:
+        raise ValueError(f"cuDNN: direction: expected forward, backward_data or backward_filter, found {direction!r}") \
+            from None
+
+
+def operation_descriptor(direction: str, x: BackendDescriptor, w: BackendDescriptor, y: BackendDescriptor,
+                         conv: BackendDescriptor, dtype: Any,
+                         owner: list[BackendDescriptor] | None = None) -> BackendDescriptor:
+    """A finalized convolution operation of `direction` (alpha 1, beta 0) on the tensors in the x, w and y
+    roles (see X_UID), appended to `owner` as soon as it is made. ValueError for another direction."""
+    operation = _operation(direction)
+    op = BackendDescriptor(operation.kind)
+    if owner is not None:
+        owner.append(op)
+    try:
+        op.set_descriptors(operation.x, [x])
+        op.set_descriptors(operation.w, [w])
+        op.set_descriptors(operation.y, [y])
+        op.set_descriptors(operation.conv, [conv])
+        # alpha and beta: double for double data, float otherwise (the half dtypes compute in float)
+        scalar_type, scalar_ctype = (TYPE_DOUBLE, ctypes.c_double) if np.dtype(dtype) == np.float64 else \
+            (TYPE_FLOAT, ctypes.c_float)
+        op.set(operation.alpha, scalar_type, scalar_ctype, [1.0])
+        op.set(operation.beta, scalar_type, scalar_ctype, [0.0])
+        op.finalize()
+    except BaseException:
+        if owner is None:
+            op.destroy()
+        raise
+    return op
+
+
+class ConvolutionPlan:
+    """One direction of a convolution (alpha 1, beta 0) through cuDNN's backend API: "forward"
+    y = conv(x, w), "backward_data" dx = conv_transpose(dy, w), "backward_filter" dw = correlate(x, dy).
+    The operation graph, the engine and the execution plan are built once here; run() is one
+    cudnnBackendExecute on a variant pack kept for the last (x, w, y, workspace) pointers, given by
+    role whatever the direction (X_UID).
 
     The engine: the first config of the heuristics (mode A, then the fallback list) whose engine's
     numerical notes engine_rejection accepts, whose plan finalizes for these shapes and whose
     workspace fits `workspace_limit`; CudaError("cuDNN", "CUDNN_STATUS_NOT_SUPPORTED") where none
-    does, naming each config passed over. Every descriptor made is owned until destroy(); a failure
-    here destroys them before raising.
+    does, naming the direction and each config passed over. Every descriptor made is owned until
+    destroy(); a failure here destroys them before raising. `x_dims`, `w_dims` and `y_dims` are the
+    input's, the filter's and the output's in every direction. ValueError for another direction.
     """
 
-    def __init__(self, handle: int, dtype: Any, x_dims: Sequence[int], w_dims: Sequence[int],
+    def __init__(self, direction: str, handle: int, dtype: Any, x_dims: Sequence[int], w_dims: Sequence[int],
                  y_dims: Sequence[int], padding: Sequence[int], stride: Sequence[int], dilation: Sequence[int],
                  tf32: bool, workspace_limit: int):
+        _operation(direction)  # refused before anything is made
+        self.direction = direction
         self.handle = int(handle)  # the cuDNN handle the graph and plan were built with
         self.dtype = np.dtype(dtype)
         self._owned: list[BackendDescriptor] = []
@@ -932,17 +1022,7 @@ class ForwardPlan:
         x, w, y = (tensor_descriptor(uid, dims, self.dtype, owner=self._owned)
                    for uid, dims in ((X_UID, x_dims), (W_UID, w_dims), (Y_UID, y_dims)))
         conv = convolution_descriptor(padding, stride, dilation, self.dtype, owner=self._owned)
-        op = self._make(BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)
-        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_X, [x])
-        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_W, [w])
-        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_Y, [y])
-        op.set_descriptors(ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, [conv])
-        # alpha and beta: double for double data, float otherwise (the half dtypes compute in float)
-        scalar_type, scalar_ctype = (TYPE_DOUBLE, ctypes.c_double) if self.dtype == np.float64 else \
-            (TYPE_FLOAT, ctypes.c_float)
-        op.set(ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar_type, scalar_ctype, [1.0])
-        op.set(ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar_type, scalar_ctype, [0.0])
-        op.finalize()
+        op = operation_descriptor(self.direction, x, w, y, conv, self.dtype, owner=self._owned)
         graph = self._make(BACKEND_OPERATIONGRAPH_DESCRIPTOR)
         graph.set_descriptors(ATTR_OPERATIONGRAPH_OPS, [op])
         graph.set(ATTR_OPERATIONGRAPH_HANDLE, TYPE_HANDLE, _p, [self.handle])
@@ -993,7 +1073,7 @@ class ForwardPlan:
                 self.choices.append(EngineChoice(index, mode, rejected))
         passed = "; ".join(f"engine {c.engine}: {c.rejected}" for c in self.choices) or "none offered"
         raise CudaError(LIBRARY, "CUDNN_STATUS_NOT_SUPPORTED",
-                        f"no deterministic sum-of-products forward engine for these shapes ({passed})")
+                        f"no deterministic sum-of-products {self.direction} engine for these shapes ({passed})")
 
     def _variant_pack(self, key: tuple[int, int, int, int]) -> None:
         """A finalized variant pack for (x, w, y, workspace) pointers, replacing the last one."""
@@ -1013,8 +1093,10 @@ class ForwardPlan:
             old.destroy()
 
     def run(self, handle: int, x_ptr: int, w_ptr: int, y_ptr: int, workspace_ptr: int) -> bool:
-        """Enqueue y = conv(x, w) on the handle's stream; False (nothing done) where the plan cannot take
-        this call: another cuDNN handle than the plan's, or a pointer not BACKEND_ALIGNMENT-aligned."""
+        """Enqueue the direction's convolution on the handle's stream, the pointers given by role: forward
+        (x, w, y -> written), backward_data (dx -> written, w, dy), backward_filter (x, dw -> written, dy).
+        False (nothing done) where the plan cannot take this call: another cuDNN handle than the plan's,
+        or a pointer not BACKEND_ALIGNMENT-aligned."""
         key = (x_ptr, w_ptr, y_ptr, workspace_ptr)
         if key != self._key:
             if handle != self.handle or not aligned(BACKEND_ALIGNMENT, *key):
