@@ -285,7 +285,8 @@ def _plan(state, direction):
 
 def _make_state(dev, attrs, dims, dtype, monkeypatch, backend):
     """A state made with KERNELS_CUDNN_BACKEND set to 1 (backend) or 0 (the legacy call): a plan for each
-    direction in cuDNN (the backward ones only for a state made for backward), none for the others."""
+    direction in cuDNN (the backward ones only for a state made for backward, and only in
+    cudnn.GRADIENT_PLAN_DTYPES), none for the others."""
     monkeypatch.setenv(cudnn.BACKEND_ENV, "1" if backend else "0")
     output_dims = conv_2d.output_dims(attrs, dims)
     state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(output_dims, dtype))
@@ -294,7 +295,8 @@ def _make_state(dev, attrs, dims, dtype, monkeypatch, backend):
     assert state.paths["forward"] == "cudnn"
     for direction in OPERATIONS:
         in_cudnn = state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward)
-        assert (_plan(state, direction) is not None) == (backend and in_cudnn), direction
+        planned = direction == "forward" or np.dtype(dtype) in cudnn.GRADIENT_PLAN_DTYPES
+        assert (_plan(state, direction) is not None) == (backend and in_cudnn and planned), direction
         assert (direction in state.algorithms) == in_cudnn, direction  # the legacy algorithm, kept as the fallback
     return state
 
@@ -467,8 +469,9 @@ def test_backend_backward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dty
     """Exact-valued x, w and output gradient (_exact_output_grad): every sum of |products| of both gradients
     is within _EXACT_LIMIT (checked), so every partial sum in any order is exact in every dtype, and the
     backend plans, the legacy calls and PyTorch's float64 gradients agree exactly. Where a direction does
-    not run in cuDNN (float32 and float64 with groups 1: the columns path) the state has no plan for it
-    and the values are checked all the same."""
+    not run in cuDNN (float32 and float64 with groups 1: the columns path), or runs in cuDNN's legacy call
+    (float32 and float64 with groups > 1: cudnn.GRADIENT_PLAN_DTYPES), the state has no plan for it and
+    the values are checked all the same."""
     x, w, _ = _exact_inputs(dims, attrs, dtype, seed=11)
     output_grad = _exact_output_grad(dims, attrs, seed=12)
     legacy = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend=False)
@@ -488,6 +491,8 @@ def test_backend_backward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dty
             if backend.paths[direction] != "cudnn":
                 assert plan is None and backend.paths[direction] == "columns"
                 assert dtype in (np.float32, np.float64) and attrs.groups == 1
+            elif np.dtype(dtype) not in cudnn.GRADIENT_PLAN_DTYPES:
+                assert plan is None and dtype in (np.float32, np.float64) and attrs.groups > 1
             else:
                 planned += 1
                 assert plan.direction == direction
@@ -496,7 +501,7 @@ def test_backend_backward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dty
                 assert (plan.executions, plan.packs) == (1, 1)
             detail = "" if plan is None else f": engine {plan.engine}, passed over {plan.choices[:-1]}"
             _same(got_backend[direction], reference, err_msg=direction + detail)
-        assert planned == (2 if dtype in (np.float16, BFLOAT16) or attrs.groups > 1 else 0)
+        assert planned == (2 if dtype in (np.float16, BFLOAT16) else 0)
         assert backend.descriptors.forward_plan.executions == 0  # no forward was called
     finally:
         conv_2d.cleanup_kernel(gdev.handle, legacy)
@@ -534,7 +539,7 @@ def test_backend_backward_within_the_sum_bound(gdev, monkeypatch, dims, attrs, d
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [p for p in DTYPES if p.values[0] in cudnn.GRADIENT_PLAN_DTYPES])
 def test_backward_calls_the_plans_cannot_take_go_to_the_legacy_calls(gdev, monkeypatch, dtype):
     """An output gradient 1 element into a buffer (not 16-byte aligned) and another GpuHandle: both
     gradients by the legacy calls, right; then an aligned call on the state's handle takes both plans."""
@@ -672,7 +677,8 @@ def test_bias_activation_and_backward_as_legacy(gdev, monkeypatch, dtype, use_bi
             results[backend] = _forward_backward(gdev, state, attrs, x, w, bias, output_grad)
             if backend:
                 assert state.descriptors.forward_plan.executions == 1
-                if backward:  # (without, _make_state checked that the state has no backward plans)
+                if backward and np.dtype(dtype) in cudnn.GRADIENT_PLAN_DTYPES:  # (else _make_state checked
+                    # that the state has no backward plans)
                     assert [_plan(state, d).executions for d in ("backward_data", "backward_filter")] == [1, 1]
         finally:
             conv_2d.cleanup_kernel(gdev.handle, state)

@@ -7,7 +7,8 @@ allows it; half data on tensor cores with float32 compute):
   col2im and cuBLAS GEMMs, a chunk of images at a time in the handle's workspace;
 - "depthwise": conv_2d.cu's own kernels throughout;
 - "cudnn": cuDNN's convolution API (kernels/runtime/cudnn.py). Each direction run in cuDNN (the
-  forward; the gradients of a state made for backward) goes through cuDNN's backend API: an
+  forward; the float16 and bfloat16 gradients of a state made for backward: cudnn.GRADIENT_PLAN_DTYPES
+  says why not float32's) goes through cuDNN's backend API: an
   execution plan built at init (cudnn.ConvolutionPlan), one cudnnBackendExecute a call. That
   direction's legacy call (cudnnConvolutionForward / BackwardData / BackwardFilter, its algorithm
   also chosen at init) serves where no engine qualifies, for a call the plan cannot take (pointers
@@ -149,10 +150,13 @@ def init(handle: Any, state: Conv2DState) -> None:
                     if state.paths[direction] == "cudnn" and (direction == "forward" or attrs.backward):
                         state.algorithms[direction] = cudnn.find_algorithm(
                             direction, cudnn_handle, descriptors, conv, dtype, limit, preferred, tensor_ops)
-                # A backend plan for each direction cuDNN runs (those find_algorithm was asked for above),
-                # kept in d.<direction>_plan; the legacy algorithm stays for the calls a plan cannot take.
+                # A backend plan for each direction cuDNN runs (those find_algorithm was asked for above; the
+                # gradients only in cudnn.GRADIENT_PLAN_DTYPES, which says why), kept in d.<direction>_plan; the
+                # legacy algorithm stays for the calls a plan cannot take.
                 mode = cudnn.backend_mode()
                 for direction in (list(state.algorithms) if mode != "off" else []):
+                    if direction != "forward" and dtype not in cudnn.GRADIENT_PLAN_DTYPES:
+                        continue
                     try:
                         plan = cudnn.ConvolutionPlan(
                             direction, cudnn_handle, dtype, x.dims, w.dims, output.dims,

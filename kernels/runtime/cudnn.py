@@ -726,6 +726,12 @@ def add_tensor(handle: int, alpha: int, a: TensorDescriptor, a_ptr: int, beta: i
 # where an engine qualifies, else the legacy call; "1", the plans or CudaError; "0", the legacy calls always.
 BACKEND_ENV = "KERNELS_CUDNN_BACKEND"
 BACKEND_MODES = {"": "auto", "1": "on", "0": "off"}
+# The dtypes whose gradients (backward_data, backward_filter) take backend plans; the forward takes one in
+# every dtype. On the H200 (cuDNN 9.19) a float32 backward-filter engine whose numerical notes named neither
+# tensor cores nor inputs converted down gave TF32-like values (0.50053 for 0.5, 287 of 288 off) on the
+# conformance case conv_2d/medium_wide_rows_groups2_threads, so the notes are not trusted there: float32 and
+# float64 gradients keep the legacy calls, whose math type (FMA) rules tensor cores out.
+GRADIENT_PLAN_DTYPES = HALF_DTYPES
 # The byte alignment the plan's tensors are described with. Engines with vector loads (every tensor-core
 # engine for the half dtypes) need 16; a call whose pointers (or workspace) are not all 16-byte aligned
 # (a view at an odd offset) takes the legacy call instead (ConvolutionPlan.run returns False).
