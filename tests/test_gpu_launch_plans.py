@@ -108,6 +108,7 @@ def device(monkeypatch):
     monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(gpu, "device_empty", lambda dims, dtype, device: recorder.empty(tuple(dims), dtype))
     monkeypatch.setattr(gpu, "sm_count", lambda device: 132)  # an H200
+    monkeypatch.setattr(gpu, "shared_memory_optin", lambda device: 227 * 1024)  # an H200's opt-in shared memory
 
     def function(module, name, device=None):
         assert name in module.name_expressions, name

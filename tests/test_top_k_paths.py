@@ -1,7 +1,7 @@
 """top_k's paths: the GPU plan as a pure function of the shape (checked on the CPU), the CPU against
-torch.sort(descending=True, stable=True) on rows long and tied, and on a GPU both paths (candidates in
-shared memory, candidates in the state's scratch) against the CPU bit for bit, run after run, with
-grids smaller than the rows (the grid-stride loop)."""
+torch.sort(descending=True, stable=True) on rows long and tied, and on a GPU every path (candidates in
+shared memory or in the state's scratch; a row's keys cached in shared memory or read from global
+memory) against the CPU bit for bit, run after run, with grids smaller than the rows (the grid-stride loop)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from kernels import TensorShape, TopKAttrs, top_k
 from kernels.runtime import gpu
 from kernels.runtime.core import BFLOAT16
 from kernels.top_k import cpu as top_k_cpu
-from kernels.top_k.plan import TOP_K_SHARED_CANDIDATES, gpu_plan
+from kernels.top_k.plan import TOP_K_CACHE_BYTES, TOP_K_SHARED_CANDIDATES, TOP_K_STATIC_BYTES, gpu_plan
 
 from .conftest import require
 
 DTYPES = (np.float32, np.float64, np.float16, BFLOAT16)
+H200_OPTIN = 232448  # cudaDevAttrMaxSharedMemoryPerBlockOptin of an H200 (227 KiB)
 
 
 def _values(rng, dims, dtype, distinct=9):
@@ -71,24 +72,40 @@ def _same_bits(a, b):
     ((1, 24000), TOP_K_SHARED_CANDIDATES, True), ((1, 24000), TOP_K_SHARED_CANDIDATES + 1, False),
 ])
 def test_the_plan_keeps_candidates_in_shared_memory_up_to_its_limit(dims, k, shared):
-    plan = gpu_plan(dims, k, np.dtype(np.float32))
+    plan = gpu_plan(dims, k, np.dtype(np.float32), H200_OPTIN)
     assert plan.shared == shared
     assert plan.forward == f"top_k_forward<float, {'true' if shared else 'false'}>"
-    assert plan.path == "top_k.forward." + ("shared" if shared else "scratch")
+    assert plan.paths[0] == "top_k.forward." + ("shared" if shared else "scratch")
     assert plan.scratch == (0 if shared else plan.grid * k)
     assert plan.rows == int(np.prod(dims[:-1])) and plan.n == dims[-1]
 
 
+@pytest.mark.parametrize("n, dtype, optin, cached", [
+    (8400, np.float32, H200_OPTIN, True), (24000, np.float16, H200_OPTIN, True),  # YOLOv10's rows (4-byte keys)
+    (24576, np.float32, H200_OPTIN, True), (24577, np.float32, H200_OPTIN, False),  # TOP_K_CACHE_BYTES
+    (12288, np.float64, H200_OPTIN, True), (12289, np.float64, H200_OPTIN, False),  # 8-byte keys
+    (12288, BFLOAT16, 64 * 1024, True), (12289, BFLOAT16, 64 * 1024, False),  # a 64 KiB device: less the static part
+])
+def test_the_plan_caches_a_rows_keys_up_to_its_limit(n, dtype, optin, cached):
+    """A row's keys go to dynamic shared memory while they fit in TOP_K_CACHE_BYTES and in the device's
+    opt-in shared memory less the kernel's own; the launch asks for exactly the row's keys."""
+    plan = gpu_plan((3, n), 300, np.dtype(dtype), optin)
+    key_bytes = 8 if dtype == np.float64 else 4
+    assert plan.cache_bytes == (n * key_bytes if cached else 0)
+    assert plan.paths[1] == "top_k.forward." + ("keys_cached" if cached else "keys_global")
+    assert plan.cache_bytes <= min(TOP_K_CACHE_BYTES, optin - TOP_K_STATIC_BYTES)
+
+
 def test_the_plan_refuses_rows_of_2_31_elements():
     """The kernel indexes a row with int32: a row that long is refused before any launch, by name."""
-    gpu_plan((1, 2**31 - 1), 300, np.dtype(np.float16))
+    gpu_plan((1, 2**31 - 1), 300, np.dtype(np.float16), H200_OPTIN)
     with pytest.raises(kernels.ShapeError, match="rows shorter than 2\\^31"):
-        gpu_plan((1, 2**31), 300, np.dtype(np.float16))
+        gpu_plan((1, 2**31), 300, np.dtype(np.float16), H200_OPTIN)
 
 
 def test_the_plan_strides_over_rows_on_a_small_device():
     with gpu.simulated_device(sm_count=1, max_blocks=2):
-        plan = gpu_plan((7, 100), 50, np.dtype(np.float64))
+        plan = gpu_plan((7, 100), 50, np.dtype(np.float64), H200_OPTIN)
     assert plan.grid == 2 and plan.key_dtype == np.uint64 and plan.backward == "top_k_backward<double>"
 
 
@@ -124,6 +141,7 @@ def test_cpu_order_key_orders_every_float32_class():
 @pytest.mark.parametrize("dims, k", [
     ((1, 8400), 300), ((16, 8400), 300), ((16, 24000), 300), ((3, 2500), 1), ((5, 333), 333),  # shared
     ((2, 3000), 1500), ((3, 1100), 1100), ((1, 24000), 2000),  # scratch
+    ((2, 30000), 300), ((1, 30000), 1500),  # keys past the cache, from global memory (float64's from 12289)
     ((70000, 5), 3),  # more rows than the grid: the grid-stride loop
 ])
 def test_gpu_equals_cpu_bit_for_bit(dtype, dims, k):
@@ -137,6 +155,24 @@ def test_gpu_equals_cpu_bit_for_bit(dtype, dims, k):
     assert _same_bits(gpu_values, cpu_values)
     again_values, again_indices = _run("gpu", x, k)  # run to run: the same bits
     assert _same_bits(again_values, gpu_values) and np.array_equal(again_indices, gpu_indices)
+
+
+@pytest.mark.gpu
+def test_gpu_forward_kernels_keep_their_own_shared_memory_within_the_plans_reserve():
+    """The plan gives a row's keys the device's opt-in shared memory less TOP_K_STATIC_BYTES: every forward
+    instantiation's static shared memory must fit in that reserve, or a launch past it would fail."""
+    require("gpu")
+    import cupy
+
+    from kernels.top_k import gpu as top_k_gpu
+
+    sizes = {}
+    for name in top_k_gpu._CUDA.name_expressions:
+        if name.startswith("top_k_forward"):
+            function = top_k_gpu._CUDA.function(name)
+            sizes[name] = cupy.cuda.driver.funcGetAttribute(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                                            function.ptr)
+    assert len(sizes) == 8 and all(0 < size <= TOP_K_STATIC_BYTES for size in sizes.values()), sizes
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
 """top_k cases: the k largest of each row (last dim) in torch.sort(descending=True, stable=True)'s
 order. Ties (few distinct values, so the tie-break by index decides most places), NaN among numbers
 and +-inf, -0.0 beside +0.0, k = 1, k = n (and k = n past the shared-memory candidates: the GPU's
-scratch path), rows longer than a GPU block (2500, 8400), several rows, ranks 1 and 3, zero rows,
+scratch path), rows longer than a GPU block (2500, 8400), a float64 row past the GPU's shared-memory
+cache of a row's keys (12300 keys of 8 bytes: read from global memory), several rows, ranks 1 and 3, zero rows,
 float64, float16 and bfloat16, and YOLOv10's two top-ks: 300 of the 8400 anchors of a 640x640 image,
 then 300 of the 300 x 80 class scores of those anchors. Every case also runs the backward with a
 gradient of the values (input_grad: zero but at the selected indices).
@@ -62,6 +63,9 @@ _add("rows_2500_k300", (2, 2500), 300, description="rows of 2500, past a block's
 _add("rows_5x8400_k7", (5, 8400), 7, description="several long rows, a small k")
 _add("f64_ties_3x40_k10", (3, 40), 10, np.float64, input=aperiodic((3, 40), modulus=5, offset=2))
 _add("f64_nan_inf_2x12_k8", (2, 12), 8, np.float64, input=_NONFINITE)
+_add("f64_row_1x12300_k20", (1, 12300), 20, np.float64,
+     description="12300 float64 keys (96.1 KiB), past the GPU's shared-memory cache of a row's keys "
+                 "(plan.TOP_K_CACHE_BYTES): each radix pass reads the row from global memory")
 _add("yolov10_anchors_1x8400_k300", (1, 8400), 300,
      description="YOLOv10's first top-k: 300 of the 8400 anchors' best scores (640x640 input)")
 _add("yolov10_classes_1x24000_k300", (1, 24000), 300,

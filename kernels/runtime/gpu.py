@@ -66,6 +66,15 @@ def _device_sm_count(device: int) -> int:
     return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
+@functools.lru_cache(maxsize=None)
+def shared_memory_optin(device: int) -> int:
+    """The shared memory one block of the device may use once its kernel opts in past
+    SHARED_MEMORY_LIMIT (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on an H200), asked once.
+    launch() opts a kernel in where a launch asks for more than SHARED_MEMORY_LIMIT."""
+    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                    device))
+
+
 # (sm_count, max_blocks) of the simulated device in this thread and context, or None (see simulated_device).
 _SIMULATED: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("kernels_simulated_device",
                                                                                     default=None)
@@ -399,12 +408,22 @@ def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tupl
     return module, mapping
 
 
+# The dynamic shared memory each kernel (by its CUfunction) has been let launch with past SHARED_MEMORY_LIMIT.
+_OPTED_IN: dict[int, int] = {}
+
+
 def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any],
            shared_mem: int = 0) -> None:
-    """Enqueue `kernel` (from CudaModule.function) on `stream`; a failed launch raises CudaError."""
+    """Enqueue `kernel` (from CudaModule.function) on `stream` with `shared_mem` bytes of dynamic shared
+    memory; past SHARED_MEMORY_LIMIT the kernel is first let use that much (cuFuncSetAttribute, once per
+    kernel and size: the caller keeps within shared_memory_optin). A failed launch raises CudaError."""
     grid = (grid,) if isinstance(grid, int) else tuple(grid)
     block = (block,) if isinstance(block, int) else tuple(block)
     try:
+        if shared_mem > SHARED_MEMORY_LIMIT and _OPTED_IN.get(kernel.ptr, 0) < shared_mem:
+            cupy.cuda.driver.funcSetAttribute(kernel.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                              int(shared_mem))
+            _OPTED_IN[kernel.ptr] = int(shared_mem)
         kernel(grid, block, args, shared_mem, stream.cupy_stream)
     except cupy.cuda.driver.CUDADriverError as error:
         raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error

@@ -19,6 +19,8 @@ _CUDA = gpu.CudaModule("top_k.cu", [
 gpu_paths.declare(OP, {
     "forward.shared": "top_k_forward<T, true>: a block a row, its k candidates in shared memory (k <= 1024)",
     "forward.scratch": "top_k_forward<T, false>: a block a row, its k candidates in the state's global scratch",
+    "forward.keys_cached": "top_k_forward: a row's keys read once into dynamic shared memory (plan.TOP_K_CACHE_BYTES)",
+    "forward.keys_global": "top_k_forward: a row too long for the keys' cache, read from global memory on each pass",
     "backward": "top_k_backward<T>: a block a row, each element gathering its gradients in order",
 })
 
@@ -28,7 +30,7 @@ _NULL = np.uint64(0)  # a null pointer argument (no scratch)
 def _plan(state: TopKState) -> GpuPlan:
     if state.plan is None:
         shape = state.shapes["input_shape"]
-        state.plan = gpu_plan(shape.dims, state.attrs.k, shape.dtype)
+        state.plan = gpu_plan(shape.dims, state.attrs.k, shape.dtype, gpu.shared_memory_optin(state.device))
     return state.plan
 
 
@@ -44,9 +46,11 @@ def forward(stream: gpu.GpuStream, state: TopKState, input: core.Array, values: 
             state.scratch_keys = gpu.device_empty((plan.scratch,), plan.key_dtype, state.device)
             state.scratch_index = gpu.device_empty((plan.scratch,), np.int32, state.device)
         keys, index = state.scratch_keys, state.scratch_index
-    gpu_paths.reach(plan.path)
+    for path in plan.paths:
+        gpu_paths.reach(path)
     gpu.launch(stream, _CUDA.function(plan.forward), plan.grid, TOP_K_BLOCK, (
-        input, values, indices, keys, index, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k)))
+        input, values, indices, keys, index, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k),
+        np.int32(plan.cache_bytes > 0)), shared_mem=plan.cache_bytes)
 
 
 def backward(stream: gpu.GpuStream, state: TopKState, values_grad: core.Array, indices: core.Array,

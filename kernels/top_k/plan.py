@@ -1,5 +1,6 @@
-"""top_k's GPU launch choice worked out as data, pure and device-free: the kernel, grid, block and
-whether a row's candidates live in shared memory or in the state's scratch (gpu_plan)."""
+"""top_k's GPU launch choice worked out as data, pure and device-free: the kernel, grid, block,
+whether a row's candidates live in shared memory or in the state's scratch, and whether its keys are
+read once into shared memory or from global memory on each pass (gpu_plan)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ TOP_K_BLOCK = 256  # threads per block: one block per row
 # a larger k keeps them in the state's global scratch, k per block.
 TOP_K_SHARED_CANDIDATES = 1024
 DEFINES = {"TOP_K_BLOCK": TOP_K_BLOCK, "TOP_K_SHARED_CANDIDATES": TOP_K_SHARED_CANDIDATES}
+# A row's keys held in the launch's dynamic shared memory up to this many bytes (and within the device's
+# opt-in limit, less TOP_K_STATIC_BYTES): YOLOv10's longest row, the 300 x 80 class scores, is 24000 keys
+# (93.75 KiB); a longer row is read from global memory on each of the radix select's passes.
+TOP_K_CACHE_BYTES = 96 * 1024
+# top_k_forward's own shared memory at most: the histogram (1 KiB), the warp counts and 1024 candidates
+# of a key and an int (12 KiB for double's keys); tests/test_top_k_paths.py checks it on a GPU.
+TOP_K_STATIC_BYTES = 16 * 1024
 # The unsigned key of each element type (top_k.cu's KeyOf): its NumPy dtype, for the scratch.
 KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, "double": np.uint64}
 
@@ -23,7 +31,8 @@ KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, 
 class GpuPlan:
     """One top_k's launches: `forward`/`backward` the kernels' name expressions, `grid` blocks (each
     strides over rows), `shared`: the candidates in shared memory (else `scratch` elements of the
-    state's global scratch), `path` the named GPU path."""
+    state's global scratch), `cache_bytes`: the forward's dynamic shared memory for a row's keys (0:
+    the keys read from global memory), `paths` the named GPU paths of the forward."""
 
     forward: str
     backward: str
@@ -34,17 +43,24 @@ class GpuPlan:
     shared: bool
     scratch: int
     key_dtype: np.dtype
-    path: str
+    cache_bytes: int
+    paths: tuple[str, ...]
 
 
-def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype) -> GpuPlan:
-    """The plan of a top_k of `dims` (along the last dim) in `dtype`."""
+def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) -> GpuPlan:
+    """The plan of a top_k of `dims` (along the last dim) in `dtype`, on a device whose blocks may use
+    `shared_optin` bytes of shared memory (gpu.shared_memory_optin)."""
     rows, n = core.numel(dims[:-1]), dims[-1]
     if n >= 2**31:
         raise core.fail(core.ShapeError, OP, "input_shape", "rows shorter than 2^31 elements on the GPU", n)
     t = gpu.cuda_type(dtype)
     shared = k <= TOP_K_SHARED_CANDIDATES
     grid = gpu.capped(rows, gpu.GRID_BLOCKS)
+    key_dtype = np.dtype(KEY_DTYPES[t])
+    row_bytes = n * key_dtype.itemsize
+    cache_bytes = row_bytes if row_bytes <= min(TOP_K_CACHE_BYTES, shared_optin - TOP_K_STATIC_BYTES) else 0
+    paths = (f"{OP}.forward." + ("shared" if shared else "scratch"),
+             f"{OP}.forward." + ("keys_cached" if cache_bytes else "keys_global"))
     return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=f"top_k_backward<{t}>",
                    grid=grid, rows=rows, n=n, k=k, shared=shared, scratch=0 if shared else grid * k,
-                   key_dtype=np.dtype(KEY_DTYPES[t]), path=f"{OP}.forward." + ("shared" if shared else "scratch"))
+                   key_dtype=key_dtype, cache_bytes=cache_bytes, paths=paths)

@@ -3,7 +3,10 @@
 // number, -0.0 equal to +0.0, ties (NaN with NaN too) by the lower index first.
 //
 // top_k_forward<T, SHARED>: one block per row (grid-stride over rows). Each value maps to an unsigned
-// key that orders as the values do (order_key). Then:
+// key that orders as the values do (order_key). Where the plan gives the launch dynamic shared memory for
+// a row's keys (cache_keys: n keys, plan.TOP_K_CACHE_BYTES at most), the row is read from global memory
+// once, every thread's loads of it in flight together, and the passes below read the keys from shared
+// memory; else each pass reads the row again (the loads of one pass a block's width at a time). Then:
 //   1. radix select: the k-th largest key, 8 bits a pass from the top (2 passes for the half types'
 //      16-bit keys, 4 for float, 8 for double), each pass a 256-bin histogram in shared memory of the
 //      keys that match the digits chosen so far, the lanes of a warp with one digit adding their count
@@ -92,10 +95,14 @@ template <typename T, bool SHARED>
 __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         const T* __restrict__ input, T* __restrict__ values, long long* __restrict__ indices,
         typename KeyOf<T>::type* __restrict__ scratch_keys, int* __restrict__ scratch_index,
-        long long rows, int n, int k) {
+        long long rows, int n, int k, int cache_keys) {
     using K = typename KeyOf<T>::type;
     constexpr int BITS = KeyOf<T>::BITS;
     constexpr int SLOTS = SHARED ? TOP_K_SHARED_CANDIDATES : 1;
+    // The row's keys where cache_keys (n of them: the launch's dynamic shared memory), one name for every
+    // instantiation (an extern __shared__ array of a template type would be declared once per type).
+    extern __shared__ __align__(16) unsigned char top_k_dynamic[];
+    K* row_keys = reinterpret_cast<K*>(top_k_dynamic);
     __shared__ unsigned int histogram[256];
     __shared__ int warp_counts[64];
     __shared__ K chosen_prefix;
@@ -107,6 +114,13 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
 
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const T* in = input + row * n;
+        if (cache_keys) {
+#pragma unroll 8
+            for (int i = threadIdx.x; i < n; i += blockDim.x) row_keys[i] = order_key(in[i]);
+            __syncthreads();
+        }
+        // The key of element i (< n) of the row: cache_keys is the same for every thread of the launch.
+        auto key_at = [&](int i) -> K { return cache_keys ? row_keys[i] : order_key(in[i]); };
         // 1. The k-th largest key: prefix holds its digits chosen so far, need how many of the keys
         //    matching them are still to be taken.
         K prefix = 0, mask = 0;
@@ -122,7 +136,7 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
                 const int i = start + threadIdx.x;
                 unsigned int digit = 256u;  // none: past the row, or not matching the digits chosen so far
                 if (i < n) {
-                    const K key = order_key(in[i]);
+                    const K key = key_at(i);
                     if ((key & mask) == prefix) digit = static_cast<unsigned int>((key >> shift) & 255);
                 }
                 const unsigned int peers = __match_any_sync(FULL_MASK, digit);
@@ -156,7 +170,7 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
             K key = 0;
             bool above = false, equal = false;
             if (i < n) {
-                key = order_key(in[i]);
+                key = key_at(i);
                 above = key > threshold;
                 equal = key == threshold;
             }
@@ -191,7 +205,7 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
             out_values[rank] = in[index];
             out_indices[rank] = index;
         }
-        __syncthreads();  // the candidates and the histogram are reused by the next row
+        __syncthreads();  // the candidates, the histogram and the cached keys are reused by the next row
     }
 }
 
