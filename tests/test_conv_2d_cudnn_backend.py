@@ -6,8 +6,8 @@ Without a GPU: the pure pieces (which engines are refused, packed strides, align
 backend constants against cudnn_graph.h, each direction's plan against a stand-in library (the
 engine chosen, the graph's operation and roles, the variant pack, the errors naming the direction)
 and, where cuDNN's library loads, backend tensor, convolution and each direction's operation
-descriptors made, finalized and destroyed (no device is needed for those), and a plan whose graph
-cannot be finalized leaking nothing.
+descriptors made, finalized and destroyed (no device is needed for those), a plan whose graph
+cannot be finalized leaking nothing, the TF32 rounding the float32 tests emulate, and their operands' checks.
 
 On a GPU (marked gpu): with the switch set to 1 or 0 before the state is made, for float32, float64, float16 and
 bfloat16 and shapes whose forward runs in cuDNN (plan.choose_paths: groups 1 and not pointwise, or
@@ -18,6 +18,10 @@ groups > 1 and not depthwise; the gradients too for the half dtypes and groups >
   result exact in every dtype, so any sum-of-products engine in any order gives the exact result; as
   the conformance cases, whose conv tolerance is EXACT; for the gradients, output gradients sparse
   enough that every sum of |products| stays within 256, so every partial sum is exact in bfloat16 too),
+- compute float32 (forward by the plan and the legacy call, both gradients by the library's path) in
+  float32, not TF32: on inputs of 12-13 significant bits, every partial sum still exact in float32, they give
+  PyTorch's float64 values exactly, which the inputs rounded to TF32 would not (checked on the host; the
+  entries above, {-1, 0, 1}, are exact in TF32 and cannot tell),
 - stay within the error bound of a plain sum in the compute type on random data (which TF32,
   a reduced-precision reduction or inputs converted down would exceed),
 - keep their variant pack while the pointers stay, build a new one when they change, and hand
@@ -506,6 +510,155 @@ def test_backend_backward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dty
     finally:
         conv_2d.cleanup_kernel(gdev.handle, legacy)
         conv_2d.cleanup_kernel(gdev.handle, backend)
+
+
+# ------------------------------------------------------------------ float32 is not TF32
+# The exact tests above use entries in {-1, 0, 1}, which TF32 holds exactly: an engine computing float32 in TF32
+# passes them. These use float32 values of 12 and 13 significant bits, which TF32 changes, with every partial sum
+# exact in float32 all the same.
+
+
+def _tf32(a):
+    """float32 `a` rounded as TF32 holds it: the 23-bit mantissa to its top 10 bits, to nearest, ties to even (on
+    the uint32 view: add 0xfff plus the lowest kept bit, then clear the 13 dropped bits; a carry out of the mantissa
+    steps the exponent). For finite values; zeros and values TF32 holds stay, negative values mirror positive ones."""
+    bits = np.array(a, np.float32).view(np.uint32)
+    one = np.uint32(1)
+    rounded = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & one)) & ~np.uint32(0x1FFF)
+    return rounded.view(np.float32)
+
+
+def test_tf32_rounding():
+    """Hand-checked: near 1 TF32 steps by 2^-10, near 2 by 2^-9, near 2^-20 by 2^-30."""
+    for value, rounded in ((1 + 2**-11, 1.0),  # a tie: to the even neighbour, down
+                           (1 + 3 * 2**-11, 1 + 2**-9),  # a tie: to the even neighbour, up
+                           (1 + 2**-11 + 2**-23, 1 + 2**-10),  # just above a tie: up
+                           (1 + 3 * 2**-12, 1 + 2**-10),  # above a tie: up
+                           (1.5 + 2**-12, 1.5),  # below a tie: down
+                           (1 + 2**-10, 1 + 2**-10),  # TF32 already
+                           (2 + 2**-10, 2.0),  # a tie at 2: down to even
+                           (2 - 2**-23, 2.0),  # up, the carry stepping the exponent
+                           (2.0**-20 * (1 + 2**-11), 2.0**-20),
+                           (0.0, 0.0)):
+        assert np.float32(value) == value and np.float32(rounded) == rounded
+        for sign in (1, -1):
+            got = _tf32(np.float32(sign * value))
+            assert got.dtype == np.float32 and got == sign * rounded, (sign * value, got)
+    assert np.signbit(_tf32(np.float32(-0.0)))
+    values = np.array([[1 + 2**-11, -(1 + 3 * 2**-11)], [1.5 + 2**-12, 0.0]], np.float32)
+    assert _tf32(values).tolist() == [[1.0, -(1 + 2**-9)], [1.5, 0.0]]
+    assert values.tolist() == [[1 + 2**-11, -(1 + 3 * 2**-11)], [1.5 + 2**-12, 0.0]]  # not rounded in place
+
+
+# Magnitudes m 2^-12 with m < 2^13 (1 + 2^-11, 1 + 3 2^-12, 1.5 + 2^-12, 1 + 3 2^-11) that TF32 changes whatever its
+# rounding (each has bits below 2^-10): a tie down, above a tie, below a tie, a tie up.
+_TF32_INEXACT = np.array([4098, 4099, 6145, 4102]) * 2.0**-12
+# Any multiple of 2^-12 of at most this magnitude (2^24 of them: 24 significant bits) is exact in float32.
+_GRID_EXACT_LIMIT = 2.0**24 * 2.0**-12
+
+
+def _tf32_operands(dims, attrs, seed, backward):
+    """Float32 operands (x, w, output_grad) whose every product is a _TF32_INEXACT multiple times one of {-1, 0, 1}:
+    forward, x's nonzero entries scaled by _TF32_INEXACT, w in {-1, 0, 1} (_exact_inputs), no output gradient;
+    backward, x and w both scaled, the output gradient _exact_output_grad's (in {-1, 0, 1}, at most _EXACT_LIMIT
+    nonzero in each output channel). Every partial sum of a result is then a multiple of 2^-12 within the sum S of
+    its products' magnitudes (each < 2), exact in float32 while S <= _GRID_EXACT_LIMIT = 4096:
+    forward, at most (C / groups) kh kw = 288 products (c2f_k3_160): S < 576;
+    backward_data, at most (O / groups) kh kw = 288: S < 576;
+    backward_filter, N Ho Wo products (25600 in c2f_k3_160), but at most _EXACT_LIMIT = 256 of them nonzero (the
+    rest exact zeros): S < 512. _exact_not_tf32 checks S on the values."""
+    x, w, _ = _exact_inputs(dims, attrs, np.dtype(np.float32), seed)
+    rng = np.random.default_rng(seed + 1)
+    x = (x * rng.choice(_TF32_INEXACT, size=x.shape)).astype(np.float32)
+    if not backward:
+        return x, w, None
+    w = (w * rng.choice(_TF32_INEXACT, size=w.shape)).astype(np.float32)
+    return x, w, _exact_output_grad(dims, attrs, seed + 2)
+
+
+def _exact_not_tf32(direction, x, w, output_grad, attrs):
+    """PyTorch's float64 result of a direction, checked on the host (no GPU): every partial sum exact in float32
+    (operands multiples of 2^-12 below 2 in magnitude, S <= _GRID_EXACT_LIMIT), and the operands rounded to TF32
+    (_tf32) giving a different result somewhere. Those are multiples of 2^-12 within 2 too, so a TF32 engine's
+    float32 sums would be exact: it would return that other result, and fail."""
+
+    def result(x, w, output_grad):
+        if direction == "forward":
+            return _reference(x, w, attrs)
+        return _reference_backward(direction, x, w, output_grad, attrs)
+
+    operands = [a for a in (x, w, output_grad) if a is not None]
+    for a in operands:
+        grid = np.asarray(a, np.float64) * 2.0**12
+        assert np.array_equal(grid, np.round(grid)) and np.abs(grid).max() < 2**13
+    reference = result(x, w, output_grad)
+    magnitude = result(*(None if a is None else np.abs(np.asarray(a, np.float64)) for a in (x, w, output_grad)))
+    assert magnitude.max() <= _GRID_EXACT_LIMIT, direction
+    assert np.abs(reference).max() > 0, direction  # not all zeros
+    rounded = result(*(None if a is None else _tf32(a) for a in (x, w, output_grad)))
+    assert np.any(rounded != reference), f"{direction}: TF32 would give the same result"
+    return reference
+
+
+@pytest.mark.parametrize("dims, attrs", CASES)
+def test_tf32_operands_exact_and_tf32_sensitive(dims, attrs):
+    """On the host: the GPU tests' operands below pass _exact_not_tf32 in every case, every direction."""
+    x, w, _ = _tf32_operands(dims, attrs, seed=21, backward=False)
+    _exact_not_tf32("forward", x, w, None, attrs)
+    x, w, output_grad = _tf32_operands(dims, attrs, seed=23, backward=True)
+    for direction in ("backward_data", "backward_filter"):
+        _exact_not_tf32(direction, x, w, output_grad, attrs)
+
+
+BACKENDS = [pytest.param(False, id="legacy"), pytest.param(True, id="plan")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dims, attrs", CASES)
+def test_float32_forward_is_not_tf32(gdev, monkeypatch, dims, attrs, backend):
+    """Float32 inputs of 12-13 significant bits, every partial sum exact (_tf32_operands): exactly PyTorch's float64
+    result, which the inputs rounded to TF32 would not give (_exact_not_tf32)."""
+    dtype = np.dtype(np.float32)
+    x, w, _ = _tf32_operands(dims, attrs, seed=21, backward=False)
+    expected = _exact_not_tf32("forward", x, w, None, attrs).astype(dtype)
+    state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend)
+    try:
+        got, _ = _forward(gdev, state, attrs, x, w)
+        plan = state.descriptors.forward_plan
+        if backend:
+            assert plan.executions == 1
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+    detail = "legacy call" if plan is None else f"engine {plan.engine}, passed over {plan.choices[:-1]}"
+    _same(got, expected, err_msg=detail)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dims, attrs", CASES)
+def test_float32_backward_is_not_tf32(gdev, monkeypatch, dims, attrs, backend):
+    """Both float32 gradients by the library's path for them (the columns path for groups 1, cuDNN's legacy call
+    for groups > 1: float32 is not in cudnn.GRADIENT_PLAN_DTYPES, which _make_state checks), from operands of 12-13
+    significant bits whose every partial sum is exact (_tf32_operands): exactly PyTorch's float64 gradients, which
+    the operands rounded to TF32 would not give (_exact_not_tf32)."""
+    dtype = np.dtype(np.float32)
+    x, w, output_grad = _tf32_operands(dims, attrs, seed=23, backward=True)
+    expected = {direction: _exact_not_tf32(direction, x, w, output_grad, attrs).astype(dtype)
+                for direction in ("backward_data", "backward_filter")}
+    state = _make_state(gdev, attrs, dims, dtype, monkeypatch, backend)
+    try:
+        got = _backward(gdev, state, attrs, x, w, output_grad)
+        paths = {direction: state.paths[direction] for direction in got}
+        plans = {direction: _plan(state, direction) for direction in got}
+    finally:
+        conv_2d.cleanup_kernel(gdev.handle, state)
+    for direction, values in got.items():
+        plan = plans[direction]
+        if plan is not None:
+            assert plan.executions == 1
+        detail = paths[direction] if plan is None else f"engine {plan.engine}, passed over {plan.choices[:-1]}"
+        _same(values, expected[direction], err_msg=f"{direction}: {detail}")
 
 
 @pytest.mark.gpu
