@@ -15,7 +15,14 @@ from kernels import TensorShape, TopKAttrs, top_k
 from kernels.runtime import gpu
 from kernels.runtime.core import BFLOAT16
 from kernels.top_k import cpu as top_k_cpu
-from kernels.top_k.plan import TOP_K_CACHE_BYTES, TOP_K_SHARED_CANDIDATES, TOP_K_STATIC_BYTES, gpu_plan
+from kernels.top_k.plan import (
+    TOP_K_BLOCK,
+    TOP_K_CACHE_BYTES,
+    TOP_K_KEYS_PER_THREAD,
+    TOP_K_SHARED_CANDIDATES,
+    TOP_K_STATIC_BYTES,
+    gpu_plan,
+)
 
 from .conftest import require
 
@@ -96,6 +103,18 @@ def test_the_plan_caches_a_rows_keys_up_to_its_limit(n, dtype, optin, cached):
     assert plan.cache_bytes <= min(TOP_K_CACHE_BYTES, optin - TOP_K_STATIC_BYTES)
 
 
+@pytest.mark.parametrize("n, block", [
+    (1, 256), (300, 256), (1024, 256), (1025, 512), (2048, 512), (2049, 1024), (8400, 1024), (24000, 1024),
+    (2**31 - 1, 1024),
+])
+def test_the_plan_widens_the_block_with_the_row(n, block):
+    """The narrowest of 256, 512 and 1024 threads with at most TOP_K_KEYS_PER_THREAD keys a thread, the
+    widest for any longer row; the backward launches the same width."""
+    assert (TOP_K_BLOCK, TOP_K_KEYS_PER_THREAD) == (1024, 4)
+    plan = gpu_plan((2, n), 1, np.dtype(np.float32), H200_OPTIN)
+    assert plan.block == block
+
+
 def test_the_plan_refuses_rows_of_2_31_elements():
     """The kernel indexes a row with int32: a row that long is refused before any launch, by name."""
     gpu_plan((1, 2**31 - 1), 300, np.dtype(np.float16), H200_OPTIN)
@@ -140,6 +159,7 @@ def test_cpu_order_key_orders_every_float32_class():
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("dims, k", [
     ((1, 8400), 300), ((16, 8400), 300), ((16, 24000), 300), ((3, 2500), 1), ((5, 333), 333),  # shared
+    ((7, 1500), 300),  # a block of 512 (the others: 1024 from 2049 keys a row, 256 up to 1024)
     ((2, 3000), 1500), ((3, 1100), 1100), ((1, 24000), 2000),  # scratch
     ((2, 30000), 300), ((1, 30000), 1500),  # keys past the cache, from global memory (float64's from 12289)
     ((70000, 5), 3),  # more rows than the grid: the grid-stride loop
@@ -190,14 +210,15 @@ def test_gpu_on_a_small_device_equals_cpu(k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [900, 1500, 2600], ids=lambda n: f"n{n}")  # blocks of 256, 512 and 1024
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_gpu_backward_equals_cpu(dtype):
+def test_gpu_backward_equals_cpu(dtype, n):
     """Distinct indices (a forward's) and, on purpose, repeated and out-of-range ones: each element sums its
     gradients in order of j on both devices; out-of-range ones are skipped."""
     require("gpu")
     import cupy
 
-    rows, n, k = 3, 2600, 400
+    rows, k = 3, 400
     rng = np.random.default_rng(7)
     indices = np.stack([rng.permutation(n)[:k] for _ in range(rows)]).astype(np.int64)
     indices[1, ::5] = indices[1, 3]  # repeats

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..runtime import core, gpu, gpu_paths
 from .attrs import OP, TopKState
-from .plan import DEFINES, TOP_K_BLOCK, GpuPlan, gpu_plan
+from .plan import DEFINES, GpuPlan, gpu_plan
 
 _TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
 _CUDA = gpu.CudaModule("top_k.cu", [
@@ -48,7 +48,7 @@ def forward(stream: gpu.GpuStream, state: TopKState, input: core.Array, values: 
         keys, index = state.scratch_keys, state.scratch_index
     for path in plan.paths:
         gpu_paths.reach(path)
-    gpu.launch(stream, _CUDA.function(plan.forward), plan.grid, TOP_K_BLOCK, (
+    gpu.launch(stream, _CUDA.function(plan.forward), plan.grid, plan.block, (
         input, values, indices, keys, index, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k),
         np.int32(plan.cache_bytes > 0)), shared_mem=plan.cache_bytes)
 
@@ -60,6 +60,6 @@ def backward(stream: gpu.GpuStream, state: TopKState, values_grad: core.Array, i
         return
     plan = _plan(state)
     gpu_paths.reach(f"{OP}.backward")
-    gpu.launch(stream, _CUDA.function(plan.backward), plan.grid, TOP_K_BLOCK, (
+    gpu.launch(stream, _CUDA.function(plan.backward), plan.grid, plan.block, (
         values_grad, indices, input_grad, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k)))
 

@@ -11,7 +11,14 @@ import numpy as np
 from ..runtime import core, gpu
 from .attrs import OP
 
-TOP_K_BLOCK = 256  # threads per block: one block per row
+# Threads per block, one block a row: the narrowest of 256, 512 and TOP_K_BLOCK (the widest: the kernels'
+# launch bounds, the backward's tiles) at which a thread has at most TOP_K_KEYS_PER_THREAD of the row's
+# keys. On the H200 (docs/performance.md#top_k-and-the-detections) a long row runs fastest at 1024, its
+# passes' latency hidden by more warps (YOLOv10's 8400 and 24000 keys: 1.9-2.3x faster than at 256), while
+# many short rows run fastest at 256, more of their blocks on an SM at once (4096 rows of 300: 3.2x
+# faster than at 1024).
+TOP_K_BLOCK = 1024
+TOP_K_KEYS_PER_THREAD = 4
 # Candidates (key, index) of a row held in shared memory up to this k (12 KiB for double's 8-byte keys);
 # a larger k keeps them in the state's global scratch, k per block.
 TOP_K_SHARED_CANDIDATES = 1024
@@ -30,13 +37,14 @@ KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, 
 @dataclass(frozen=True)
 class GpuPlan:
     """One top_k's launches: `forward`/`backward` the kernels' name expressions, `grid` blocks (each
-    strides over rows), `shared`: the candidates in shared memory (else `scratch` elements of the
+    strides over rows) of `block` threads, `shared`: the candidates in shared memory (else `scratch` elements of the
     state's global scratch), `cache_bytes`: the forward's dynamic shared memory for a row's keys (0:
     the keys read from global memory), `paths` the named GPU paths of the forward."""
 
     forward: str
     backward: str
     grid: int
+    block: int
     rows: int
     n: int
     k: int
@@ -56,11 +64,14 @@ def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) 
     t = gpu.cuda_type(dtype)
     shared = k <= TOP_K_SHARED_CANDIDATES
     grid = gpu.capped(rows, gpu.GRID_BLOCKS)
+    block = 256
+    while block < TOP_K_BLOCK and block * TOP_K_KEYS_PER_THREAD < n:
+        block *= 2
     key_dtype = np.dtype(KEY_DTYPES[t])
     row_bytes = n * key_dtype.itemsize
     cache_bytes = row_bytes if row_bytes <= min(TOP_K_CACHE_BYTES, shared_optin - TOP_K_STATIC_BYTES) else 0
     paths = (f"{OP}.forward." + ("shared" if shared else "scratch"),
              f"{OP}.forward." + ("keys_cached" if cache_bytes else "keys_global"))
     return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=f"top_k_backward<{t}>",
-                   grid=grid, rows=rows, n=n, k=k, shared=shared, scratch=0 if shared else grid * k,
+                   grid=grid, block=block, rows=rows, n=n, k=k, shared=shared, scratch=0 if shared else grid * k,
                    key_dtype=key_dtype, cache_bytes=cache_bytes, paths=paths)

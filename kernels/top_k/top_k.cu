@@ -10,9 +10,11 @@
 //   1. radix select: the k-th largest key, 8 bits a pass from the top (2 passes for the half types'
 //      16-bit keys, 4 for float, 8 for double), each pass a 256-bin histogram in shared memory of the
 //      keys that match the digits chosen so far, the lanes of a warp with one digit adding their count
-//      once (__match_any_sync). The histogram's counts are integers: the order in which the warps add
-//      them (shared-memory atomics) cannot change them.
-//   2. compaction in index order (a block-wide scan of ballots, tile by tile): every key above the
+//      once (__match_any_sync); warp 0 then finds the bin holding the k-th key (choose_digit). The
+//      histogram's counts are integers: the order in which the warps add them (shared-memory atomics)
+//      cannot change them.
+//   2. compaction in index order, each warp a contiguous chunk of the row (its counts, then the counts
+//      of the warps before it, then its writes; two block barriers in all): every key above the
 //      threshold, and the first (k - count above) keys equal to it, to k candidate slots (shared
 //      memory when SHARED, else the state's global scratch, one row of k per block).
 //   3. each candidate written at its rank: the count of candidates with a larger (key, -index). The
@@ -64,31 +66,37 @@ __device__ __forceinline__ unsigned int order_key(bfloat16_t x) {
     return ordered<unsigned int>(x.bits, 0x8000u, 0x7f80u, 0xffffu);
 }
 
-// Block-wide exclusive scan of two flags (blockDim.x a multiple of 32, every thread calling): each
-// thread's count of flagged threads below it, and the block's totals. `warp_counts` holds 2 * 32 ints.
-__device__ __forceinline__ void scan_flags(bool a, bool b, int& a_below, int& b_below, int& a_total, int& b_total,
-                                           int* warp_counts) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const unsigned a_bits = __ballot_sync(FULL_MASK, a), b_bits = __ballot_sync(FULL_MASK, b);
-    const unsigned below = (1u << lane) - 1u;
-    a_below = __popc(a_bits & below);
-    b_below = __popc(b_bits & below);
-    if (lane == 0) {
-        warp_counts[warp] = __popc(a_bits);
-        warp_counts[32 + warp] = __popc(b_bits);
+// After a radix pass: the digit of the k-th largest key, by the 32 lanes of warp 0 (every one calling).
+// Lane l sums bins 255 - 8l down to 248 - 8l, a scan over the lanes finds the lane whose bins reach
+// `need` keys counted from the top, and that lane walks its 8 bins; it writes the digits chosen so far
+// and how many keys with them are still to be taken. Past every bin (never, while the histogram holds
+// at least `need` keys) the digit is 0, as a walk down all 256 bins would give.
+template <class K>
+__device__ __forceinline__ void choose_digit(const unsigned int* histogram, int need, K prefix, int shift,
+                                             K& chosen_prefix, int& chosen_need) {
+    const int lane = threadIdx.x % 32, top = 255 - 8 * lane;
+    int counts[8], sum = 0;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+        counts[b] = static_cast<int>(histogram[top - b]);
+        sum += counts[b];
     }
-    __syncthreads();
-    a_total = b_total = 0;
-    for (int w = 0; w < warps; ++w) {
-        const int ca = warp_counts[w], cb = warp_counts[32 + w];
-        if (w < warp) {
-            a_below += ca;
-            b_below += cb;
+    int through = sum;  // the keys in this lane's bins and every bin above them
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const int up = __shfl_up_sync(FULL_MASK, through, offset);
+        if (lane >= offset) through += up;
+    }
+    const unsigned reach = __ballot_sync(FULL_MASK, through >= need);
+    if (lane == (reach ? __ffs(reach) - 1 : 31)) {
+        int above = through - sum, b = 0;
+        for (; b < 7; ++b) {
+            if (above + counts[b] >= need) break;
+            above += counts[b];
         }
-        a_total += ca;
-        b_total += cb;
+        chosen_prefix = prefix | (static_cast<K>(top - b) << shift);
+        chosen_need = need - above;
     }
-    __syncthreads();  // warp_counts is reused by the next call
 }
 
 template <typename T, bool SHARED>
@@ -139,21 +147,15 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
                     const K key = key_at(i);
                     if ((key & mask) == prefix) digit = static_cast<unsigned int>((key >> shift) & 255);
                 }
-                const unsigned int peers = __match_any_sync(FULL_MASK, digit);
-                if (digit < 256u && __ffs(peers) - 1 == static_cast<int>(threadIdx.x % 32))
-                    atomicAdd(&histogram[digit], static_cast<unsigned int>(__popc(peers)));
+                // After the first pass most keys no longer match: a warp with none skips the match.
+                if (__any_sync(FULL_MASK, digit < 256u)) {
+                    const unsigned int peers = __match_any_sync(FULL_MASK, digit);
+                    if (digit < 256u && __ffs(peers) - 1 == static_cast<int>(threadIdx.x % 32))
+                        atomicAdd(&histogram[digit], static_cast<unsigned int>(__popc(peers)));
+                }
             }
             __syncthreads();
-            if (threadIdx.x == 0) {
-                int above = 0, digit = 255;
-                for (; digit > 0; --digit) {
-                    const int count = static_cast<int>(histogram[digit]);
-                    if (above + count >= need) break;
-                    above += count;
-                }
-                chosen_prefix = prefix | (static_cast<K>(digit) << shift);
-                chosen_need = need - above;
-            }
+            if (threadIdx.x < 32) choose_digit(histogram, need, prefix, shift, chosen_prefix, chosen_need);
             __syncthreads();
             prefix = chosen_prefix;
             need = chosen_need;
@@ -163,28 +165,53 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         const int greater = k - need;  // keys above the threshold: all taken; then `need` equal to it
 
         // 2. The candidates in index order: those above the threshold to slots [0, greater), the first
-        //    `need` equal to it to [greater, k). The loop's trip count is the block's (every thread scans).
-        int taken_greater = 0, taken_equal = 0;
-        for (int start = 0; start < n && (taken_greater < greater || taken_equal < need); start += blockDim.x) {
-            const int i = start + threadIdx.x;
-            K key = 0;
-            bool above = false, equal = false;
-            if (i < n) {
-                key = key_at(i);
-                above = key > threshold;
-                equal = key == threshold;
+        //    `need` equal to it to [greater, k). Warp w takes the w-th of the row's contiguous chunks (a
+        //    multiple of 32 long): it counts its chunk's keys above and equal to the threshold, the counts of
+        //    the warps before it give its first slots, and it writes its candidates 32 keys at a time.
+        {
+            const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+            const long long chunk = ((static_cast<long long>(n) + warps - 1) / warps + 31) / 32 * 32;
+            const int begin = static_cast<int>(min(static_cast<long long>(n), warp * chunk));
+            const int end = static_cast<int>(min(static_cast<long long>(n), begin + chunk));
+            int my_above = 0, my_equal = 0;
+            for (int start = begin; start < end; start += 32) {
+                const int i = start + lane;
+                K key = 0;
+                if (i < end) key = key_at(i);
+                my_above += __popc(__ballot_sync(FULL_MASK, i < end && key > threshold));
+                my_equal += __popc(__ballot_sync(FULL_MASK, i < end && key == threshold));
             }
-            int above_below, equal_below, above_total, equal_total;
-            scan_flags(above, equal, above_below, equal_below, above_total, equal_total, warp_counts);
-            int slot = -1;
-            if (above) slot = taken_greater + above_below;
-            else if (equal && taken_equal + equal_below < need) slot = greater + taken_equal + equal_below;
-            if (slot >= 0) {
-                candidate_keys[slot] = key;
-                candidate_index[slot] = i;
+            if (lane == 0) {
+                warp_counts[warp] = my_above;
+                warp_counts[32 + warp] = my_equal;
             }
-            taken_greater += above_total;
-            taken_equal += equal_total;
+            __syncthreads();
+            int above_base = 0, equal_base = 0;
+            for (int w = 0; w < warp; ++w) {
+                above_base += warp_counts[w];
+                equal_base += warp_counts[32 + w];
+            }
+            const int above_end = above_base + my_above;  // the warp's candidates above: slots [above_base, above_end)
+            const unsigned below = (1u << lane) - 1u;
+            // Warp-uniform bounds: the loop stops once the warp's keys above are written and no key equal
+            // to the threshold is still wanted.
+            for (int start = begin; start < end && (above_base < above_end || equal_base < need); start += 32) {
+                const int i = start + lane;
+                K key = 0;
+                if (i < end) key = key_at(i);
+                const bool above = i < end && key > threshold, equal = i < end && key == threshold;
+                const unsigned above_bits = __ballot_sync(FULL_MASK, above), equal_bits = __ballot_sync(FULL_MASK, equal);
+                int slot = -1;
+                if (above) slot = above_base + __popc(above_bits & below);
+                else if (equal && equal_base + __popc(equal_bits & below) < need)
+                    slot = greater + equal_base + __popc(equal_bits & below);
+                if (slot >= 0) {
+                    candidate_keys[slot] = key;
+                    candidate_index[slot] = i;
+                }
+                above_base += __popc(above_bits);
+                equal_base += __popc(equal_bits);
+            }
         }
         __syncthreads();
 
