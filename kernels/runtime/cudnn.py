@@ -730,7 +730,9 @@ BACKEND_MODES = {"": "auto", "1": "on", "0": "off"}
 # every dtype. On the H200 (cuDNN 9.19) a float32 backward-filter engine whose numerical notes named neither
 # tensor cores nor inputs converted down gave TF32-like values (0.50053 for 0.5, 287 of 288 off) on the
 # conformance case conv_2d/medium_wide_rows_groups2_threads, so the notes are not trusted there: float32 and
-# float64 gradients keep the legacy calls, whose math type (FMA) rules tensor cores out.
+# float64 gradients keep the legacy calls, whose math type (FMA) rules tensor cores out. They cost nothing there:
+# on YOLOv10x's batch-16 float32 training step, float32 gradient plans gave the same step time and the same bits
+# as the legacy calls (docs/models.md, after the table of the x batch-16 training step).
 GRADIENT_PLAN_DTYPES = HALF_DTYPES
 # The byte alignment the plan's tensors are described with. Engines with vector loads (every tensor-core
 # engine for the half dtypes) need 16; a call whose pointers (or workspace) are not all 16-byte aligned
