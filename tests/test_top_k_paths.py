@@ -109,7 +109,7 @@ def test_the_plan_caches_a_rows_keys_up_to_its_limit(n, dtype, optin, cached):
 ])
 def test_the_plan_widens_the_block_with_the_row(n, block):
     """The narrowest of 256, 512 and 1024 threads with at most TOP_K_KEYS_PER_THREAD keys a thread, the
-    widest for any longer row; the backward launches the same width."""
+    widest for any longer row (the constants pinned, so that the boundaries below are the rule's)."""
     assert (TOP_K_BLOCK, TOP_K_KEYS_PER_THREAD) == (1024, 4)
     plan = gpu_plan((2, n), 1, np.dtype(np.float32), H200_OPTIN)
     assert plan.block == block

@@ -37,9 +37,10 @@ KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, 
 @dataclass(frozen=True)
 class GpuPlan:
     """One top_k's launches: `forward`/`backward` the kernels' name expressions, `grid` blocks (each
-    strides over rows) of `block` threads, `shared`: the candidates in shared memory (else `scratch` elements of the
-    state's global scratch), `cache_bytes`: the forward's dynamic shared memory for a row's keys (0:
-    the keys read from global memory), `paths` the named GPU paths of the forward."""
+    strides over rows) of `block` threads (both kernels), `shared`: the candidates in shared memory
+    (else `scratch` elements of the state's global scratch), `cache_bytes`: the forward's dynamic shared
+    memory for a row's keys (0: the keys read from global memory), `paths` the named GPU paths of the
+    forward."""
 
     forward: str
     backward: str
