@@ -83,7 +83,7 @@ def test_the_plan_keeps_candidates_in_shared_memory_up_to_its_limit(dims, k, sha
     assert plan.shared == shared
     assert plan.forward == f"top_k_forward<float, {'true' if shared else 'false'}>"
     assert plan.paths[0] == "top_k.forward." + ("shared" if shared else "scratch")
-    assert plan.scratch == (0 if shared else plan.grid * k)
+    assert plan.scratch == (0 if shared else plan.grid * 2 * k)  # the candidates and the sort's other buffer
     assert plan.rows == int(np.prod(dims[:-1])) and plan.n == dims[-1]
 
 
@@ -126,6 +126,18 @@ def test_the_plan_strides_over_rows_on_a_small_device():
     with gpu.simulated_device(sm_count=1, max_blocks=2):
         plan = gpu_plan((7, 100), 50, np.dtype(np.float64), H200_OPTIN)
     assert plan.grid == 2 and plan.key_dtype == np.uint64 and plan.backward == "top_k_backward<double>"
+    assert plan.backward_grid == 2
+
+
+@pytest.mark.parametrize("dims, block, backward_grid", [
+    ((1, 8400), 1024, 9), ((16, 24000), 1024, 16 * 24), ((3, 1024), 256, 12), ((3, 1025), 512, 9),
+    ((5, 1), 256, 5), ((70000, 5), 256, 65536),
+])
+def test_the_plan_spreads_the_backward_over_chunks_of_each_row(dims, block, backward_grid):
+    """The backward takes a block a chunk of `block` elements of a row (a row's chunks on many SMs), the grid
+    capped at GRID_BLOCKS, over which its blocks stride; the forward keeps a block a row."""
+    plan = gpu_plan(dims, 1, np.dtype(np.float32), H200_OPTIN)
+    assert (plan.block, plan.backward_grid, plan.grid) == (block, backward_grid, min(dims[0], 65536))
 
 
 # --------------------------------------------------------------------------- the CPU
@@ -178,6 +190,30 @@ def test_gpu_equals_cpu_bit_for_bit(dtype, dims, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("dims, k", [
+    ((1, 8400), 8400), ((16, 2000), 1500), ((3, 5000), 4000), ((1, 1025), 1025),
+    ((1, 30000), 20000),  # keys past the cache, from global memory
+])
+def test_gpu_large_k_equals_cpu_bit_for_bit(dtype, dims, k):
+    """A large k (the candidates in the scratch, ranked by the radix sort) over mostly distinct keys (normal
+    draws: distinct in float32 and float64, ties in the half types), negatives, NaN, +-inf and +-0 among
+    them, so that every digit of the sort decides places."""
+    require("gpu")
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal(dims)
+    flat = x.reshape(-1)
+    for step, value in ((97, np.nan), (89, np.inf), (83, -np.inf), (79, 0.0), (73, -0.0)):
+        flat[rng.integers(0, flat.size, flat.size // step)] = value
+    x = x.astype(dtype)
+    cpu_values, cpu_indices = _run("cpu", x, k)
+    gpu_values, gpu_indices = _run("gpu", x, k)
+    assert np.array_equal(gpu_indices, cpu_indices), \
+        f"{int(np.count_nonzero(gpu_indices != cpu_indices))} of {cpu_indices.size} indices differ"
+    assert _same_bits(gpu_values, cpu_values)
+
+
+@pytest.mark.gpu
 def test_gpu_forward_kernels_keep_their_own_shared_memory_within_the_plans_reserve():
     """The plan gives a row's keys the device's opt-in shared memory less TOP_K_STATIC_BYTES: every forward
     instantiation's static shared memory must fit in that reserve, or a launch past it would fail."""
@@ -210,11 +246,13 @@ def test_gpu_on_a_small_device_equals_cpu(k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("small", [False, True], ids=["grid", "two_blocks"])
 @pytest.mark.parametrize("n", [900, 1500, 2600], ids=lambda n: f"n{n}")  # blocks of 256, 512 and 1024
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_gpu_backward_equals_cpu(dtype, n):
+def test_gpu_backward_equals_cpu(dtype, n, small):
     """Distinct indices (a forward's) and, on purpose, repeated and out-of-range ones: each element sums its
-    gradients in order of j on both devices; out-of-range ones are skipped."""
+    gradients in order of j on both devices; out-of-range ones are skipped. Each row is 3 or 4 chunks of a
+    block; small: a grid of two blocks striding over the 9 to 12 (row, chunk) pairs."""
     require("gpu")
     import cupy
 
@@ -239,7 +277,8 @@ def test_gpu_backward_equals_cpu(dtype, n):
             with stream:
                 input_grad = cupy.asarray(np.full((rows, n), np.nan, dtype))
                 g, i = cupy.asarray(grad), cupy.asarray(indices)
-            top_k.backward_kernel(stream, handle, state, attrs, None, g, i, None, input_grad)
+            with gpu.simulated_device(sm_count=1, max_blocks=2) if small else contextlib.nullcontext():
+                top_k.backward_kernel(stream, handle, state, attrs, None, g, i, None, input_grad)
             stream.synchronize()
             results.append(cupy.asnumpy(input_grad))
         top_k.cleanup_kernel(handle, state)

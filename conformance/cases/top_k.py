@@ -1,7 +1,8 @@
 """top_k cases: the k largest of each row (last dim) in torch.sort(descending=True, stable=True)'s
 order. Ties (few distinct values, so the tie-break by index decides most places), NaN among numbers
 and +-inf, -0.0 beside +0.0, k = 1, k = n (and k = n past the shared-memory candidates: the GPU's
-scratch path), rows longer than a GPU block (2500, 8400), a float64 row past the GPU's shared-memory
+scratch path), large k (1100 to 8400: the scratch path's radix sort, over mostly distinct keys, ties,
+non-finite values and a row of one value), rows longer than a GPU block (2500, 8400), a float64 row past the GPU's shared-memory
 cache of a row's keys (12300 keys of 8 bytes: read from global memory), several rows, ranks 1 and 3, zero rows,
 float64, float16 and bfloat16, and YOLOv10's two top-ks: 300 of the 8400 anchors of a 640x640 image,
 then 300 of the 300 x 80 class scores of those anchors. Every case also runs the backward with a
@@ -29,12 +30,27 @@ def _scores(dims, modulus=97, scale=1 / 128):
     return ((index * (index + 3) // 2 % modulus) * scale).reshape(dims)
 
 
-def _add(name, dims, k, dtype=np.float32, description="", input=None, backward=True):
+def _spread(dims, nonfinite=False, modulus=1999):
+    """Many distinct values in about [-1, 1]: quadratic residues of the flat index mod `modulus` (a prime),
+    less (modulus - 1) / 2, over the power of two above that (1999: about 1000 values over 1024, exact in
+    float16, float32 and float64; 251: about 125 over 128, exact in bfloat16 too), most recurring a few
+    times in a row, negatives among them; with nonfinite, every 7th NaN, every 11th -0.0, every 13th +0.0,
+    every 17th +inf and every 19th -inf (the later rule winning)."""
+    half = (modulus - 1) // 2
+    values = (_scores(dims, modulus=modulus, scale=1) - half) / 2 ** int(np.ceil(np.log2(half + 1)))
+    if nonfinite:
+        flat = values.reshape(-1)
+        for step, value in ((7, np.nan), (11, -0.0), (13, 0.0), (17, np.inf), (19, -np.inf)):
+            flat[::step] = value
+    return values
+
+
+def _add(name, dims, k, dtype=np.float32, description="", input=None, backward=True, repeats=None):
     out_dims = tuple(dims[:-1]) + (k,)
     inputs = {"input": _scores(dims) if input is None else np.asarray(input, dtype=np.float64)}
     if backward:
         inputs["values_grad"] = pattern(out_dims, modulus=13, scale=0.5, offset=5)
-    TABLE.add(name, TopKAttrs(k), inputs, dtype=dtype, description=description,
+    TABLE.add(name, TopKAttrs(k), inputs, dtype=dtype, description=description, repeats=repeats,
               expected_dtypes={"indices": np.int64})
 
 
@@ -56,6 +72,14 @@ _add("k1_4x33", (4, 33), 1, description="k = 1: the first largest of each row")
 _add("k_equals_n_3x7", (3, 7), 7)
 _add("k_equals_n_2x1100", (2, 1100), 1100,
      description="k = n past the GPU's shared-memory candidates (1024): the candidates in the state's scratch")
+_add("k_equals_n_1x8400", (1, 8400), 8400,
+     description="k = n = 8400: YOLOv10's anchor row sorted whole (97 distinct values), ranked by the GPU's "
+                 "radix sort of the scratch candidates")
+_add("large_k_all_equal_1x1300_k1100", (1, 1300), 1100, input=np.full((1, 1300), 0.75),
+     description="a large k with every key equal to the threshold: none above it to sort, the first 1100 by index",
+     repeats={"input": "one value throughout: every key is the threshold, so the indices alone say what was taken"})
+_add("large_k_nonfinite_1x2000_k1500", (1, 2000), 1500, input=_spread((1, 2000), nonfinite=True),
+     description="a large k over NaN, +-inf, -0.0 beside +0.0 and negative and positive numbers")
 _add("rank1_19_k5", (19,), 5, description="a single row, rank 1")
 _add("rank3_2x3x10_k4", (2, 3, 10), 4, description="rows of the dims before the last: 6 rows")
 _add("zero_rows_0x5_k3", (0, 5), 3, description="no rows: nothing to do")
@@ -71,6 +95,9 @@ _add("yolov10_anchors_1x8400_k300", (1, 8400), 300,
 _add("yolov10_classes_1x24000_k300", (1, 24000), 300,
      description="YOLOv10's second top-k: 300 of the 300 x 80 class scores of those anchors")
 _add("yolov10_anchors_2x2100_k300", (2, 2100), 300, description="batch 2 at 320x320: 2100 anchors")
+_add("large_k_2x3000_k2500", (2, 3000), 2500, input=_spread((2, 3000)),
+     description="k = 2500 of 3000 mostly distinct keys: the GPU's radix sort of the candidates over every digit")
+_add("f64_large_k_2x3000_k2500", (2, 3000), 2500, np.float64, input=_spread((2, 3000)))
 
 for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
     _add(f"ties_3x40_k10_{_suffix}", (3, 40), 10, _dtype, input=aperiodic((3, 40), modulus=5))
@@ -79,6 +106,10 @@ for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
     _add(f"rows_2500_k300_{_suffix}", (2, 2500), 300, _dtype)
     _add(f"yolov10_anchors_1x8400_k300_{_suffix}", (1, 8400), 300, _dtype)
     _add(f"yolov10_classes_1x24000_k300_{_suffix}", (1, 24000), 300, _dtype)
+    _modulus = 1999 if _dtype == F16 else 251  # values exact in the dtype
+    _add(f"large_k_2x3000_k2500_{_suffix}", (2, 3000), 2500, _dtype, input=_spread((2, 3000), modulus=_modulus))
+    _add(f"large_k_nonfinite_1x2000_k1500_{_suffix}", (1, 2000), 1500, _dtype,
+         input=_spread((1, 2000), nonfinite=True, modulus=_modulus))
 
 
 def torch_program(case, tensors):

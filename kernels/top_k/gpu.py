@@ -18,10 +18,11 @@ _CUDA = gpu.CudaModule("top_k.cu", [
 
 gpu_paths.declare(OP, {
     "forward.shared": "top_k_forward<T, true>: a block a row, its k candidates in shared memory (k <= 1024)",
-    "forward.scratch": "top_k_forward<T, false>: a block a row, its k candidates in the state's global scratch",
+    "forward.scratch": ("top_k_forward<T, false>: a block a row, its k candidates in the state's global scratch, "
+                        "ranked by a stable radix sort"),
     "forward.keys_cached": "top_k_forward: a row's keys read once into dynamic shared memory (plan.TOP_K_CACHE_BYTES)",
     "forward.keys_global": "top_k_forward: a row too long for the keys' cache, read from global memory on each pass",
-    "backward": "top_k_backward<T>: a block a row, each element gathering its gradients in order",
+    "backward": "top_k_backward<T>: a block a chunk of a row, each element gathering its gradients in order",
 })
 
 _NULL = np.uint64(0)  # a null pointer argument (no scratch)
@@ -60,6 +61,6 @@ def backward(stream: gpu.GpuStream, state: TopKState, values_grad: core.Array, i
         return
     plan = _plan(state)
     gpu_paths.reach(f"{OP}.backward")
-    gpu.launch(stream, _CUDA.function(plan.backward), plan.grid, plan.block, (
+    gpu.launch(stream, _CUDA.function(plan.backward), plan.backward_grid, plan.block, (
         values_grad, indices, input_grad, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k)))
 

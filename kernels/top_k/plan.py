@@ -20,7 +20,8 @@ from .attrs import OP
 TOP_K_BLOCK = 1024
 TOP_K_KEYS_PER_THREAD = 4
 # Candidates (key, index) of a row held in shared memory up to this k (12 KiB for double's 8-byte keys);
-# a larger k keeps them in the state's global scratch, k per block.
+# a larger k keeps them in the state's global scratch, 2k per block (the candidates and the other buffer of
+# the radix sort that ranks them there).
 TOP_K_SHARED_CANDIDATES = 1024
 DEFINES = {"TOP_K_BLOCK": TOP_K_BLOCK, "TOP_K_SHARED_CANDIDATES": TOP_K_SHARED_CANDIDATES}
 # A row's keys held in the launch's dynamic shared memory up to this many bytes (and within the device's
@@ -28,7 +29,8 @@ DEFINES = {"TOP_K_BLOCK": TOP_K_BLOCK, "TOP_K_SHARED_CANDIDATES": TOP_K_SHARED_C
 # (93.75 KiB); a longer row is read from global memory on each of the radix select's passes.
 TOP_K_CACHE_BYTES = 96 * 1024
 # top_k_forward's own shared memory at most: the histogram (1 KiB), the warp counts and 1024 candidates
-# of a key and an int (12 KiB for double's keys); tests/test_top_k_paths.py checks it on a GPU.
+# of a key and an int (12 KiB for double's keys), or, in the scratch instantiation, the sort's digit
+# counts (2 KiB); tests/test_top_k_paths.py checks it on a GPU.
 TOP_K_STATIC_BYTES = 16 * 1024
 # The unsigned key of each element type (top_k.cu's KeyOf): its NumPy dtype, for the scratch.
 KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, "double": np.uint64}
@@ -36,8 +38,9 @@ KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, 
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """One top_k's launches: `forward`/`backward` the kernels' name expressions, `grid` blocks (each
-    strides over rows) of `block` threads (both kernels), `shared`: the candidates in shared memory
+    """One top_k's launches: `forward`/`backward` the kernels' name expressions, `grid` blocks of the forward
+    (each strides over rows) and `backward_grid` of the backward (each strides over chunks of `block` elements
+    of a row), of `block` threads (both kernels), `shared`: the candidates in shared memory
     (else `scratch` elements of the state's global scratch), `cache_bytes`: the forward's dynamic shared
     memory for a row's keys (0: the keys read from global memory), `paths` the named GPU paths of the
     forward."""
@@ -45,6 +48,7 @@ class GpuPlan:
     forward: str
     backward: str
     grid: int
+    backward_grid: int
     block: int
     rows: int
     n: int
@@ -68,11 +72,12 @@ def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) 
     block = 256
     while block < TOP_K_BLOCK and block * TOP_K_KEYS_PER_THREAD < n:
         block *= 2
+    backward_grid = gpu.capped(rows * -(-n // block), gpu.GRID_BLOCKS)
     key_dtype = np.dtype(KEY_DTYPES[t])
     row_bytes = n * key_dtype.itemsize
     cache_bytes = row_bytes if row_bytes <= min(TOP_K_CACHE_BYTES, shared_optin - TOP_K_STATIC_BYTES) else 0
     paths = (f"{OP}.forward." + ("shared" if shared else "scratch"),
              f"{OP}.forward." + ("keys_cached" if cache_bytes else "keys_global"))
     return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=f"top_k_backward<{t}>",
-                   grid=grid, block=block, rows=rows, n=n, k=k, shared=shared, scratch=0 if shared else grid * k,
-                   key_dtype=key_dtype, cache_bytes=cache_bytes, paths=paths)
+                   grid=grid, backward_grid=backward_grid, block=block, rows=rows, n=n, k=k, shared=shared,
+                   scratch=0 if shared else grid * 2 * k, key_dtype=key_dtype, cache_bytes=cache_bytes, paths=paths)

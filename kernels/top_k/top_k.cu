@@ -16,15 +16,20 @@
 //   2. compaction in index order, each warp a contiguous chunk of the row (its counts, then the counts
 //      of the warps before it, then its writes; two block barriers in all): every key above the
 //      threshold, and the first (k - count above) keys equal to it, to k candidate slots (shared
-//      memory when SHARED, else the state's global scratch, one row of k per block).
-//   3. each candidate written at its rank: the count of candidates with a larger (key, -index). The
-//      keys equal to the threshold are the last ones, already in index order: their slot is their rank;
-//      the others count over the ones above the threshold (O(count^2) a row, fine for k = 300).
+//      memory when SHARED, else the state's global scratch, 2k a block: the slots and the sort's other buffer).
+//   3. each candidate written at its rank, its place in (key descending, index ascending). The keys
+//      equal to the threshold are the last ones, already in index order: their slot is their rank. The
+//      others, above the threshold, also in index order: with the candidates in shared memory (k <= 1024)
+//      each counts the ones with a larger (key, -index) (O(count^2) a row: a few us for k = 300); in the
+//      scratch (larger k) they are sorted by a stable radix sort of their keys, 4 bits a pass from the
+//      lowest, each warp a contiguous chunk placed by the digit counts of the warps before it (stable_sort;
+//      O(count) a pass), so that k = n = 8400 no longer takes the O(k^2) count.
 // Nothing depends on the order threads run in, so every run gives the same bits.
 //
 // top_k_backward<T>: input_grad[r, i] = the sum, in order of j, of values_grad[r, j] over the j with
 // indices[r, j] == i (0 where none), in compute_t<T>, rounded once: a gather (no atomics), one block a
-// row; an index outside [0, n) is skipped.
+// chunk of a row's elements (a thread an element, reading all k (index, gradient) pairs of the row, a tile
+// at a time), so that a row's chunks run on many SMs at once; an index outside [0, n) is skipped.
 #include "common.cuh"
 
 #ifndef TOP_K_BLOCK
@@ -99,6 +104,97 @@ __device__ __forceinline__ void choose_digit(const unsigned int* histogram, int 
     }
 }
 
+// Sort keys[0, m) and index[0, m) (every thread of the block calling, m the same in each) by key,
+// descending, keeping the order of equal keys: a least-significant-digit radix sort, 4 bits a pass (BITS / 4
+// passes), between (keys, index) and (other_keys, other_index); returns the index buffer that holds the
+// result (its keys beside it). Each pass: warp w takes the w-th contiguous chunk (a multiple of 32 long)
+// and counts its keys per digit (the lanes with one digit adding their count once, __match_any_sync); warp
+// 0 turns the counts into each (digit, warp)'s first slot, the digits from 15 down and the warps in order
+// within one; then each warp walks its chunk again in order, writing each key to its digit's next slot
+// (its place among the lanes of its digit before it). A pass whose digit is the same in every key would
+// move nothing: it is skipped (detector scores share their top bits). A warp loads SORT_BATCH keys a lane
+// before it works on them, so that their loads are in flight together. offsets holds 16 counts per warp,
+// and one more word: the skip.
+#define SORT_BATCH 8
+template <class K, int BITS>
+__device__ int* stable_sort(K* keys, int* index, K* other_keys, int* other_index, int m, int* offsets) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const long long chunk = ((static_cast<long long>(m) + warps - 1) / warps + 31) / 32 * 32;
+    const int begin = static_cast<int>(min(static_cast<long long>(m), warp * chunk));
+    const int end = static_cast<int>(min(static_cast<long long>(m), begin + chunk));
+    const unsigned below = (1u << lane) - 1u;
+    int* mine = offsets + 16 * warp;
+    int* skip = offsets + 16 * 32;
+#pragma unroll 1
+    for (int shift = 0; shift < BITS; shift += 4) {
+        if (lane < 16) mine[lane] = 0;
+        __syncwarp();
+        for (int start = begin; start < end; start += 32 * SORT_BATCH) {
+            unsigned digits[SORT_BATCH];
+#pragma unroll
+            for (int b = 0; b < SORT_BATCH; ++b) {
+                const int i = start + 32 * b + lane;
+                digits[b] = i < end ? static_cast<unsigned>((keys[i] >> shift) & 15) : 16u;
+            }
+#pragma unroll
+            for (int b = 0; b < SORT_BATCH; ++b) {
+                const unsigned peers = __match_any_sync(FULL_MASK, digits[b]);
+                if (digits[b] < 16u && __ffs(peers) - 1 == lane) mine[digits[b]] += __popc(peers);
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {  // lane w: warp w's counts; the slots, digit 15's first
+            int base = 0;
+            bool one_digit = false;
+            for (int digit = 15; digit >= 0; --digit) {
+                const int count = lane < warps ? offsets[16 * lane + digit] : 0;
+                int through = count;
+#pragma unroll
+                for (int offset = 1; offset < 32; offset <<= 1) {
+                    const int up = __shfl_up_sync(FULL_MASK, through, offset);
+                    if (lane >= offset) through += up;
+                }
+                if (lane < warps) offsets[16 * lane + digit] = base + through - count;
+                const int total = __shfl_sync(FULL_MASK, through, 31);
+                one_digit |= total == m;
+                base += total;
+            }
+            if (lane == 0) *skip = one_digit;
+        }
+        __syncthreads();
+        if (*skip) continue;  // block-uniform; the next pass's counts are written after a barrier
+        for (int start = begin; start < end; start += 32 * SORT_BATCH) {
+            K batch_keys[SORT_BATCH];
+            int batch_index[SORT_BATCH];
+#pragma unroll
+            for (int b = 0; b < SORT_BATCH; ++b) {
+                const int i = start + 32 * b + lane;
+                batch_keys[b] = i < end ? keys[i] : K(0);
+                batch_index[b] = i < end ? index[i] : 0;
+            }
+#pragma unroll
+            for (int b = 0; b < SORT_BATCH; ++b) {
+                const unsigned digit = start + 32 * b + lane < end
+                    ? static_cast<unsigned>((batch_keys[b] >> shift) & 15) : 16u;
+                const unsigned peers = __match_any_sync(FULL_MASK, digit);
+                if (digit < 16u) {
+                    const int slot = mine[digit] + __popc(peers & below);
+                    other_keys[slot] = batch_keys[b];
+                    other_index[slot] = batch_index[b];
+                }
+                __syncwarp();
+                if (digit < 16u && __ffs(peers) - 1 == lane) mine[digit] += __popc(peers);
+                __syncwarp();
+            }
+        }
+        __syncthreads();  // the pass's writes before the next pass reads them; offsets reused
+        K* swap_keys = keys; keys = other_keys; other_keys = swap_keys;
+        int* swap_index = index; index = other_index; other_index = swap_index;
+    }
+    return index;
+}
+
 template <typename T, bool SHARED>
 __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         const T* __restrict__ input, T* __restrict__ values, long long* __restrict__ indices,
@@ -117,8 +213,10 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
     __shared__ int chosen_need;
     __shared__ K shared_keys[SLOTS];
     __shared__ int shared_index[SLOTS];
-    K* candidate_keys = SHARED ? shared_keys : scratch_keys + (long long)blockIdx.x * k;
-    int* candidate_index = SHARED ? shared_index : scratch_index + (long long)blockIdx.x * k;
+    __shared__ int sort_offsets[SHARED ? 1 : 16 * 32 + 1];  // stable_sort's: 16 a warp, and the skip
+    // In the scratch, a block's 2k keys and 2k indices: its candidates, then stable_sort's other buffer.
+    K* candidate_keys = SHARED ? shared_keys : scratch_keys + (long long)blockIdx.x * 2 * k;
+    int* candidate_index = SHARED ? shared_index : scratch_index + (long long)blockIdx.x * 2 * k;
 
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const T* in = input + row * n;
@@ -218,10 +316,14 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         // 3. Each candidate at its rank.
         T* out_values = values + row * k;
         long long* out_indices = indices + row * k;
+        // Without SHARED, the ones above the threshold sorted (sorted_index: where they end): a slot is a rank.
+        const int* sorted_index = SHARED ? candidate_index
+            : stable_sort<K, BITS>(candidate_keys, candidate_index, candidate_keys + k, candidate_index + k,
+                                   greater, sort_offsets);
         for (int c = threadIdx.x; c < k; c += blockDim.x) {
-            const int index = candidate_index[c];
+            const int index = c < greater ? sorted_index[c] : candidate_index[c];
             int rank = c;  // the keys equal to the threshold: after every larger one, in index order
-            if (c < greater) {
+            if (SHARED && c < greater) {
                 const K key = candidate_keys[c];
                 rank = 0;
                 for (int j = 0; j < greater; ++j) {
@@ -243,12 +345,15 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_backward(
     using C = compute_t<T>;
     __shared__ long long tile_index[TOP_K_BLOCK];
     __shared__ C tile_grad[TOP_K_BLOCK];
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    // A block a chunk of a row (blockDim.x elements, an element a thread), grid-stride over (row, chunk).
+    const long long chunks = (static_cast<long long>(n) + blockDim.x - 1) / blockDim.x;
+    for (long long work = blockIdx.x; work < rows * chunks; work += gridDim.x) {
+        const long long row = work / chunks;
         const T* g = values_grad + row * k;
         const long long* where = indices + row * k;
         T* out = input_grad + row * n;
-        for (int start = 0; start < n; start += blockDim.x) {  // a chunk of the row, an element a thread
-            const int i = start + threadIdx.x;
+        {
+            const long long i = work % chunks * blockDim.x + threadIdx.x;
             C sum = C(0);
             for (int first = 0; first < k; first += blockDim.x) {  // the row's (index, grad) pairs, a tile at a time
                 const int j = first + threadIdx.x;

@@ -1,5 +1,5 @@
 """top_k on YOLOv10's shapes: 300 of the 8400 anchors' best scores and 300 of the 300 x 80 class scores
-(640x640 input), at batch 1 and 16, forward, beside torch.sort(descending=True, stable=True)[..., :300]
+(640x640 input), at batch 1 and 16, and two of a large k, forward, beside torch.sort(descending=True, stable=True)[..., :300]
 (the same order: torch.topk promises none among ties; its row is there too, for the time).
 
 float16 and bfloat16 rows run on the GPU only (conftest.DTYPES), beside PyTorch in the same dtype;
@@ -17,6 +17,10 @@ SHAPES = [
     pytest.param((16, 8400), 300, id="anchors_16x8400_k300"),
     pytest.param((1, 24000), 300, id="classes_1x24000_k300"),
     pytest.param((16, 24000), 300, id="classes_16x24000_k300"),
+    # A large k (the candidates in the scratch, ranked by the radix sort): the whole anchor row sorted, and
+    # 1500 of each of 16 rows of 2000.
+    pytest.param((1, 8400), 8400, id="sorted_1x8400_k8400"),
+    pytest.param((16, 2000), 1500, id="rows_16x2000_k1500"),
 ]
 
 
