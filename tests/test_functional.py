@@ -15,6 +15,8 @@ host (cupy.asnumpy on it) are ordered on one stream.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -26,7 +28,21 @@ from conformance.case import EXACT, ulp
 from conformance.compare import compare
 from kernels.runtime.core import BFLOAT16
 
-rng = np.random.default_rng(20261130)
+SEED = 20261130
+rng = np.random.default_rng(SEED)
+
+
+def reseed(test_name: str) -> None:
+    """Draw the next inputs from a generator seeded by the test's name (its function and parameters): a
+    test's values are then a function of the test alone, not of which tests ran or which modules were
+    collected before it (test_functional_gpu_plans draws from this module's generator at collection)."""
+    global rng
+    rng = np.random.default_rng([SEED, zlib.crc32(test_name.encode())])
+
+
+@pytest.fixture(autouse=True)
+def _inputs_of_this_test(request):
+    reseed(request.node.name)
 
 
 def dyadic(*dims, scale=0.25, low=-8, high=9):
@@ -123,20 +139,32 @@ def test_conv2d_positional_order_matches_torch(dev):
     check(dev.host(got), TF.conv2d(t(x), t(w), t(b), 1, 1, 1, 2).numpy())
 
 
-@pytest.mark.parametrize("activation, torch_activation, ulps", [
-    ("RELU", TF.relu, 0),
-    # SiLU, sigmoid, tanh, GELU: f and f' are evaluated at the kept pre-activation by
-    # NumPy/CUDA exp, tanh and our erf (within 2 ulps); torch's formulas differ in order.
-    ("SILU", TF.silu, 4),
-    ("SIGMOID", torch.sigmoid, 4),
-    ("TANH", torch.tanh, 4),
-    ("GELU", TF.gelu, 4),
+# SiLU, sigmoid, tanh, GELU: f and f' are evaluated at the kept pre-activation by NumPy/CUDA exp, tanh and
+# our erf (within 2 ulps); torch's formulas differ in order. The output is f of a sum of exact products: 4
+# ulps. Each gradient is a sum of terms that carry f' (its rounding on each side), summed in another order
+# on each side: the input's of up to 36 terms, the weight's and the bias's of 84 (2 x 7 x 6 positions),
+# which cancel most (a bias gradient is far smaller than the sum of its terms' magnitudes), so their
+# distance in ulps of the result grows with the sum. Measured over 1000 draws of these shapes on the CPU
+# (AVX-512 kernels; and over 200 under ATen's default and AVX2 kernels, no larger): at most 1 ulp for the
+# output, 6 for the input's gradient, 9 for the weight's and 20 for the bias's. The bounds are those with
+# room for other machines' summation orders (another BLAS on either side). A bound set from one draw (4
+# ulps on every gradient) failed on another draw.
+FUSED_GRAD_ULPS = {"grad0": 8, "grad1": 16, "grad2": 32}
+
+
+@pytest.mark.parametrize("activation, torch_activation, exact", [
+    ("RELU", TF.relu, True),
+    ("SILU", TF.silu, False),
+    ("SIGMOID", torch.sigmoid, False),
+    ("TANH", torch.tanh, False),
+    ("GELU", TF.gelu, False),
 ])
-def test_conv2d_fused_activation(dev, activation, torch_activation, ulps):
+def test_conv2d_fused_activation(dev, activation, torch_activation, exact):
     inputs = [dyadic(2, 3, 7, 6), dyadic(4, 3, 3, 3, scale=0.125), dyadic(4, scale=0.5)]
-    tolerance = EXACT if ulps == 0 else ulp(ulps)
+    grads = {} if exact else {name: ulp(ulps) for name, ulps in FUSED_GRAD_ULPS.items()}
     run(dev, lambda x, w, b, **kw: F.conv2d(x, w, b, padding=1, activation=activation, **kw),
-        F.conv2d_backward, lambda x, w, b: torch_activation(TF.conv2d(x, w, b, padding=1)), inputs, tolerance)
+        F.conv2d_backward, lambda x, w, b: torch_activation(TF.conv2d(x, w, b, padding=1)), inputs,
+        EXACT if exact else ulp(4), **grads)
 
 
 def test_conv2d_needs_skips_gradients(dev):

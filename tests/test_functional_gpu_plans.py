@@ -23,9 +23,14 @@ import kernels
 import kernels.functional as F
 from conformance.harness import spin
 from tests.conftest import require
-from tests.test_functional import distinct, dyadic
+from tests.test_functional import distinct, dyadic, reseed
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _inputs_of_this_test(request):
+    reseed(request.node.name)  # the values drawn below: a function of the test alone
 
 
 @pytest.fixture
