@@ -70,7 +70,8 @@ def _device_sm_count(device: int) -> int:
 def shared_memory_optin(device: int) -> int:
     """The shared memory one block of the device may use once its kernel opts in past
     SHARED_MEMORY_LIMIT (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB on an H200), asked once.
-    launch() opts a kernel in where a launch asks for more than SHARED_MEMORY_LIMIT."""
+    launch() opts a kernel in where a launch's dynamic shared memory and the kernel's static shared memory
+    together pass SHARED_MEMORY_LIMIT."""
     return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                     device))
 
@@ -408,22 +409,33 @@ def _compiled_module(path: str, name_expressions: tuple[str, ...], options: tupl
     return module, mapping
 
 
-# The dynamic shared memory each kernel (by its CUfunction) has been let launch with past SHARED_MEMORY_LIMIT.
-_OPTED_IN: dict[int, int] = {}
+# The most dynamic shared memory each kernel (by its CUfunction) is known to launch with: checked against
+# SHARED_MEMORY_LIMIT with the kernel's static shared memory, and let past it where the two together pass it.
+_LAUNCHABLE: dict[int, int] = {}
+
+
+def _let_launch(kernel: Any, shared_mem: int) -> None:
+    """Let `kernel` launch with `shared_mem` bytes of dynamic shared memory: where those and its own static
+    shared memory pass the SHARED_MEMORY_LIMIT a block gets unasked, the kernel is opted in to that much
+    (cuFuncSetAttribute). Once per kernel and larger size."""
+    static = cupy.cuda.driver.funcGetAttribute(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel.ptr)
+    if static + shared_mem > SHARED_MEMORY_LIMIT:
+        cupy.cuda.driver.funcSetAttribute(kernel.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          int(shared_mem))
+    _LAUNCHABLE[kernel.ptr] = int(shared_mem)
 
 
 def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any],
            shared_mem: int = 0) -> None:
     """Enqueue `kernel` (from CudaModule.function) on `stream` with `shared_mem` bytes of dynamic shared
-    memory; past SHARED_MEMORY_LIMIT the kernel is first let use that much (cuFuncSetAttribute, once per
-    kernel and size: the caller keeps within shared_memory_optin). A failed launch raises CudaError."""
+    memory; where that and the kernel's static shared memory pass SHARED_MEMORY_LIMIT, the kernel is first
+    let use that much (_let_launch: the caller keeps within shared_memory_optin less the kernel's own). A
+    failed launch raises CudaError."""
     grid = (grid,) if isinstance(grid, int) else tuple(grid)
     block = (block,) if isinstance(block, int) else tuple(block)
     try:
-        if shared_mem > SHARED_MEMORY_LIMIT and _OPTED_IN.get(kernel.ptr, 0) < shared_mem:
-            cupy.cuda.driver.funcSetAttribute(kernel.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                              int(shared_mem))
-            _OPTED_IN[kernel.ptr] = int(shared_mem)
+        if shared_mem and _LAUNCHABLE.get(kernel.ptr, 0) < shared_mem:
+            _let_launch(kernel, shared_mem)
         kernel(grid, block, args, shared_mem, stream.cupy_stream)
     except cupy.cuda.driver.CUDADriverError as error:
         raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
