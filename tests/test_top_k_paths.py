@@ -103,6 +103,26 @@ def test_the_plan_caches_a_rows_keys_up_to_its_limit(n, dtype, optin, cached):
     assert plan.cache_bytes <= min(TOP_K_CACHE_BYTES, optin - TOP_K_STATIC_BYTES)
 
 
+@pytest.mark.parametrize("k, dtype, optin, sorted_in_shared", [
+    (8400, np.float32, H200_OPTIN, True),  # k = n on YOLOv10's anchor row
+    (13504, np.float16, H200_OPTIN, True), (13505, np.float16, H200_OPTIN, False),  # 4-byte keys: 16 B a candidate
+    (9002, np.float64, H200_OPTIN, True), (9003, np.float64, H200_OPTIN, False),  # 8-byte keys: 24 B a candidate
+    (3072, BFLOAT16, 64 * 1024, True), (3073, BFLOAT16, 64 * 1024, False),  # a 64 KiB device: less the static part
+])
+def test_the_plan_sorts_the_scratch_candidates_in_shared_memory_up_to_its_limit(k, dtype, optin, sorted_in_shared):
+    """The scratch path's radix sort takes 2k keys and 2k int indices of dynamic shared memory while they fit in
+    the device's opt-in limit less the kernel's own; the launch asks for the larger of that and the row's keys."""
+    plan = gpu_plan((2, 30000), k, np.dtype(dtype), optin)
+    key_bytes = 8 if dtype == np.float64 else 4
+    assert not plan.shared
+    assert plan.sort_bytes == (2 * k * (key_bytes + 4) if sorted_in_shared else 0)
+    assert plan.sort_bytes <= optin - TOP_K_STATIC_BYTES
+    assert plan.paths[2] == "top_k.forward." + ("sort_shared" if sorted_in_shared else "sort_global")
+    assert plan.shared_mem == max(plan.cache_bytes, plan.sort_bytes)
+    assert gpu_plan((2, 3000), 300, np.dtype(dtype), optin).sort_bytes == 0  # candidates in shared: no sort
+    assert len(gpu_plan((2, 3000), 300, np.dtype(dtype), optin).paths) == 2
+
+
 @pytest.mark.parametrize("n, block", [
     (1, 256), (300, 256), (1024, 256), (1025, 512), (2048, 512), (2049, 1024), (8400, 1024), (24000, 1024),
     (2**31 - 1, 1024),
@@ -172,7 +192,9 @@ def test_cpu_order_key_orders_every_float32_class():
 @pytest.mark.parametrize("dims, k", [
     ((1, 8400), 300), ((16, 8400), 300), ((16, 24000), 300), ((3, 2500), 1), ((5, 333), 333),  # shared
     ((7, 1500), 300),  # a block of 512 (the others: 1024 from 2049 keys a row, 256 up to 1024)
-    ((2, 3000), 1500), ((3, 1100), 1100), ((1, 24000), 2000),  # scratch
+    ((2, 3000), 1500), ((3, 1100), 1100),  # scratch, the sort in shared memory
+    # float64's sort takes 48000 bytes, past 48 KiB only with the kernel's static shared memory: launch opts in
+    ((1, 24000), 2000),
     ((2, 30000), 300), ((1, 30000), 1500),  # keys past the cache, from global memory (float64's from 12289)
     ((70000, 5), 3),  # more rows than the grid: the grid-stride loop
 ])

@@ -67,8 +67,8 @@ def main():
                     values = cupy.full((rows, k), np.nan, dtype)
                     indices = cupy.full((rows, k), -1, np.int64)
                 args = (xd, values, indices, keys, index, np.int64(rows), np.int32(n), np.int32(k),
-                        np.int32(plan.cache_bytes > 0))
-                times.append(timed_ours(stream, function, plan.grid, width, args, plan.cache_bytes))
+                        np.int32(plan.cache_bytes > 0), np.int32(plan.sort_bytes > 0))
+                times.append(timed_ours(stream, function, plan.grid, width, args, plan.shared_mem))
                 results[width] = (values.get().view(np.uint8), indices.get())
             mine = results[plan.block]
             same = all(np.array_equal(r[0], mine[0]) and np.array_equal(r[1], mine[1]) for r in results.values())

@@ -1,9 +1,10 @@
 """top_k cases: the k largest of each row (last dim) in torch.sort(descending=True, stable=True)'s
 order. Ties (few distinct values, so the tie-break by index decides most places), NaN among numbers
 and +-inf, -0.0 beside +0.0, k = 1, k = n (and k = n past the shared-memory candidates: the GPU's
-scratch path), large k (1100 to 8400: the scratch path's radix sort, over mostly distinct keys, ties,
-non-finite values and a row of one value), rows longer than a GPU block (2500, 8400), a float64 row past the GPU's shared-memory
-cache of a row's keys (12300 keys of 8 bytes: read from global memory), several rows, ranks 1 and 3, zero rows,
+scratch path), large k (1100 to 13600: the scratch path's radix sort, over mostly distinct keys, ties,
+non-finite values and a row of one value; in the GPU's shared memory, and past it in the scratch), rows
+longer than a GPU block (2500, 8400), a float64 row past the GPU's shared-memory cache of a row's keys
+(12300 keys of 8 bytes: read from global memory), several rows, ranks 1 and 3, zero rows,
 float64, float16 and bfloat16, and YOLOv10's two top-ks: 300 of the 8400 anchors of a 640x640 image,
 then 300 of the 300 x 80 class scores of those anchors. Every case also runs the backward with a
 gradient of the values (input_grad: zero but at the selected indices).
@@ -110,6 +111,9 @@ for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
     _add(f"large_k_2x3000_k2500_{_suffix}", (2, 3000), 2500, _dtype, input=_spread((2, 3000), modulus=_modulus))
     _add(f"large_k_nonfinite_1x2000_k1500_{_suffix}", (1, 2000), 1500, _dtype,
          input=_spread((1, 2000), nonfinite=True, modulus=_modulus))
+_add("large_k_past_shared_sort_1x14000_k13600_f16", (1, 14000), 13600, F16, input=_spread((1, 14000)),
+     description="k = 13600 of 14000: past the candidates' shared-memory sort (13504 four-byte keys in an H200's "
+                 "227 KiB), the GPU's radix sort in the scratch")
 
 
 def torch_program(case, tensors):

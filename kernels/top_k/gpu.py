@@ -22,6 +22,8 @@ gpu_paths.declare(OP, {
                         "ranked by a stable radix sort"),
     "forward.keys_cached": "top_k_forward: a row's keys read once into dynamic shared memory (plan.TOP_K_CACHE_BYTES)",
     "forward.keys_global": "top_k_forward: a row too long for the keys' cache, read from global memory on each pass",
+    "forward.sort_shared": "top_k_forward<T, false>: the radix sort's two buffers in the launch's dynamic shared memory",
+    "forward.sort_global": "top_k_forward<T, false>: a k too large for shared memory, the radix sort in the scratch",
     "backward": "top_k_backward<T>: a block a chunk of a row, each element gathering its gradients in order",
 })
 
@@ -51,7 +53,7 @@ def forward(stream: gpu.GpuStream, state: TopKState, input: core.Array, values: 
         gpu_paths.reach(path)
     gpu.launch(stream, _CUDA.function(plan.forward), plan.grid, plan.block, (
         input, values, indices, keys, index, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k),
-        np.int32(plan.cache_bytes > 0)), shared_mem=plan.cache_bytes)
+        np.int32(plan.cache_bytes > 0), np.int32(plan.sort_bytes > 0)), shared_mem=plan.shared_mem)
 
 
 def backward(stream: gpu.GpuStream, state: TopKState, values_grad: core.Array, indices: core.Array,

@@ -28,6 +28,11 @@ DEFINES = {"TOP_K_BLOCK": TOP_K_BLOCK, "TOP_K_SHARED_CANDIDATES": TOP_K_SHARED_C
 # opt-in limit, less TOP_K_STATIC_BYTES): YOLOv10's longest row, the 300 x 80 class scores, is 24000 keys
 # (93.75 KiB); a longer row is read from global memory on each of the radix select's passes.
 TOP_K_CACHE_BYTES = 96 * 1024
+# The scratch path's radix sort runs in the launch's dynamic shared memory where its two buffers (2k keys
+# and 2k int indices) fit in the device's opt-in limit less TOP_K_STATIC_BYTES (k up to 13504 for 4-byte
+# keys and 9002 for double's on an H200); they share it with the row's cached keys, which the sort follows.
+# Else the sort runs in the scratch, its passes' loads from global memory (k = n = 8400 in float32 took
+# 126 us with the sort there, 89 with it in shared memory: docs/performance.md#top_k-and-the-detections).
 # top_k_forward's own shared memory at most: the histogram (1 KiB), the warp counts and 1024 candidates
 # of a key and an int (12 KiB for double's keys), or, in the scratch instantiation, the sort's digit
 # counts (2 KiB); tests/test_top_k_paths.py checks it on a GPU.
@@ -42,8 +47,9 @@ class GpuPlan:
     (each strides over rows) and `backward_grid` of the backward (each strides over chunks of `block` elements
     of a row), of `block` threads (both kernels), `shared`: the candidates in shared memory
     (else `scratch` elements of the state's global scratch), `cache_bytes`: the forward's dynamic shared
-    memory for a row's keys (0: the keys read from global memory), `paths` the named GPU paths of the
-    forward."""
+    memory for a row's keys (0: the keys read from global memory), `sort_bytes`: that for the scratch path's sort
+    (0: the sort in the scratch), `shared_mem` the launch's dynamic shared memory (the larger of the two), `paths`
+    the named GPU paths of the forward."""
 
     forward: str
     backward: str
@@ -57,7 +63,12 @@ class GpuPlan:
     scratch: int
     key_dtype: np.dtype
     cache_bytes: int
+    sort_bytes: int
     paths: tuple[str, ...]
+
+    @property
+    def shared_mem(self) -> int:
+        return max(self.cache_bytes, self.sort_bytes)
 
 
 def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) -> GpuPlan:
@@ -76,8 +87,14 @@ def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) 
     key_dtype = np.dtype(KEY_DTYPES[t])
     row_bytes = n * key_dtype.itemsize
     cache_bytes = row_bytes if row_bytes <= min(TOP_K_CACHE_BYTES, shared_optin - TOP_K_STATIC_BYTES) else 0
+    sort_bytes = 0 if shared else 2 * k * (key_dtype.itemsize + 4)
+    if sort_bytes > shared_optin - TOP_K_STATIC_BYTES:
+        sort_bytes = 0
     paths = (f"{OP}.forward." + ("shared" if shared else "scratch"),
              f"{OP}.forward." + ("keys_cached" if cache_bytes else "keys_global"))
+    if not shared:
+        paths += (f"{OP}.forward.sort_" + ("shared" if sort_bytes else "global"),)
     return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=f"top_k_backward<{t}>",
                    grid=grid, backward_grid=backward_grid, block=block, rows=rows, n=n, k=k, shared=shared,
-                   scratch=0 if shared else grid * 2 * k, key_dtype=key_dtype, cache_bytes=cache_bytes, paths=paths)
+                   scratch=0 if shared else grid * 2 * k, key_dtype=key_dtype, cache_bytes=cache_bytes,
+                   sort_bytes=sort_bytes, paths=paths)

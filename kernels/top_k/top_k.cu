@@ -23,7 +23,9 @@
 //      each counts the ones with a larger (key, -index) (O(count^2) a row: a few us for k = 300); in the
 //      scratch (larger k) they are sorted by a stable radix sort of their keys, 4 bits a pass from the
 //      lowest, each warp a contiguous chunk placed by the digit counts of the warps before it (stable_sort;
-//      O(count) a pass), so that k = n = 8400 no longer takes the O(k^2) count.
+//      O(count) a pass), so that k = n = 8400 no longer takes the O(k^2) count. The sort runs in the
+//      launch's dynamic shared memory where the plan gives it 2k keys and 2k indices there (sort_shared:
+//      k up to 13504 for 4-byte keys on an H200), else in the scratch.
 // Nothing depends on the order threads run in, so every run gives the same bits.
 //
 // top_k_backward<T>: input_grad[r, i] = the sum, in order of j, of values_grad[r, j] over the j with
@@ -104,89 +106,87 @@ __device__ __forceinline__ void choose_digit(const unsigned int* histogram, int 
     }
 }
 
+// Warp `warp` of `warps`'s contiguous chunk [begin, end) of m items: the chunks a multiple of 32 long,
+// in order, so that a warp walking its chunk 32 items at a time keeps the items' order.
+__device__ __forceinline__ void warp_chunk(int m, int warp, int warps, int& begin, int& end) {
+    const long long chunk = ((static_cast<long long>(m) + warps - 1) / warps + 31) / 32 * 32;
+    begin = static_cast<int>(min(static_cast<long long>(m), warp * chunk));
+    end = static_cast<int>(min(static_cast<long long>(m), begin + chunk));
+}
+
 // Sort keys[0, m) and index[0, m) (every thread of the block calling, m the same in each) by key,
 // descending, keeping the order of equal keys: a least-significant-digit radix sort, 4 bits a pass (BITS / 4
-// passes), between (keys, index) and (other_keys, other_index); returns the index buffer that holds the
-// result (its keys beside it). Each pass: warp w takes the w-th contiguous chunk (a multiple of 32 long)
-// and counts its keys per digit (the lanes with one digit adding their count once, __match_any_sync); warp
-// 0 turns the counts into each (digit, warp)'s first slot, the digits from 15 down and the warps in order
-// within one; then each warp walks its chunk again in order, writing each key to its digit's next slot
-// (its place among the lanes of its digit before it). A pass whose digit is the same in every key would
-// move nothing: it is skipped (detector scores share their top bits). A warp loads SORT_BATCH keys a lane
-// before it works on them, so that their loads are in flight together. offsets holds 16 counts per warp,
-// and one more word: the skip.
-#define SORT_BATCH 8
+// passes), between (keys, index) and (other_keys, other_index), in shared or global memory; returns the
+// index buffer that holds the result (its keys beside it). Each pass: warp w takes the w-th contiguous
+// chunk (warp_chunk) and counts its keys per digit (the lanes with one digit adding their count once,
+// __match_any_sync); the counts become each (digit, warp)'s first slot, the digits from 15 down and the
+// warps in order within one (a warp scans one digit's counts over the warps, then each warp adds the totals
+// of the digits above its own); then each warp walks its chunk again in order, writing each key to
+// its digit's next slot (its place among the lanes of its digit before it). A pass whose digit is the same
+// in every key would move nothing: it is skipped (detector scores share their top bits). offsets holds 16
+// counts per warp, then the 16 digits' totals.
 template <class K, int BITS>
 __device__ int* stable_sort(K* keys, int* index, K* other_keys, int* other_index, int m, int* offsets) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const long long chunk = ((static_cast<long long>(m) + warps - 1) / warps + 31) / 32 * 32;
-    const int begin = static_cast<int>(min(static_cast<long long>(m), warp * chunk));
-    const int end = static_cast<int>(min(static_cast<long long>(m), begin + chunk));
+    int begin, end;
+    warp_chunk(m, warp, warps, begin, end);
     const unsigned below = (1u << lane) - 1u;
     int* mine = offsets + 16 * warp;
-    int* skip = offsets + 16 * 32;
+    int* totals = offsets + 16 * 32;
 #pragma unroll 1
     for (int shift = 0; shift < BITS; shift += 4) {
         if (lane < 16) mine[lane] = 0;
         __syncwarp();
-        for (int start = begin; start < end; start += 32 * SORT_BATCH) {
-            unsigned digits[SORT_BATCH];
-#pragma unroll
-            for (int b = 0; b < SORT_BATCH; ++b) {
-                const int i = start + 32 * b + lane;
-                digits[b] = i < end ? static_cast<unsigned>((keys[i] >> shift) & 15) : 16u;
-            }
-#pragma unroll
-            for (int b = 0; b < SORT_BATCH; ++b) {
-                const unsigned peers = __match_any_sync(FULL_MASK, digits[b]);
-                if (digits[b] < 16u && __ffs(peers) - 1 == lane) mine[digits[b]] += __popc(peers);
-                __syncwarp();
-            }
+        for (int start = begin; start < end; start += 32) {
+            const int i = start + lane;
+            const unsigned digit = i < end ? static_cast<unsigned>((keys[i] >> shift) & 15) : 16u;
+            const unsigned peers = __match_any_sync(FULL_MASK, digit);
+            if (digit < 16u && __ffs(peers) - 1 == lane) mine[digit] += __popc(peers);
+            __syncwarp();
         }
         __syncthreads();
-        if (warp == 0) {  // lane w: warp w's counts; the slots, digit 15's first
+        // Warp d (and d + warps, ...): digit d's counts over the warps (lane w: warp w's), scanned into each
+        // warp's first slot among digit d's keys, and digit d's total.
+        for (int digit = warp; digit < 16; digit += warps) {
+            const int count = lane < warps ? offsets[16 * lane + digit] : 0;
+            int through = count;
+#pragma unroll
+            for (int offset = 1; offset < 32; offset <<= 1) {
+                const int up = __shfl_up_sync(FULL_MASK, through, offset);
+                if (lane >= offset) through += up;
+            }
+            if (lane < warps) offsets[16 * lane + digit] = through - count;
+            if (lane == 31) totals[digit] = through;
+        }
+        __syncthreads();
+        // Each warp: its first slot of each digit after every key of the digits above it (15's first).
+        if (lane < 16) {
             int base = 0;
-            bool one_digit = false;
-            for (int digit = 15; digit >= 0; --digit) {
-                const int count = lane < warps ? offsets[16 * lane + digit] : 0;
-                int through = count;
-#pragma unroll
-                for (int offset = 1; offset < 32; offset <<= 1) {
-                    const int up = __shfl_up_sync(FULL_MASK, through, offset);
-                    if (lane >= offset) through += up;
-                }
-                if (lane < warps) offsets[16 * lane + digit] = base + through - count;
-                const int total = __shfl_sync(FULL_MASK, through, 31);
-                one_digit |= total == m;
-                base += total;
-            }
-            if (lane == 0) *skip = one_digit;
+            for (int digit = 15; digit > lane; --digit) base += totals[digit];
+            mine[lane] += base;
         }
-        __syncthreads();
-        if (*skip) continue;  // block-uniform; the next pass's counts are written after a barrier
-        for (int start = begin; start < end; start += 32 * SORT_BATCH) {
-            K batch_keys[SORT_BATCH];
-            int batch_index[SORT_BATCH];
-#pragma unroll
-            for (int b = 0; b < SORT_BATCH; ++b) {
-                const int i = start + 32 * b + lane;
-                batch_keys[b] = i < end ? keys[i] : K(0);
-                batch_index[b] = i < end ? index[i] : 0;
+        __syncwarp();
+        // Every thread reads the same totals: block-uniform. The next pass's totals are written after a barrier.
+        if (__any_sync(FULL_MASK, lane < 16 && totals[lane] == m)) continue;
+        for (int start = begin; start < end; start += 32) {
+            const int i = start + lane;
+            K key = 0;
+            int at = 0;
+            unsigned digit = 16u;
+            if (i < end) {
+                key = keys[i];
+                at = index[i];
+                digit = static_cast<unsigned>((key >> shift) & 15);
             }
-#pragma unroll
-            for (int b = 0; b < SORT_BATCH; ++b) {
-                const unsigned digit = start + 32 * b + lane < end
-                    ? static_cast<unsigned>((batch_keys[b] >> shift) & 15) : 16u;
-                const unsigned peers = __match_any_sync(FULL_MASK, digit);
-                if (digit < 16u) {
-                    const int slot = mine[digit] + __popc(peers & below);
-                    other_keys[slot] = batch_keys[b];
-                    other_index[slot] = batch_index[b];
-                }
-                __syncwarp();
-                if (digit < 16u && __ffs(peers) - 1 == lane) mine[digit] += __popc(peers);
-                __syncwarp();
+            const unsigned peers = __match_any_sync(FULL_MASK, digit);
+            if (digit < 16u) {
+                const int slot = mine[digit] + __popc(peers & below);
+                other_keys[slot] = key;
+                other_index[slot] = at;
             }
+            __syncwarp();
+            if (digit < 16u && __ffs(peers) - 1 == lane) mine[digit] += __popc(peers);
+            __syncwarp();
         }
         __syncthreads();  // the pass's writes before the next pass reads them; offsets reused
         K* swap_keys = keys; keys = other_keys; other_keys = swap_keys;
@@ -199,12 +199,13 @@ template <typename T, bool SHARED>
 __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         const T* __restrict__ input, T* __restrict__ values, long long* __restrict__ indices,
         typename KeyOf<T>::type* __restrict__ scratch_keys, int* __restrict__ scratch_index,
-        long long rows, int n, int k, int cache_keys) {
+        long long rows, int n, int k, int cache_keys, int sort_shared) {
     using K = typename KeyOf<T>::type;
     constexpr int BITS = KeyOf<T>::BITS;
     constexpr int SLOTS = SHARED ? TOP_K_SHARED_CANDIDATES : 1;
-    // The row's keys where cache_keys (n of them: the launch's dynamic shared memory), one name for every
-    // instantiation (an extern __shared__ array of a template type would be declared once per type).
+    // The launch's dynamic shared memory, one name for every instantiation (an extern __shared__ array of a
+    // template type would be declared once per type): the row's keys where cache_keys (n of them, read by
+    // steps 1-2), then, where sort_shared, the sort's two buffers (2k keys, then 2k indices) in step 3.
     extern __shared__ __align__(16) unsigned char top_k_dynamic[];
     K* row_keys = reinterpret_cast<K*>(top_k_dynamic);
     __shared__ unsigned int histogram[256];
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
     __shared__ int chosen_need;
     __shared__ K shared_keys[SLOTS];
     __shared__ int shared_index[SLOTS];
-    __shared__ int sort_offsets[SHARED ? 1 : 16 * 32 + 1];  // stable_sort's: 16 a warp, and the skip
+    __shared__ int sort_offsets[SHARED ? 1 : 16 * 32 + 16];  // stable_sort's: 16 a warp, then the digits' totals
     // In the scratch, a block's 2k keys and 2k indices: its candidates, then stable_sort's other buffer.
     K* candidate_keys = SHARED ? shared_keys : scratch_keys + (long long)blockIdx.x * 2 * k;
     int* candidate_index = SHARED ? shared_index : scratch_index + (long long)blockIdx.x * 2 * k;
@@ -268,9 +269,8 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         //    the warps before it give its first slots, and it writes its candidates 32 keys at a time.
         {
             const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-            const long long chunk = ((static_cast<long long>(n) + warps - 1) / warps + 31) / 32 * 32;
-            const int begin = static_cast<int>(min(static_cast<long long>(n), warp * chunk));
-            const int end = static_cast<int>(min(static_cast<long long>(n), begin + chunk));
+            int begin, end;
+            warp_chunk(n, warp, warps, begin, end);
             int my_above = 0, my_equal = 0;
             for (int start = begin; start < end; start += 32) {
                 const int i = start + lane;
@@ -317,9 +317,23 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_forward(
         T* out_values = values + row * k;
         long long* out_indices = indices + row * k;
         // Without SHARED, the ones above the threshold sorted (sorted_index: where they end): a slot is a rank.
-        const int* sorted_index = SHARED ? candidate_index
-            : stable_sort<K, BITS>(candidate_keys, candidate_index, candidate_keys + k, candidate_index + k,
-                                   greater, sort_offsets);
+        // Where sort_shared, they are first copied to the dynamic shared memory (the cached keys are no longer
+        // read) and sorted there; else sorted in the scratch.
+        const int* sorted_index = candidate_index;
+        if (!SHARED && sort_shared) {
+            K* sort_keys = row_keys;
+            int* sort_index = reinterpret_cast<int*>(sort_keys + 2 * static_cast<long long>(k));
+            for (int c = threadIdx.x; c < greater; c += blockDim.x) {
+                sort_keys[c] = candidate_keys[c];
+                sort_index[c] = candidate_index[c];
+            }
+            __syncthreads();
+            sorted_index = stable_sort<K, BITS>(sort_keys, sort_index, sort_keys + k, sort_index + k, greater,
+                                                sort_offsets);
+        } else if (!SHARED) {
+            sorted_index = stable_sort<K, BITS>(candidate_keys, candidate_index, candidate_keys + k,
+                                                candidate_index + k, greater, sort_offsets);
+        }
         for (int c = threadIdx.x; c < k; c += blockDim.x) {
             const int index = c < greater ? sorted_index[c] : candidate_index[c];
             int rank = c;  // the keys equal to the threshold: after every larger one, in index order
@@ -352,22 +366,20 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_backward(
         const T* g = values_grad + row * k;
         const long long* where = indices + row * k;
         T* out = input_grad + row * n;
-        {
-            const long long i = work % chunks * blockDim.x + threadIdx.x;
-            C sum = C(0);
-            for (int first = 0; first < k; first += blockDim.x) {  // the row's (index, grad) pairs, a tile at a time
-                const int j = first + threadIdx.x;
-                if (j < k) {
-                    tile_index[threadIdx.x] = where[j];
-                    tile_grad[threadIdx.x] = widen(g[j]);
-                }
-                __syncthreads();
-                const int count = min(static_cast<int>(blockDim.x), k - first);
-                for (int t = 0; t < count; ++t)
-                    if (tile_index[t] == i) sum += tile_grad[t];
-                __syncthreads();
+        const long long i = work % chunks * blockDim.x + threadIdx.x;
+        C sum = C(0);
+        for (int first = 0; first < k; first += blockDim.x) {  // the row's (index, grad) pairs, a tile at a time
+            const int j = first + threadIdx.x;
+            if (j < k) {
+                tile_index[threadIdx.x] = where[j];
+                tile_grad[threadIdx.x] = widen(g[j]);
             }
-            if (i < n) out[i] = narrow<T>(sum);
+            __syncthreads();
+            const int count = min(static_cast<int>(blockDim.x), k - first);
+            for (int t = 0; t < count; ++t)
+                if (tile_index[t] == i) sum += tile_grad[t];
+            __syncthreads();
         }
+        if (i < n) out[i] = narrow<T>(sum);
     }
 }
