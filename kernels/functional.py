@@ -39,20 +39,18 @@ Contract:
   checks and the kernel's entry point and checks (_Plan; docs/performance.md). A GPU
   forward without ctx on C-contiguous CuPy arrays keeps one per form too (their devices
   in it), in the runtime of its stream: a repeated call runs the op's gpu_forward_kernel
-  with the stream entered once and the arrays' checks skipped, ordered with CuPy's
-  current stream as the full path is (_GpuPlan).
+  with the stream entered once and the arrays' checks skipped (_GpuPlan).
 - **Streams and handles.** CPU calls use ``kernels.cpu_stream()``/``cpu_handle()``. A GPU
-  call runs on the ``stream=`` given, or on a default stream of the input's device,
-  made on first use (``default_stream(device)``); outputs are allocated inside that
-  stream's context, so CuPy's pool ties their memory to it. Each GPU stream gets its
-  own handle (and cache of states), since a handle's workspace and library handles
-  must not be shared by streams that run at once. A call on the default stream is
-  ordered with CuPy's current stream of its device, as a ``torch.nn.functional`` call is
-  with torch's: the default stream waits for what is enqueued on the current stream before
-  the call (a ``cupy.asarray`` upload of its input), and, once the call has enqueued its
-  work, the current stream waits for it (a ``cupy.asnumpy`` of its result reads it
-  complete); an event each way, no host synchronization. A call given another ``stream=``
-  is ordered by its caller: make its inputs and read its results on that stream. Torch
+  call runs on the ``stream=`` given, or, as a ``torch.nn.functional`` call runs on torch's
+  current stream, on CuPy's current stream of the input's device (``default_stream(device)``:
+  that stream as a kernels GPU stream, made once per CuPy stream and dropped with it), so
+  that a ``cupy.asarray`` upload of its input before it and a ``cupy.asnumpy`` of its result
+  after it are ordered with it by the stream itself: no event, no host synchronization.
+  Outputs are allocated inside the call's stream's context, so CuPy's pool ties their
+  memory to it. Each GPU stream gets its own handle (and cache of states), since a
+  handle's workspace and library handles must not be shared by streams that run at once.
+  A call given another ``stream=`` is ordered by its caller: make its inputs and read its
+  results on that stream. Torch
   tensors are ordered on the way in (DLPack hands ``cupy.from_dlpack`` the producer's
   stream) and on the way out (torch's current stream waits for ours) either way.
 - **Errors** are the kernels' own ``kernels.KernelError`` subclasses, in the caller's terms: a
@@ -206,7 +204,8 @@ _KERNEL_OPS = frozenset(_OP_MODULES)
 
 _LOCK = threading.Lock()
 _CPU: dict[str, Any] = {}  # "stream", "runtime"
-_DEFAULT_GPU_STREAMS: dict[int, Any] = {}
+# CuPy's stream -> its _CurrentStream: held while the CuPy stream lives (its runtime with it, _GPU_RUNTIMES).
+_CURRENT_STREAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _GPU_RUNTIMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GpuStream -> _Runtime
 
 
@@ -217,16 +216,37 @@ def _cpu_runtime() -> _Runtime:
         return _CPU["runtime"]
 
 
+class _CurrentStream(gpu.GpuStream):  # pragma: no cover - GPU: CuPy's current stream of a device
+    """CuPy's stream `cupy_stream` of GPU `device` as a kernels GPU stream, which calls without stream= run on.
+    It refers to the CuPy stream weakly: the CuPy stream's entry in _CURRENT_STREAMS holds it, and a CuPy
+    stream the caller drops takes it, and its runtime, with it."""
+
+    def __init__(self, device: int, cupy_stream: Any):
+        self.device = device
+        self._cupy_stream = weakref.ref(cupy_stream)
+
+    @property
+    def cupy_stream(self) -> Any:
+        return self._cupy_stream()
+
+
+def _current_stream(device: int) -> Any:  # pragma: no cover - GPU: a GPU ordinal
+    cupy_stream = gpu.cupy.cuda.get_current_stream(device)
+    stream = _CURRENT_STREAMS.get(cupy_stream)
+    if stream is None:
+        with _LOCK:
+            stream = _CURRENT_STREAMS.setdefault(cupy_stream, _CurrentStream(device, cupy_stream))
+    return stream
+
+
 def default_stream(device: int | str = 0) -> Any:
-    """The stream calls on `device` ("cpu" or a GPU ordinal) use when given none, made on first use."""
+    """The stream calls on `device` ("cpu" or a GPU ordinal) use when given none, in this thread now: the
+    layer's CPU stream, made on first use; on a GPU, CuPy's current stream of the device, as a kernels GPU
+    stream (one per CuPy stream, with its own handle and states, gone with the CuPy stream)."""
     if device == "cpu":
         _cpu_runtime()
         return _CPU["stream"]
-    with _LOCK:  # pragma: no cover - GPU: a GPU ordinal
-        stream = _DEFAULT_GPU_STREAMS.get(int(device))
-        if stream is None:
-            stream = _DEFAULT_GPU_STREAMS[int(device)] = gpu.gpu_stream(int(device))
-        return stream
+    return _current_stream(int(device))  # pragma: no cover - GPU: a GPU ordinal
 
 
 def _gpu_runtime(stream: Any) -> _Runtime:  # pragma: no cover - GPU: a GPU handle
@@ -240,7 +260,7 @@ def _gpu_runtime(stream: Any) -> _Runtime:  # pragma: no cover - GPU: a GPU hand
 
 
 def clear_cache() -> None:
-    """Release every cached state and handle (the default streams stay). States that a live Context
+    """Release every cached state and handle (the streams stay). States that a live Context
     holds are released with the context; a backward on a shared state released here raises StateError."""
     with _LOCK:
         runtimes = ([_CPU.pop("runtime")] if "runtime" in _CPU else []) + list(_GPU_RUNTIMES.values())
@@ -314,8 +334,6 @@ class _Env:
         else:  # pragma: no cover - GPU: a GPU input
             self.xp = gpu.cupy
             self.runtime = _gpu_runtime(stream) if runtime is None else runtime
-            if stream is _DEFAULT_GPU_STREAMS.get(self.device):
-                _follow_current(stream, self.device)
         self.handle = self.runtime.handle
 
     @contextlib.contextmanager
@@ -366,37 +384,20 @@ class _Env:
             return dlpack.to_torch(array)
 
 
-# The (default stream, CuPy current stream) pairs of the calls made inside the outermost public call of
-# this host thread (None outside one): each current stream waits for its default stream when it returns.
-_ORDER = threading.local()
-_ORDER.pending = None
+# Whether this host thread is inside a public call: the outermost one puts a kernel's error in its terms.
+_OUTER = threading.local()
+_OUTER.inside = False
 
 
-def _follow_current(stream: Any, device: int) -> None:  # pragma: no cover - GPU: the default stream of a GPU
-    """Order a call on the default `stream` of GPU `device` after CuPy's current stream of the device, and (when
-    the outermost public call returns: _ordered) that stream after the call's work. Called before the call
-    enters `stream` (inside it, CuPy's current stream is `stream` itself)."""
-    cupy = gpu.cupy
-    with cupy.cuda.Device(device):
-        current = cupy.cuda.get_current_stream()
-    if current.ptr == stream.ptr:  # inside `with default_stream(device):` already
-        return
-    gpu.stream_wait(stream.cupy_stream, current, device)
-    pending = getattr(_ORDER, "pending", None)
-    if pending is not None:  # None: not inside a public function (every public one is _ordered)
-        pending.append((stream, current))
-
-
-def _ordered(function: Any) -> Any:
-    """A public function whose GPU work on a default stream is ordered back to CuPy's current stream: when
-    the outermost such call returns (or raises), every current stream its calls followed waits, through an
-    event, for what they enqueued on the default stream."""
+def _public(function: Any) -> Any:
+    """A public function: a kernel's error raised inside the outermost such call is raised again in that call's
+    terms (kernels/functional_errors.py)."""
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_ORDER, "pending", None) is not None:  # nested: the outermost call orders
+        if getattr(_OUTER, "inside", False):  # nested: the outermost call translates
             return function(*args, **kwargs)
-        _ORDER.pending = []
+        _OUTER.inside = True
         try:
             return function(*args, **kwargs)
         except KernelError as error:  # a kernel's error in the terms of this call (kernels/functional_errors.py)
@@ -405,9 +406,7 @@ def _ordered(function: Any) -> Any:
                 raise
             raise translated from error
         finally:
-            pending, _ORDER.pending = _ORDER.pending, None
-            for stream, current in pending:  # pragma: no cover - GPU: a call on a default stream
-                gpu.stream_wait(current, stream.cupy_stream, stream.device)
+            _OUTER.inside = False
 
     return call
 
@@ -573,22 +572,18 @@ class _GpuPlan(_Plan):  # pragma: no cover - GPU: CuPy arrays
     stream, entered once for the call, with the arrays' checks skipped (core.replaying): the arrays are of
     the form whose first call was checked (C-contiguous CuPy arrays of these dims, dtypes and devices; the
     outputs the plan's own, allocated in the stream's context as the full path's); the checks of the
-    stream, handle, state and attrs stay, and so do the kernel's launch plans, kept in its state. A call
-    on the device's default stream is ordered with CuPy's current stream both ways, as the full path's
-    (_follow_current, before the stream is entered). The plan holds its stream by a weak reference: its
+    stream, handle, state and attrs stay, and so do the kernel's launch plans, kept in its state. The plan
+    holds its stream by a weak reference: its
     runtime, which _GPU_RUNTIMES keeps while the stream lives, holds the plan."""
 
-    __slots__ = ("stream", "device", "default", "handle")
+    __slots__ = ("stream", "device", "handle")
 
     def _compute(self, env: _Env, state: Any) -> Any:
         self.stream, self.device, self.handle = weakref.ref(env.stream), env.device, env.handle
-        self.default = env.stream is _DEFAULT_GPU_STREAMS.get(env.device)
         return self._launch
 
     def _launch(self, state: Any, *arrays: Any, **keywords: Any) -> None:
         stream = self.stream()
-        if self.default:
-            _follow_current(stream, self.device)
         with core.replaying(stream):  # the kernel looked up per call, as the entry points do: a test may replace it
             self.module.gpu_forward_kernel(stream, self.handle, state, self.attrs, *arrays, **keywords)
 
@@ -641,7 +636,7 @@ def _planned(op: str, ctx: Any, stream: Any, arrays: Sequence[Any], values: tupl
 
 def _gpu_planned(op: str, stream: Any, arrays: Sequence[Any], values: tuple, kinds: tuple) -> tuple[Any, Any]:
     """_planned's (form, plan) of a call on C-contiguous CuPy arrays: the form holds each array's device too,
-    and the plan is looked up in the runtime of the call's stream (the one given, or the default stream of
+    and the plan is looked up in the runtime of the call's stream (the one given, or CuPy's current stream of
     the first array's device), where the first call of the form keeps it. (None, None) for anything else."""
     cupy = _cupy_module()
     if cupy is not None:  # pragma: no cover - GPU: CuPy arrays
@@ -654,7 +649,7 @@ def _gpu_planned(op: str, stream: Any, arrays: Sequence[Any], values: tuple, kin
         form.append(kinds)
         key = tuple(form)
         if stream is None:
-            stream = _DEFAULT_GPU_STREAMS.get(form[3])  # None before the device's first call
+            stream = _CURRENT_STREAMS.get(cupy.cuda.get_current_stream(form[3]))  # None before its first call
         try:
             runtime = None if stream is None else _GPU_RUNTIMES.get(stream)
             return key, (runtime.plans if runtime is not None else {}).get(key)
@@ -763,7 +758,7 @@ def _conv_padding(op: str, padding: Any, weight_dims: tuple[int, ...], dilation:
     return _pair(op, "padding", padding)
 
 
-@_ordered
+@_public
 def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntPair = 1,
            padding: IntPair | str = 0, dilation: IntPair = 1, groups: int = 1, *,
            activation: ActivationArg = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -794,7 +789,7 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     return env.out(output)
 
 
-@_ordered
+@_public
 def conv2d_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                     stream: Any = None) -> Conv2dGrads:
     """Gradients of the conv2d forward recorded in `ctx`: input, weight and bias (where the forward had one)."""
@@ -822,7 +817,7 @@ class BatchNormGrads(NamedTuple):
     bias: Tensor | None
 
 
-@_ordered
+@_public
 def batch_norm(input: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
                bias: Tensor | None = None, training: bool = False, momentum: float = 0.1, eps: float = 1e-5, *,
                activation: ActivationArg = None, mode: BatchNormMode | str = BatchNormMode.SPATIAL,
@@ -922,7 +917,7 @@ def _contiguous_copy(env: _Env, array: Any, dtype: Any) -> Any:
         return env.xp.ascontiguousarray(array, dtype=dtype)
 
 
-@_ordered
+@_public
 def batch_norm_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None,
                         retain: bool = False, stream: Any = None) -> BatchNormGrads:
     """Gradients of the batch_norm forward recorded in `ctx` (through the batch statistics after a
@@ -974,7 +969,7 @@ def _planned_unary(op: str, ctx: Any, stream: Any, input: Any, values: Sequence[
     return form, output
 
 
-@_ordered
+@_public
 def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                dilation: IntPair = 1, ceil_mode: bool = False, return_indices: bool = False, *,
                activation: ActivationArg = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -992,7 +987,7 @@ def max_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = Non
     return _pool(op, input, kernel_size, stride, padding, PoolOp.MAX, True, activation, ctx, stream, form)
 
 
-@_ordered
+@_public
 def avg_pool2d(input: Tensor, kernel_size: IntPair, stride: IntPair | None = None, padding: IntPair = 0,
                ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None, *,
                activation: ActivationArg = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -1020,13 +1015,13 @@ def _unary_like_backward(op: str, module: Any, grad_output: Tensor, ctx: Context
     return env.out(input_grad)
 
 
-@_ordered
+@_public
 def max_pool2d_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the max_pool2d forward recorded in `ctx` (its argmax)."""
     return _unary_like_backward("max_pool2d_backward", pool_2d, grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def avg_pool2d_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the avg_pool2d forward recorded in `ctx`."""
     return _unary_like_backward("avg_pool2d_backward", pool_2d, grad_output, ctx, retain, stream)
@@ -1035,7 +1030,7 @@ def avg_pool2d_backward(grad_output: Tensor, ctx: Context, *, retain: bool = Fal
 # --------------------------------------------------------------------------- interpolate / upsample
 
 
-@_ordered
+@_public
 def interpolate(input: Tensor, size: IntPair | None = None, scale_factor: float | Sequence[float] | None = None,
                 mode: str = "nearest", align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
                 antialias: bool = False, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
@@ -1080,13 +1075,13 @@ def interpolate(input: Tensor, size: IntPair | None = None, scale_factor: float 
     return env.out(output)
 
 
-@_ordered
+@_public
 def interpolate_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the interpolate forward recorded in `ctx`."""
     return _unary_like_backward("interpolate_backward", upsample_op, grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def upsample(input: Tensor, size: IntPair | None = None, scale_factor: float | Sequence[float] | None = None,
               mode: str = "nearest", align_corners: bool | None = None, *, ctx: Context | None = None,
               stream: Any = None) -> Tensor:
@@ -1100,7 +1095,7 @@ upsample_backward = interpolate_backward
 # --------------------------------------------------------------------------- softmax
 
 
-@_ordered
+@_public
 def softmax(input: Tensor, dim: int, *, dtype: Any = None, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.softmax over `dim` (negative counts from the end); `dtype` casts the input first."""
     op = "softmax"
@@ -1122,7 +1117,7 @@ def softmax(input: Tensor, dim: int, *, dtype: Any = None, ctx: Context | None =
     return env.out(output)
 
 
-@_ordered
+@_public
 def softmax_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the softmax forward recorded in `ctx` (from its output)."""
     return _unary_like_backward("softmax_backward", softmax_op, grad_output, ctx, retain, stream)
@@ -1138,7 +1133,7 @@ class TopK(NamedTuple):
     indices: Tensor
 
 
-@_ordered
+@_public
 def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *,
          ctx: Context | None = None, stream: Any = None) -> TopK:
     """torch.topk along the last dim: the k largest of each row, descending, in torch.sort(descending=True,
@@ -1172,7 +1167,7 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     return TopK(env.out(values), env.out(indices))
 
 
-@_ordered
+@_public
 def topk_backward(grad_values: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the topk forward recorded in `ctx`: grad_values at the forward's indices, zeros
     elsewhere (the indices are what it reads: do not change them in place before)."""
@@ -1191,7 +1186,7 @@ def topk_backward(grad_values: Tensor, ctx: Context, *, retain: bool = False, st
 # --------------------------------------------------------------------------- cat, split
 
 
-@_ordered
+@_public
 def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.cat of two or more tensors along `dim` (any rank, any numeric dtype)."""
     op = "cat"
@@ -1215,7 +1210,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0, *, ctx: Context | None = None, 
     return env.out(output)
 
 
-@_ordered
+@_public
 def cat_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[bool] | None = None, retain: bool = False,
                  stream: Any = None) -> list[Tensor | None]:
     """The gradients of the cat forward recorded in `ctx`, one per tensor (None where `needs[i]` is false)."""
@@ -1232,7 +1227,7 @@ def cat_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[bool] | N
     return [env.out(a) for a in grads]
 
 
-@_ordered
+@_public
 def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0, *, ctx: Context | None = None,
           stream: Any = None) -> tuple[Tensor, ...]:
     """torch.split: pieces of `split_size_or_sections` each (the last smaller), or of the sizes listed."""
@@ -1266,7 +1261,7 @@ def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int 
     return tuple(env.out(o) for o in outputs)
 
 
-@_ordered
+@_public
 def split_backward(grad_outputs: Sequence[Tensor | None], ctx: Context, *, retain: bool = False,
                    stream: Any = None) -> Tensor:
     """The input gradient of the split forward recorded in `ctx`; a None entry stands for zeros."""
@@ -1312,7 +1307,7 @@ def _shape_only_backward(op: str, module: Any, grad_output: Tensor, ctx: Context
     return env.out(input_grad)
 
 
-@_ordered
+@_public
 def reshape(input: Tensor, shape: Sequence[int], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.reshape (one -1 inferred); always a copy, made on the stream."""
     form, output = _planned_unary("reshape", ctx, stream, input, (shape,))
@@ -1325,13 +1320,13 @@ def reshape(input: Tensor, shape: Sequence[int], *, ctx: Context | None = None, 
                                form)
 
 
-@_ordered
+@_public
 def reshape_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the reshape forward recorded in `ctx`."""
     return _shape_only_backward("reshape_backward", reshape_op, grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def permute(input: Tensor, dims: Sequence[int], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.permute: output dim d is input dim dims[d] (negative dims count from the end); a copy."""
     op = "permute"
@@ -1348,13 +1343,13 @@ def permute(input: Tensor, dims: Sequence[int], *, ctx: Context | None = None, s
                                form)
 
 
-@_ordered
+@_public
 def permute_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the permute forward recorded in `ctx` (the inverse permutation)."""
     return _shape_only_backward("permute_backward", transpose_op, grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def transpose(input: Tensor, dim0: int, dim1: int, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.transpose: dims dim0 and dim1 swapped; a copy."""
     op = "transpose"
@@ -1371,7 +1366,7 @@ def transpose(input: Tensor, dim0: int, dim1: int, *, ctx: Context | None = None
                                form)
 
 
-@_ordered
+@_public
 def transpose_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the transpose forward recorded in `ctx`."""
     return _shape_only_backward("transpose_backward", transpose_op, grad_output, ctx, retain, stream)
@@ -1421,7 +1416,7 @@ def _binary_backward(op: str, grad_output: Tensor, ctx: Context, needs: Sequence
     return BinaryGrads(env.out(lhs_grad), env.out(rhs_grad))
 
 
-@_ordered
+@_public
 def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.matmul of (..., M, K) by (..., K, N), rank >= 3 with identical leading dims (no broadcasting)."""
     op = "matmul"
@@ -1440,7 +1435,7 @@ def matmul(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: 
                            ctx, form)
 
 
-@_ordered
+@_public
 def matmul_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                     stream: Any = None) -> BinaryGrads:
     """Gradients of the matmul forward recorded in `ctx`: BinaryGrads(input, other)."""
@@ -1482,78 +1477,78 @@ def _elementwise(op: str, op_type: BinaryOpType, input: Tensor, other: Tensor | 
     return _binary_forward(op, element_binary, ElementBinaryAttrs(op_type), env, lhs, rhs, dims, ctx, form)
 
 
-@_ordered
+@_public
 def add(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.add (NumPy broadcasting on either side; a number `other` runs as a scalar op)."""
     return _elementwise("add", BinaryOpType.ADD, input, other, ctx, stream)
 
 
-@_ordered
+@_public
 def sub(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.sub (broadcasting; a number `other` runs as a scalar op)."""
     return _elementwise("sub", BinaryOpType.SUB, input, other, ctx, stream)
 
 
-@_ordered
+@_public
 def mul(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.mul (broadcasting; a number `other` runs as a scalar op)."""
     return _elementwise("mul", BinaryOpType.MUL, input, other, ctx, stream)
 
 
-@_ordered
+@_public
 def div(input: Tensor, other: Tensor | float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.div, true division (broadcasting; a number `other` runs as a scalar op)."""
     return _elementwise("div", BinaryOpType.DIV, input, other, ctx, stream)
 
 
-@_ordered
+@_public
 def maximum(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.maximum (broadcasting; NaN propagates; a tie gives each side half the gradient)."""
     return _elementwise("maximum", BinaryOpType.MAX, input, other, ctx, stream)
 
 
-@_ordered
+@_public
 def minimum(input: Tensor, other: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.minimum (broadcasting; NaN propagates; a tie gives each side half the gradient)."""
     return _elementwise("minimum", BinaryOpType.MIN, input, other, ctx, stream)
 
 
-@_ordered
+@_public
 def add_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the add forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("add_backward", grad_output, ctx, needs, retain, stream)
 
 
-@_ordered
+@_public
 def sub_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the sub forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("sub_backward", grad_output, ctx, needs, retain, stream)
 
 
-@_ordered
+@_public
 def mul_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the mul forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("mul_backward", grad_output, ctx, needs, retain, stream)
 
 
-@_ordered
+@_public
 def div_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                  stream: Any = None) -> BinaryGrads:
     """Gradients of the div forward in `ctx`, summed over broadcast dims (other None for a number)."""
     return _binary_backward("div_backward", grad_output, ctx, needs, retain, stream)
 
 
-@_ordered
+@_public
 def maximum_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                      stream: Any = None) -> BinaryGrads:
     """Gradients of the maximum forward in `ctx`, summed over broadcast dims."""
     return _binary_backward("maximum_backward", grad_output, ctx, needs, retain, stream)
 
 
-@_ordered
+@_public
 def minimum_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] | None = None, retain: bool = False,
                      stream: Any = None) -> BinaryGrads:
     """Gradients of the minimum forward in `ctx`, summed over broadcast dims."""
@@ -1563,7 +1558,7 @@ def minimum_backward(grad_output: Tensor, ctx: Context, *, needs: Sequence[str] 
 # --------------------------------------------------------------------------- gradient_reduction
 
 
-@_ordered
+@_public
 def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """The sum of one or more same-shape tensors, left to right (the gradients of a tensor read more than once)."""
     op = "gradient_reduction"
@@ -1586,7 +1581,7 @@ def gradient_reduction(tensors: Sequence[Tensor], *, ctx: Context | None = None,
     return env.out(output)
 
 
-@_ordered
+@_public
 def gradient_reduction_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False,
                                 stream: Any = None) -> list[Tensor]:
     """The gradients of the gradient_reduction forward in `ctx`: grad_output copied, once per tensor."""
@@ -1626,44 +1621,44 @@ def _unary_backward(op: str, grad_output: Tensor, ctx: Context, retain: bool, st
     return _unary_like_backward(op, element_unary, grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def relu(input: Tensor, inplace: bool = False, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.relu (relu'(0) = 0); `inplace` is accepted as False only (outputs are new)."""
     _refuse("relu", "inplace", inplace, False, "the functional layer returns new arrays")
     return _unary("relu", UnaryOpType.RELU, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def relu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the relu forward recorded in `ctx`."""
     return _unary_backward("relu_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def sigmoid(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.sigmoid."""
     return _unary("sigmoid", UnaryOpType.SIGMOID, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def sigmoid_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the sigmoid forward recorded in `ctx`."""
     return _unary_backward("sigmoid_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def tanh(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.tanh."""
     return _unary("tanh", UnaryOpType.TANH, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def tanh_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the tanh forward recorded in `ctx`."""
     return _unary_backward("tanh_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False, *, ctx: Context | None = None,
         stream: Any = None) -> Tensor:
     """torch.nn.functional.elu (elu'(0) = alpha, as torch)."""
@@ -1671,87 +1666,87 @@ def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False, *, ctx: Contex
     return _unary("elu", UnaryOpType.ELU, input, alpha, ctx, stream)
 
 
-@_ordered
+@_public
 def elu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the elu forward recorded in `ctx`."""
     return _unary_backward("elu_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def gelu(input: Tensor, approximate: str = "none", *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.gelu, exact (erf) form; approximate='tanh' is refused."""
     _refuse("gelu", "approximate", approximate, "none", "the kernel is the exact erf form")
     return _unary("gelu", UnaryOpType.GELU, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def gelu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the gelu forward recorded in `ctx`."""
     return _unary_backward("gelu_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def silu(input: Tensor, inplace: bool = False, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.nn.functional.silu: x * sigmoid(x)."""
     _refuse("silu", "inplace", inplace, False, "the functional layer returns new arrays")
     return _unary("silu", UnaryOpType.SILU, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def silu_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the silu forward recorded in `ctx`."""
     return _unary_backward("silu_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def exp(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.exp."""
     return _unary("exp", UnaryOpType.EXP, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def exp_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the exp forward recorded in `ctx`."""
     return _unary_backward("exp_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def rsqrt(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.rsqrt."""
     return _unary("rsqrt", UnaryOpType.RSQRT, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def rsqrt_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the rsqrt forward recorded in `ctx`."""
     return _unary_backward("rsqrt_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def sin(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.sin."""
     return _unary("sin", UnaryOpType.SIN, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def sin_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the sin forward recorded in `ctx`."""
     return _unary_backward("sin_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def cos(input: Tensor, *, ctx: Context | None = None, stream: Any = None) -> Tensor:
     """torch.cos."""
     return _unary("cos", UnaryOpType.COS, input, None, ctx, stream)
 
 
-@_ordered
+@_public
 def cos_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the cos forward recorded in `ctx`."""
     return _unary_backward("cos_backward", grad_output, ctx, retain, stream)
 
 
-@_ordered
+@_public
 def pow(input: Tensor, exponent: float, *, ctx: Context | None = None, stream: Any = None) -> Tensor:  # noqa: A001
     """torch.pow with a number exponent (a tensor exponent is refused)."""
     if not isinstance(exponent, (int, float, np.integer, np.floating)) or isinstance(exponent, bool):
@@ -1759,7 +1754,7 @@ def pow(input: Tensor, exponent: float, *, ctx: Context | None = None, stream: A
     return _unary("pow", UnaryOpType.POW, input, exponent, ctx, stream)
 
 
-@_ordered
+@_public
 def pow_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, stream: Any = None) -> Tensor:
     """The input gradient of the pow forward recorded in `ctx`."""
     return _unary_backward("pow_backward", grad_output, ctx, retain, stream)
@@ -1768,7 +1763,7 @@ def pow_backward(grad_output: Tensor, ctx: Context, *, retain: bool = False, str
 # --------------------------------------------------------------------------- any op's backward
 
 
-@_ordered
+@_public
 def backward(ctx: Context, grad_output: Any, *, retain: bool = False, stream: Any = None) -> Any:
     """The backward of whichever forward `ctx` recorded, with every gradient it has
     (split takes the list of output gradients)."""

@@ -200,9 +200,9 @@ def test_the_model_on_a_device_while_another_is_current(run_on, current):
 @pytest.mark.gpu
 @pytest.mark.parametrize("run_on, current", [(1, 0), (0, 1)], ids=str)
 def test_functional_default_stream_on_a_device_while_another_is_current(run_on, current):
-    """kernels.functional without stream= on device `run_on`'s default stream, called with `current` current:
-    the events that order it with CuPy's current stream of `run_on` are made on `run_on` (an event recorded
-    on a stream of another device is an invalid handle), the values are right, the caller's device stays."""
+    """kernels.functional without stream= on device `run_on`, called with `current` current: the calls run on
+    CuPy's current stream of `run_on` (not of the current device), the values are right, the caller's device
+    stays."""
     _needs(2)
     import cupy
 

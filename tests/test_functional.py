@@ -1060,7 +1060,8 @@ def test_numpy_and_cupy_arrays_come_back_as_such(dev):
 
 
 def test_default_stream(dev):
-    """Without stream=, a call runs on the device's default stream (made once); copies back go on it too."""
+    """Without stream=, a call runs on the device's default stream: the CPU's, made once; on a GPU, CuPy's current
+    stream (the held one here), one kernels stream per CuPy stream; copies back go on it too."""
     x = dyadic(3, 4, 5)
     if dev.name == "cpu":
         got = F.relu(x)
@@ -1070,7 +1071,7 @@ def test_default_stream(dev):
     import cupy
 
     stream = F.default_stream(0)
-    assert stream is F.default_stream(0)
+    assert stream is F.default_stream(0) and stream.cupy_stream is cupy.cuda.get_current_stream(0)
     with stream:
         device_x = cupy.asarray(x)
     got = F.relu(device_x)
@@ -1081,11 +1082,11 @@ def test_default_stream(dev):
 
 
 @pytest.mark.gpu
-def test_calls_on_the_default_stream_follow_cupys_current_stream():
-    """Without stream=, a call is ordered with CuPy's current stream both ways, as a torch call is with
-    torch's: its input, uploaded on the current stream behind a 2 ms spin, is read complete; its result,
-    computed behind a 2 ms spin on the default stream (kernels.runtime.core.before_gpu_call), is read complete by
-    cupy.asnumpy on the current stream. No `with stream:`, no synchronization by hand but the last."""
+def test_calls_without_a_stream_run_on_cupys_current_stream():
+    """Without stream=, a call runs on CuPy's current stream, as a torch call runs on torch's, so it is ordered
+    with it both ways: its input, uploaded on the current stream behind a 2 ms spin, is read complete; its
+    result, computed behind a 2 ms spin (kernels.runtime.core.before_gpu_call, on the call's stream), is read
+    complete by cupy.asnumpy on the current stream. No `with stream:`, no synchronization by hand but the last."""
     from tests.conftest import require
 
     require("gpu")
@@ -1106,7 +1107,8 @@ def test_calls_on_the_default_stream_follow_cupys_current_stream():
         with kernels.runtime.core.before_gpu_call(spin):  # and the call's own kernel runs 2 ms late
             got = F.relu(device_x)
         host = cupy.asnumpy(got)  # on the caller's stream
-        again = cupy.asnumpy(F.relu(F.relu(device_x)))  # nested in nothing: each call orders itself
+        again = cupy.asnumpy(F.relu(F.relu(device_x)))
+        assert F.default_stream(0).cupy_stream is caller
     caller.synchronize()
     check(host, np.maximum(x, 0))
     check(again, np.maximum(x, 0))
@@ -1126,10 +1128,10 @@ def test_cpu_input_with_a_foreign_object_is_refused():
         F.relu([1.0, 2.0])
 
 
-def test_every_public_call_is_ordered_and_every_op_is_served():
-    """Each public function that runs kernels carries the ordering with CuPy's current stream and the
-    errors in the caller's terms (functional._ordered, written on each definition rather than applied
-    to the module's globals at import); the layer's op table is the registry's."""
+def test_every_public_call_speaks_in_its_own_terms_and_every_op_is_served():
+    """Each public function that runs kernels raises the kernels' errors in the caller's terms
+    (functional._public, written on each definition rather than applied to the module's globals at
+    import); the layer's op table is the registry's."""
     from kernels.registry import OPS
 
     plain = {"default_stream", "clear_cache", "cache_info"}

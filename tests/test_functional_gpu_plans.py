@@ -103,8 +103,8 @@ NAMES = list(_calls(dict.fromkeys(_host_arrays())))
 
 
 class _Caller:
-    """Where a test's arrays are made and read: CuPy's current stream (calls without stream=, on the default
-    stream), or the stream given to the calls (made and read on it, as a caller of stream= orders them)."""
+    """Where a test's arrays are made and read: CuPy's current stream (calls without stream= run on it), or the
+    stream given to the calls (made and read on it, as a caller of stream= orders them)."""
 
     def __init__(self, cupy, given):
         self.cupy, self.stream = cupy, (kernels.gpu_stream(0) if given else None)
@@ -223,8 +223,8 @@ def test_each_form_has_its_own_gpu_plan(cupy, monkeypatch):
 @pytest.mark.parametrize("given", [False, True], ids=["default_stream", "stream_given"])
 @pytest.mark.parametrize("name", NAMES)
 def test_planned_calls_are_ordered_as_the_full_path(cupy, monkeypatch, name, given):
-    """Default stream: CuPy's current stream is the caller's own (neither ours nor the held one); the inputs
-    are set on it behind a spin, just before a planned call, whose own kernels run behind a spin
+    """Without stream=: CuPy's current stream is the caller's own (not the held one), and the calls run on it;
+    the inputs are set on it behind a spin, just before a planned call, whose own kernels run behind a spin
     (before_gpu_call), and its result is read with cupy.asnumpy on the caller's stream: no synchronization
     but the last. stream= given: the same, all on that stream, as its caller orders it."""
     caller_stream = kernels.gpu_stream(0) if given else None
@@ -295,4 +295,24 @@ def test_a_dropped_streams_plans_go_with_it(cupy):
     del stream
     gc.collect()
     assert dropped() is None
+    assert runtime.closed and not runtime.plans and runtime.free == {}
+
+
+def test_a_dropped_cupy_streams_kernels_stream_goes_with_it(cupy):
+    """Calls without stream= run on CuPy's current stream, through a kernels stream made for it (F.default_stream)
+    that refers to it weakly: a CuPy stream the caller drops is collected, and with it that kernels stream, its
+    runtime closed with its plans and states."""
+    caller = cupy.cuda.Stream(non_blocking=True)
+    with caller:
+        x = cupy.asarray(distinct(2, 3))
+        for _ in range(2):
+            F.relu(x)
+        stream = F.default_stream(0)
+    caller.synchronize()
+    runtime = F._gpu_runtime(stream)
+    assert stream.cupy_stream is caller and len(runtime.plans) == 1
+    dropped, dropped_stream = weakref.ref(caller), weakref.ref(stream)
+    del caller, stream
+    gc.collect()
+    assert dropped() is None and dropped_stream() is None
     assert runtime.closed and not runtime.plans and runtime.free == {}
