@@ -149,6 +149,26 @@ def test_the_plan_strides_over_rows_on_a_small_device():
     assert plan.backward_grid == 2
 
 
+@pytest.mark.parametrize("k, optin, sorted_pairs", [
+    (TOP_K_SHARED_CANDIDATES, H200_OPTIN, False),  # candidates in shared memory: the gather
+    (TOP_K_SHARED_CANDIDATES + 1, H200_OPTIN, True), (13504, H200_OPTIN, True), (13505, H200_OPTIN, False),
+    (3072, 64 * 1024, True), (3073, 64 * 1024, False),  # a 64 KiB device: less the static part
+])
+def test_the_plan_sorts_a_large_ks_backward_pairs_in_shared_memory_up_to_its_limit(k, optin, sorted_pairs):
+    """Past the shared candidates, the backward sorts each row's (index, j) pairs in the launch's dynamic shared
+    memory (16 bytes a pair, two buffers of a 4-byte key and a 4-byte position) while they fit in the opt-in
+    limit less the kernel's own, a block a row; else it gathers, a block a chunk of a row. The pairs' size does
+    not depend on the dtype."""
+    for dtype in DTYPES:
+        plan = gpu_plan((3, 30000), k, np.dtype(dtype), optin)
+        t = {"float32": "float", "float64": "double", "float16": "half_t", "bfloat16": "bfloat16_t"}[np.dtype(dtype).name]
+        assert plan.backward_shared_mem == (16 * k if sorted_pairs else 0)
+        assert plan.backward_shared_mem <= optin - TOP_K_STATIC_BYTES
+        assert plan.backward == (f"top_k_backward_sorted<{t}>" if sorted_pairs else f"top_k_backward<{t}>")
+        assert plan.backward_path == "top_k.backward." + ("sorted" if sorted_pairs else "gather")
+        assert plan.backward_grid == (plan.grid if sorted_pairs else 3 * -(-30000 // plan.block))
+
+
 @pytest.mark.parametrize("dims, block, backward_grid", [
     ((1, 8400), 1024, 9), ((16, 24000), 1024, 16 * 24), ((3, 1024), 256, 12), ((3, 1025), 512, 9),
     ((5, 1), 256, 5), ((70000, 5), 256, 65536),
@@ -246,11 +266,11 @@ def test_gpu_forward_kernels_keep_their_own_shared_memory_within_the_plans_reser
 
     sizes = {}
     for name in top_k_gpu._CUDA.name_expressions:
-        if name.startswith("top_k_forward"):
+        if name.startswith(("top_k_forward", "top_k_backward_sorted")):
             function = top_k_gpu._CUDA.function(name)
             sizes[name] = cupy.cuda.driver.funcGetAttribute(cupy.cuda.driver.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
                                                             function.ptr)
-    assert len(sizes) == 8 and all(0 < size <= TOP_K_STATIC_BYTES for size in sizes.values()), sizes
+    assert len(sizes) == 12 and all(0 < size <= TOP_K_STATIC_BYTES for size in sizes.values()), sizes
 
 
 @pytest.mark.gpu
@@ -269,16 +289,21 @@ def test_gpu_on_a_small_device_equals_cpu(k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("small", [False, True], ids=["grid", "two_blocks"])
-@pytest.mark.parametrize("n", [900, 1500, 2600], ids=lambda n: f"n{n}")  # blocks of 256, 512 and 1024
+@pytest.mark.parametrize("n, k", [
+    (900, 400), (1500, 400), (2600, 400),  # the gather, blocks of 256, 512 and 1024
+    (1500, 1100), (2600, 1100),  # past the shared candidates: the sorted pairs
+], ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_gpu_backward_equals_cpu(dtype, n, small):
+def test_gpu_backward_equals_cpu(dtype, n, k, small):
     """Distinct indices (a forward's) and, on purpose, repeated and out-of-range ones: each element sums its
-    gradients in order of j on both devices; out-of-range ones are skipped. Each row is 3 or 4 chunks of a
-    block; small: a grid of two blocks striding over the 9 to 12 (row, chunk) pairs."""
+    gradients in order of j on both devices; out-of-range ones are skipped. The gather: each row is 3 or 4
+    chunks of a block; small: a grid of two blocks striding over the 9 to 12 (row, chunk) pairs. The sorted
+    pairs: a block a row; small: two blocks over the 3 rows, one of them sorting a second row in the same
+    shared memory."""
     require("gpu")
     import cupy
 
-    rows, k = 3, 400
+    rows = 3
     rng = np.random.default_rng(7)
     indices = np.stack([rng.permutation(n)[:k] for _ in range(rows)]).astype(np.int64)
     indices[1, ::5] = indices[1, 3]  # repeats

@@ -14,7 +14,7 @@ from .plan import DEFINES, GpuPlan, gpu_plan
 _TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
 _CUDA = gpu.CudaModule("top_k.cu", [
     f"top_k_forward<{t}, {shared}>" for t in _TYPES for shared in ("true", "false")
-] + [f"top_k_backward<{t}>" for t in _TYPES], defines=DEFINES)
+] + [f"top_k_backward{sorted_}<{t}>" for t in _TYPES for sorted_ in ("", "_sorted")], defines=DEFINES)
 
 gpu_paths.declare(OP, {
     "forward.shared": "top_k_forward<T, true>: a block a row, its k candidates in shared memory (k <= 1024)",
@@ -24,7 +24,9 @@ gpu_paths.declare(OP, {
     "forward.keys_global": "top_k_forward: a row too long for the keys' cache, read from global memory on each pass",
     "forward.sort_shared": "top_k_forward<T, false>: the radix sort's two buffers in the launch's dynamic shared memory",
     "forward.sort_global": "top_k_forward<T, false>: a k too large for shared memory, the radix sort in the scratch",
-    "backward": "top_k_backward<T>: a block a chunk of a row, each element gathering its gradients in order",
+    "backward.gather": "top_k_backward<T>: a block a chunk of a row, each element gathering its gradients in order",
+    "backward.sorted": ("top_k_backward_sorted<T>: a block a row, its (index, j) pairs sorted by index in shared "
+                        "memory, each run summed in order (k past the shared candidates)"),
 })
 
 _NULL = np.uint64(0)  # a null pointer argument (no scratch)
@@ -62,7 +64,8 @@ def backward(stream: gpu.GpuStream, state: TopKState, values_grad: core.Array, i
     if input_grad is None or input_grad.size == 0:
         return
     plan = _plan(state)
-    gpu_paths.reach(f"{OP}.backward")
+    gpu_paths.reach(plan.backward_path)
     gpu.launch(stream, _CUDA.function(plan.backward), plan.backward_grid, plan.block, (
-        values_grad, indices, input_grad, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k)))
+        values_grad, indices, input_grad, np.int64(plan.rows), np.int32(plan.n), np.int32(plan.k)),
+        shared_mem=plan.backward_shared_mem)
 

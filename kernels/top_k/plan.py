@@ -33,6 +33,10 @@ TOP_K_CACHE_BYTES = 96 * 1024
 # keys and 9002 for double's on an H200); they share it with the row's cached keys, which the sort follows.
 # Else the sort runs in the scratch, its passes' loads from global memory (k = n = 8400 in float32 took
 # 126 us with the sort there, 89 with it in shared memory: docs/performance.md#top_k-and-the-detections).
+# The backward of a k past TOP_K_SHARED_CANDIDATES sorts each row's (index, j) pairs in the launch's dynamic
+# shared memory (top_k_backward_sorted, O(n + k) a row) where they fit (2k keys and 2k ints: 16 bytes a pair,
+# k up to 13504 on an H200); else, and for a smaller k, it gathers (top_k_backward, O(n k) a row, a block a
+# chunk of a row). A gather of k = n = 8400 took 2484 us, against 22 for PyTorch's zeros and scatter.
 # top_k_forward's own shared memory at most: the histogram (1 KiB), the warp counts and 1024 candidates
 # of a key and an int (12 KiB for double's keys), or, in the scratch instantiation, the sort's digit
 # counts (2 KiB); tests/test_top_k_paths.py checks it on a GPU.
@@ -49,12 +53,14 @@ class GpuPlan:
     (else `scratch` elements of the state's global scratch), `cache_bytes`: the forward's dynamic shared
     memory for a row's keys (0: the keys read from global memory), `sort_bytes`: that for the scratch path's sort
     (0: the sort in the scratch), `shared_mem` the launch's dynamic shared memory (the larger of the two), `paths`
-    the named GPU paths of the forward."""
+    the named GPU paths of the forward; `backward_shared_mem` the backward's dynamic shared memory (0: the
+    gather; else top_k_backward_sorted, a block a row, `backward_grid` blocks), `backward_path` its path."""
 
     forward: str
     backward: str
     grid: int
     backward_grid: int
+    backward_shared_mem: int
     block: int
     rows: int
     n: int
@@ -70,6 +76,10 @@ class GpuPlan:
     def shared_mem(self) -> int:
         return max(self.cache_bytes, self.sort_bytes)
 
+    @property
+    def backward_path(self) -> str:
+        return f"{OP}.backward." + ("sorted" if self.backward_shared_mem else "gather")
+
 
 def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) -> GpuPlan:
     """The plan of a top_k of `dims` (along the last dim) in `dtype`, on a device whose blocks may use
@@ -83,7 +93,6 @@ def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) 
     block = 256
     while block < TOP_K_BLOCK and block * TOP_K_KEYS_PER_THREAD < n:
         block *= 2
-    backward_grid = gpu.capped(rows * -(-n // block), gpu.GRID_BLOCKS)
     key_dtype = np.dtype(KEY_DTYPES[t])
     row_bytes = n * key_dtype.itemsize
     cache_bytes = row_bytes if row_bytes <= min(TOP_K_CACHE_BYTES, shared_optin - TOP_K_STATIC_BYTES) else 0
@@ -94,7 +103,13 @@ def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) 
              f"{OP}.forward." + ("keys_cached" if cache_bytes else "keys_global"))
     if not shared:
         paths += (f"{OP}.forward.sort_" + ("shared" if sort_bytes else "global"),)
-    return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=f"top_k_backward<{t}>",
-                   grid=grid, backward_grid=backward_grid, block=block, rows=rows, n=n, k=k, shared=shared,
+    backward_shared_mem = 0 if shared else 2 * k * 8  # a 4-byte key and a 4-byte position, twice
+    if backward_shared_mem > shared_optin - TOP_K_STATIC_BYTES:
+        backward_shared_mem = 0
+    backward = f"top_k_backward_sorted<{t}>" if backward_shared_mem else f"top_k_backward<{t}>"
+    backward_grid = grid if backward_shared_mem else gpu.capped(rows * -(-n // block), gpu.GRID_BLOCKS)
+    return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=backward,
+                   grid=grid, backward_grid=backward_grid, backward_shared_mem=backward_shared_mem, block=block,
+                   rows=rows, n=n, k=k, shared=shared,
                    scratch=0 if shared else grid * 2 * k, key_dtype=key_dtype, cache_bytes=cache_bytes,
                    sort_bytes=sort_bytes, paths=paths)

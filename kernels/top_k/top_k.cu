@@ -31,7 +31,11 @@
 // top_k_backward<T>: input_grad[r, i] = the sum, in order of j, of values_grad[r, j] over the j with
 // indices[r, j] == i (0 where none), in compute_t<T>, rounded once: a gather (no atomics), one block a
 // chunk of a row's elements (a thread an element, reading all k (index, gradient) pairs of the row, a tile
-// at a time), so that a row's chunks run on many SMs at once; an index outside [0, n) is skipped.
+// at a time), so that a row's chunks run on many SMs at once; an index outside [0, n) is skipped. That is
+// O(n k) a row: for a large k whose pairs fit in the launch's dynamic shared memory (2k keys and 2k ints),
+// top_k_backward_sorted<T> computes the same sums in O(n + k) a row: a block a row zeroes the row, sorts
+// its (index, j) pairs by index with stable_sort (so each index's j stay in order), and the first thread
+// of each run of one index sums the run's gradients in that order and writes them.
 #include "common.cuh"
 
 #ifndef TOP_K_BLOCK
@@ -381,5 +385,40 @@ __global__ void __launch_bounds__(TOP_K_BLOCK) top_k_backward(
             __syncthreads();
         }
         if (i < n) out[i] = narrow<T>(sum);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(TOP_K_BLOCK) top_k_backward_sorted(
+        const T* __restrict__ values_grad, const long long* __restrict__ indices, T* __restrict__ input_grad,
+        long long rows, int n, int k) {
+    using C = compute_t<T>;
+    // The launch's dynamic shared memory: stable_sort's two buffers of k keys (~index, so that its descending
+    // order is the indices' ascending one; 0 for an index outside [0, n), last) and of k positions j.
+    extern __shared__ __align__(16) unsigned char top_k_dynamic[];
+    unsigned int* keys = reinterpret_cast<unsigned int*>(top_k_dynamic);
+    int* positions = reinterpret_cast<int*>(keys + 2 * static_cast<long long>(k));
+    __shared__ int sort_offsets[16 * 32 + 16];
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T* g = values_grad + row * k;
+        const long long* where = indices + row * k;
+        T* out = input_grad + row * n;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = narrow<T>(C(0));
+        for (int j = threadIdx.x; j < k; j += blockDim.x) {
+            const long long i = where[j];
+            keys[j] = i >= 0 && i < n ? ~static_cast<unsigned int>(i) : 0u;
+            positions[j] = j;
+        }
+        __syncthreads();  // the zeros written before any sum below; the pairs before the sort reads them
+        const int* sorted = stable_sort<unsigned int, 32>(keys, positions, keys + k, positions + k, k, sort_offsets);
+        const unsigned int* sorted_keys = sorted == positions ? keys : keys + k;
+        for (int p = threadIdx.x; p < k; p += blockDim.x) {
+            const unsigned int key = sorted_keys[p];
+            if (key == 0u || (p > 0 && sorted_keys[p - 1] == key)) continue;  // skipped, or not a run's first
+            C sum = C(0);
+            for (int q = p; q < k && sorted_keys[q] == key; ++q) sum += widen(g[sorted[q]]);
+            out[~key] = narrow<T>(sum);
+        }
+        __syncthreads();  // the buffers are reused by the next row
     }
 }
