@@ -3,7 +3,9 @@ buffers), keyed by what can change between calls: which gradients are None and t
 arrays' address alignment. Without a device: each call through a kept plan must
 launch exactly what a fresh state launches for the same arrays, whatever the calls
 before it (aligned, then misaligned, then aligned again; a gradient dropped).
-Launches are recorded on a fake device whose arrays are only addresses."""
+Launches are recorded on a fake device whose arrays are only addresses. And gpu.launch's rule for
+dynamic shared memory, on a fake driver: a kernel is opted in where its static and dynamic shared memory
+together pass the 48 KiB a block gets unasked."""
 
 from __future__ import annotations
 
@@ -238,3 +240,38 @@ def test_kept_plans_launch_what_a_fresh_state_does(device, name, dtype):
         expected = _call(device, module, attrs, fresh, forward_args, backward_args)
         assert got, "nothing launched"
         assert got == expected, f"misalign {misalign}, drop {drop}"
+
+
+# --------------------------------------------------------------------------- dynamic shared memory
+
+
+@pytest.mark.parametrize("static, dynamic, opted_in", [
+    (0, 0, False), (3 * 1024, 44 * 1024, False),  # together within the 48 KiB a block gets unasked
+    (3 * 1024, 45 * 1024 + 1, True),  # together past it, the dynamic part alone not (top_k's float64 sort of 2000)
+    (0, 48 * 1024 + 1, True), (9484, 11000 * 4, True),  # a float32 top_k row of 11000 cached keys beside 9.3 KiB
+])
+def test_launch_opts_a_kernel_in_by_its_static_and_dynamic_shared_memory(monkeypatch, static, dynamic, opted_in):
+    """A block gets gpu.SHARED_MEMORY_LIMIT of shared memory unasked, static and dynamic together: launch lets a
+    kernel use `dynamic` bytes (cuFuncSetAttribute) where the two pass it, once per kernel and larger size, and
+    then launches with that much. Without a device: CuPy's driver calls and the kernel are recorded."""
+    calls = []
+    driver = types.SimpleNamespace(
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="static", CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="max dynamic",
+        CUDADriverError=RuntimeError,
+        funcGetAttribute=lambda attribute, ptr: calls.append(("get", attribute, ptr)) or static,
+        funcSetAttribute=lambda ptr, attribute, value: calls.append(("set", ptr, attribute, value)))
+    monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(driver=driver)))
+    monkeypatch.setattr(gpu, "_LAUNCHABLE", {})
+
+    class Kernel:
+        ptr = 0x1234
+
+        def __call__(self, grid, block, args, shared_mem, stream):
+            calls.append(("launch", grid, block, shared_mem))
+
+    stream = types.SimpleNamespace(cupy_stream="the stream")
+    for _ in range(2):  # the second launch of the same size asks nothing
+        gpu.launch(stream, Kernel(), 3, 256, (), shared_mem=dynamic)
+    asked = [("get", "static", 0x1234)] if dynamic else []
+    set_ = [("set", 0x1234, "max dynamic", dynamic)] if opted_in else []
+    assert calls == asked + set_ + [("launch", (3,), (256,), dynamic)] * 2
