@@ -216,10 +216,11 @@ def _cpu_runtime() -> _Runtime:
         return _CPU["runtime"]
 
 
-class _CurrentStream(gpu.GpuStream):  # pragma: no cover - GPU: CuPy's current stream of a device
+class _CurrentStream(gpu.GpuStream):
     """CuPy's stream `cupy_stream` of GPU `device` as a kernels GPU stream, which calls without stream= run on.
     It refers to the CuPy stream weakly: the CuPy stream's entry in _CURRENT_STREAMS holds it, and a CuPy
-    stream the caller drops takes it, and its runtime, with it."""
+    stream the caller drops takes it, and its runtime, with it. Kept past that by a caller (a
+    default_stream() result held on to), it refuses to be used, by name."""
 
     def __init__(self, device: int, cupy_stream: Any):
         self.device = device
@@ -227,7 +228,11 @@ class _CurrentStream(gpu.GpuStream):  # pragma: no cover - GPU: CuPy's current s
 
     @property
     def cupy_stream(self) -> Any:
-        return self._cupy_stream()
+        stream = self._cupy_stream()
+        if stream is None:
+            raise fail(StateError, "default_stream", "stream", f"CuPy's stream of GPU {self.device} still alive",
+                       "one the caller has dropped")
+        return stream
 
 
 def _current_stream(device: int) -> Any:  # pragma: no cover - GPU: a GPU ordinal

@@ -1081,6 +1081,24 @@ def test_default_stream(dev):
     check(host, np.maximum(x, 0))
 
 
+def test_a_kernels_stream_over_a_dropped_cupy_stream_refuses_to_be_used():
+    """F.default_stream(d) on a GPU is CuPy's current stream as a kernels stream that refers to it weakly (so a
+    dropped CuPy stream takes it along); one held on to past the CuPy stream says so by name, rather than
+    failing on None somewhere inside a call. Device-free: any object with a ptr stands for the CuPy stream."""
+    import gc
+
+    class CupyStream:
+        ptr = 0x5000
+
+    cupy_stream = CupyStream()
+    stream = F._CurrentStream(0, cupy_stream)
+    assert stream.cupy_stream is cupy_stream and stream.ptr == 0x5000 and stream.device == 0
+    del cupy_stream
+    gc.collect()
+    with pytest.raises(kernels.StateError, match="default_stream: stream: expected CuPy's stream of GPU 0 still alive"):
+        stream.ptr  # noqa: B018 (the property raises)
+
+
 @pytest.mark.gpu
 def test_calls_without_a_stream_run_on_cupys_current_stream():
     """Without stream=, a call runs on CuPy's current stream, as a torch call runs on torch's, so it is ordered
