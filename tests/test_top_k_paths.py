@@ -161,7 +161,7 @@ def test_the_plan_sorts_a_large_ks_backward_pairs_in_shared_memory_up_to_its_lim
     not depend on the dtype."""
     for dtype in DTYPES:
         plan = gpu_plan((3, 30000), k, np.dtype(dtype), optin)
-        t = {"float32": "float", "float64": "double", "float16": "half_t", "bfloat16": "bfloat16_t"}[np.dtype(dtype).name]
+        t = gpu.cuda_type(np.dtype(dtype))
         assert plan.backward_shared_mem == (16 * k if sorted_pairs else 0)
         assert plan.backward_shared_mem <= optin - TOP_K_STATIC_BYTES
         assert plan.backward == (f"top_k_backward_sorted<{t}>" if sorted_pairs else f"top_k_backward<{t}>")

@@ -37,12 +37,18 @@ TOP_K_CACHE_BYTES = 96 * 1024
 # shared memory (top_k_backward_sorted, O(n + k) a row) where they fit (2k keys and 2k ints: 16 bytes a pair,
 # k up to 13504 on an H200); else, and for a smaller k, it gathers (top_k_backward, O(n k) a row, a block a
 # chunk of a row). A gather of k = n = 8400 took 2484 us, against 22 for PyTorch's zeros and scatter.
-# top_k_forward's own shared memory at most: the histogram (1 KiB), the warp counts and 1024 candidates
-# of a key and an int (12 KiB for double's keys), or, in the scratch instantiation, the sort's digit
-# counts (2 KiB); tests/test_top_k_paths.py checks it on a GPU.
+# The kernels' own shared memory at most, which each use of dynamic shared memory above leaves them: the
+# forward's histogram (1 KiB), warp counts and 1024 candidates of a key and an int (12 KiB for double's
+# keys), or, in its scratch instantiation and in top_k_backward_sorted, the sort's digit counts (2 KiB);
+# tests/test_top_k_paths.py checks it on a GPU.
 TOP_K_STATIC_BYTES = 16 * 1024
 # The unsigned key of each element type (top_k.cu's KeyOf): its NumPy dtype, for the scratch.
 KEY_DTYPES = {"half_t": np.uint32, "bfloat16_t": np.uint32, "float": np.uint32, "double": np.uint64}
+
+
+def _within(nbytes: int, limit: int) -> int:
+    """`nbytes` of a launch's dynamic shared memory where they fit in `limit`, else 0 (that use goes without)."""
+    return nbytes if nbytes <= limit else 0
 
 
 @dataclass(frozen=True)
@@ -94,18 +100,14 @@ def gpu_plan(dims: tuple[int, ...], k: int, dtype: np.dtype, shared_optin: int) 
     while block < TOP_K_BLOCK and block * TOP_K_KEYS_PER_THREAD < n:
         block *= 2
     key_dtype = np.dtype(KEY_DTYPES[t])
-    row_bytes = n * key_dtype.itemsize
-    cache_bytes = row_bytes if row_bytes <= min(TOP_K_CACHE_BYTES, shared_optin - TOP_K_STATIC_BYTES) else 0
-    sort_bytes = 0 if shared else 2 * k * (key_dtype.itemsize + 4)
-    if sort_bytes > shared_optin - TOP_K_STATIC_BYTES:
-        sort_bytes = 0
+    reserve = shared_optin - TOP_K_STATIC_BYTES  # the dynamic shared memory a launch may ask for
+    cache_bytes = _within(n * key_dtype.itemsize, min(TOP_K_CACHE_BYTES, reserve))
+    sort_bytes = 0 if shared else _within(2 * k * (key_dtype.itemsize + 4), reserve)  # 2k keys, 2k int indices
     paths = (f"{OP}.forward." + ("shared" if shared else "scratch"),
              f"{OP}.forward." + ("keys_cached" if cache_bytes else "keys_global"))
     if not shared:
         paths += (f"{OP}.forward.sort_" + ("shared" if sort_bytes else "global"),)
-    backward_shared_mem = 0 if shared else 2 * k * 8  # a 4-byte key and a 4-byte position, twice
-    if backward_shared_mem > shared_optin - TOP_K_STATIC_BYTES:
-        backward_shared_mem = 0
+    backward_shared_mem = 0 if shared else _within(2 * k * (4 + 4), reserve)  # 2k 4-byte keys, 2k int positions
     backward = f"top_k_backward_sorted<{t}>" if backward_shared_mem else f"top_k_backward<{t}>"
     backward_grid = grid if backward_shared_mem else gpu.capped(rows * -(-n // block), gpu.GRID_BLOCKS)
     return GpuPlan(forward=f"top_k_forward<{t}, {'true' if shared else 'false'}>", backward=backward,

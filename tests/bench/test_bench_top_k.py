@@ -1,6 +1,6 @@
 """top_k on YOLOv10's shapes: 300 of the 8400 anchors' best scores and 300 of the 300 x 80 class scores
-(640x640 input), at batch 1 and 16, and two of a large k, forward, beside torch.sort(descending=True, stable=True)[..., :300]
-(the same order: torch.topk promises none among ties; its row is there too, for the time).
+(640x640 input), at batch 1 and 16, and two of a large k, forward, beside torch.sort(descending=True,
+stable=True)[..., :k] (the same order: torch.topk promises none among ties; its row is there too, for the time).
 
 float16 and bfloat16 rows run on the GPU only (conftest.DTYPES), beside PyTorch in the same dtype;
 their groups end in the dtype's name."""
