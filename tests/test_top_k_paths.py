@@ -215,6 +215,9 @@ def test_cpu_order_key_orders_every_float32_class():
     ((2, 3000), 1500), ((3, 1100), 1100),  # scratch, the sort in shared memory
     # float64's sort takes 48000 bytes, past 48 KiB only with the kernel's static shared memory: launch opts in
     ((1, 24000), 2000),
+    # cached keys of 38.5-48 KiB, past 48 KiB only with the kernel's static shared memory: launch opts in
+    # (11000 4-byte keys, 5000 float64 ones)
+    ((2, 11000), 300), ((1, 5000), 300),
     ((2, 30000), 300), ((1, 30000), 1500),  # keys past the cache, from global memory (float64's from 12289)
     ((70000, 5), 3),  # more rows than the grid: the grid-stride loop
 ])
