@@ -234,6 +234,94 @@ def test_state_without_backward_keeps_nothing_and_writes_the_same_bits(dev, attr
     assert np.isfinite(outputs[1]).all()
 
 
+# ------------------------------------------------------------------ the depthwise forward's own kernels
+
+_ROWS_CASES = [  # (input dims, kernel, stride, padding): awkward sizes, rows not a multiple of the rows a thread
+    ((2, 8, 40, 40), 3, 1, 1), ((1, 5, 37, 23), 3, 1, 1), ((1, 3, 5, 6), 3, 1, 0), ((1, 3, 6, 7), 3, 1, 2),
+    ((1, 2, 1, 1), 3, 1, 1), ((2, 6, 41, 39), 3, 2, 1), ((2, 6, 40, 40), 3, 2, 1), ((1, 4, 2, 3), 3, 2, 1),
+    ((1, 4, 9, 10), 7, 1, 3), ((1, 3, 23, 17), 7, 1, 3), ((1, 2, 3, 2), 7, 1, 3),
+]
+
+
+def _depthwise_attrs(channels, kernel, stride, padding, **options):
+    return Conv2DAttrs(channels, kernel, kernel, stride, stride, padding, padding, groups=channels, **options)
+
+
+@pytest.mark.parametrize("attrs, rows", [
+    (_depthwise_attrs(4, 3, 1, 1), (3, 3, 1)), (_depthwise_attrs(4, 3, 2, 1), (3, 3, 2)),
+    (_depthwise_attrs(4, 7, 1, 3), (7, 7, 1)), (_depthwise_attrs(4, 3, 1, 0, use_bias=True), (3, 3, 1)),
+    (_depthwise_attrs(4, 5, 1, 2), None), (_depthwise_attrs(4, 7, 2, 3), None),  # shapes without a kernel
+    (Conv2DAttrs(8, 3, 3, 1, 1, 1, 1, groups=4), None),  # two filters a channel
+    (Conv2DAttrs(4, 3, 3, 1, 1, 2, 2, 2, 2, groups=4), None),  # dilation 2
+    (Conv2DAttrs(4, 3, 3, 2, 1, 1, 1, groups=4), None),  # strides that differ
+])
+def test_depthwise_rows_takes_yolov10s_depthwise_kernels_only(attrs, rows):
+    import types
+
+    from kernels.conv_2d import plan
+
+    dims = (1, 4, 20, 20)
+    state = types.SimpleNamespace(attrs=attrs, shapes={"input_shape": TensorShape(dims, np.float32)})
+    assert plan.depthwise_rows(state) == rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", range(len(_ROWS_CASES)))
+def test_gpu_depthwise_rows_writes_the_bits_of_the_tiled_and_untiled_kernels(case, dtype):
+    """conv_depthwise_forward_rows against conv_depthwise_forward_tiled and conv_depthwise_forward (the state's
+    rows, then its tile, taken away): the same bits, with and without bias, with SILU applied in the kernel
+    (a state without backward) and kept as the pre-activation (with backward). NaN and infinities among the
+    inputs, and an infinite tap at each corner of the filter: a tap over the padding that was added rather
+    than skipped (0 * inf) would write NaN at the border."""
+    from kernels.runtime import gpu_paths
+
+    require("gpu")
+    dims, kernel, stride, padding = _ROWS_CASES[case]
+    rng = np.random.default_rng(case)
+    x = rng.standard_normal(dims)
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, max(1, flat.size // 97))] = np.nan
+    flat[rng.integers(0, flat.size, max(1, flat.size // 89))] = np.inf
+    channels = dims[1]
+    filter = rng.standard_normal((channels, 1, kernel, kernel))
+    filter[0, 0, 0, 0] = filter[-1, 0, -1, -1] = np.inf
+    filter[0, 0, -1, 0] = -np.inf
+    bias = rng.standard_normal(channels)
+    dev = Dev("gpu")
+    try:
+        for options in ({}, {"use_bias": True}, {"use_bias": True, "activation": Activation.SILU, "backward": False},
+                        {"activation": Activation.SILU}):
+            attrs = _depthwise_attrs(channels, kernel, stride, padding, **options)
+            out_dims = conv_2d.output_dims(attrs, dims)
+            arrays = [dev.array(a.astype(dtype)) for a in (x, filter)]
+            arrays.append(dev.array(bias.astype(dtype)) if attrs.use_bias else None)
+            outputs = []
+            for kept in ("rows", "tile", None):
+                state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
+                assert state.rows == (kernel, kernel, stride)
+                if kept != "rows":
+                    state.rows = None
+                if kept is None:
+                    state.tile = None
+                assert kept != "tile" or state.tile is not None
+                output = dev.array(np.full(out_dims, np.nan, dtype))
+                with gpu_paths.recording() as reached:
+                    conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, *arrays, output)
+                path = {"rows": "forward_rows", "tile": "forward", None: "forward_untiled"}[kept]
+                assert "conv_2d.depthwise." + path in reached.reached
+                dev.stream.synchronize()
+                outputs.append(dev.host(output))
+                conv_2d.cleanup_kernel(dev.handle, state)
+            rows, tiled, untiled = outputs
+            assert not np.isnan(rows).all()
+            for name, other in (("tiled", tiled), ("untiled", untiled)):
+                differ = rows.view(np.uint8) != other.view(np.uint8)
+                assert not differ.any(), f"{options}: rows and {name} differ at {np.argwhere(differ)[:4].tolist()}"
+    finally:
+        dev.handle.close()
+
+
 # ------------------------------------------------------------------ GPU only
 
 

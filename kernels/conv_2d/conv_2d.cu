@@ -328,6 +328,70 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
     }
 }
 
+// The same forward for the kernels YOLOv10 has (conv_2d/plan.py's DEPTHWISE_ROWS_SHAPES: one filter a
+// channel, dilation 1, a KH x KW kernel, stride S both ways; KH, KW and S compile-time): a thread computes
+// CONV_DEPTHWISE_ROWS outputs of one column, one below the other, with the plane's taps in registers.
+// It reads the input rows those outputs reach once each, top to bottom, the row's KW values into
+// registers, and adds each value to every output whose taps cover it: an output's taps arrive in its
+// row-major order, so each sum has conv_depthwise_forward's operations in its order (taps outside
+// the input skipped, not added as zeros), then the same bias and activation: the same bits. Threads
+// run over (plane, group of rows, column), the column fastest, so a warp reads consecutive columns;
+// the rows a group shares with the next come from the cache. No index divided per output or tap.
+template <typename T, typename I, int KH, int KW, int S>
+__global__ void conv_depthwise_forward_rows(const T* __restrict__ input, const T* __restrict__ filter,
+                                            const T* __restrict__ bias, T* __restrict__ output, int has_bias,
+                                            int activation, I images, ConvGeometry g) {
+    CONV_GEOMETRY_LOCALS(g);
+    using C = compute_t<T>;
+    constexpr int R = CONV_DEPTHWISE_ROWS;
+    constexpr int ROWS_READ = (R - 1) * S + KH;  // the input rows a thread's R outputs reach
+    const I groups = (out_h + R - 1) / R;
+    const I total = images * channels * groups * out_w;
+    for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
+        const I ow = index % out_w;
+        I rest = index / out_w;
+        const I oh0 = (rest % groups) * R;
+        const I plane = rest / groups;  // n * channels + c
+        const I c = plane % channels;
+        const T* image = input + plane * height * width;
+        C taps[KH * KW];
+#pragma unroll
+        for (int k = 0; k < KH * KW; ++k) taps[k] = widen(filter[c * (KH * KW) + k]);
+        const I h0 = oh0 * S - pad_h, w0 = ow * S - pad_w;
+        bool inside[KW];
+#pragma unroll
+        for (int j = 0; j < KW; ++j) inside[j] = w0 + j >= 0 && w0 + j < width;
+        C sum[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) sum[r] = 0;
+#pragma unroll
+        for (int row = 0; row < ROWS_READ; ++row) {
+            const I h = h0 + row;
+            if (h < 0 || h >= height) continue;
+            C x[KW];
+#pragma unroll
+            for (int j = 0; j < KW; ++j) x[j] = inside[j] ? widen(image[h * width + w0 + j]) : (C)0;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int i = row - r * S;  // this row's tap row in output oh0 + r: known at compile time
+                if (i < 0 || i >= KH) continue;
+#pragma unroll
+                for (int j = 0; j < KW; ++j)
+                    if (inside[j]) sum[r] += x[j] * taps[i * KW + j];
+            }
+        }
+        T* out = output + (plane * out_h + oh0) * out_w + ow;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (oh0 + r >= out_h) break;
+            C value = sum[r];
+            if (has_bias) value = widen(narrow<T>(value)) + widen(bias[c]);
+            const C pre = widen(narrow<T>(value));
+            out[r * out_w] = narrow<T>(kernels_activation::activation_forward<C>(activation, pre));
+        }
+    }
+}
+
 // The epilogue of a forward whose state keeps no pre-activation, in place over the (N, C, plane)
 // output: data = f(data + bias[c]) (bias where has_bias; f the identity for KERNELS_ACTIVATION_NONE).
 // The sum and f are the operations of a separate bias add and activation.cu's pass: the same bits.

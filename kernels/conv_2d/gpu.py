@@ -29,10 +29,13 @@ from .. import activation
 from ..runtime import core, cublas, cudnn, gpu, gpu_paths
 from .plan import (
     DEPTHWISE_BLOCK,
+    DEPTHWISE_ROWS,
+    DEPTHWISE_ROWS_SHAPES,
     IMPLICIT_GEMM_BELOW_FLOPS,
     Fold,
     Gemm,
     choose_paths,
+    depthwise_rows,
     depthwise_tile,
     forward_flops,
     plan_backward_data,
@@ -61,9 +64,11 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in _ALL_TYPES
     for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
-                                         "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
+                                         "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
+    f"conv_depthwise_forward_rows<{t}, {i}, {kh}, {kw}, {stride}>" for kh, kw, stride in DEPTHWISE_ROWS_SHAPES
+    for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
-             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS})
+             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS})
 gpu_paths.declare("conv_2d", {
     "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
     "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
@@ -78,6 +83,8 @@ gpu_paths.declare("conv_2d", {
     "columns.im2col": "groups 1, not pointwise: filter_grad's columns made by conv_im2col",
     "filter_grad.per_image": "filter_grad one image a GEMM (chunk 1), beta 0 then 1: the sum in image order",
     "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
+    "depthwise.forward_rows": "depthwise, one filter a channel, 3x3 (stride 1 or 2) or 7x7 (stride 1), dilation 1: "
+                              "conv_depthwise_forward_rows, a thread computing a column's consecutive outputs",
     "depthwise.forward": "groups == channels > 1: conv_depthwise_forward_tiled (a tile of an output plane a "
                          "block, its input region staged in shared memory), the bias added in the kernel",
     "depthwise.forward_untiled": "depthwise, no tile's input region fits shared memory (a large dilation): "
@@ -134,6 +141,7 @@ def init(handle: Any, state: Conv2DState) -> None:
                                          f"{state.op}: cuDNN computes output dims {found}, the formula {output.dims}")
                 choose_paths(state)
                 if state.paths["forward"] == "depthwise":
+                    state.rows = depthwise_rows(state)
                     state.tile = depthwise_tile(state)
                 cudnn_handle = handle.cudnn(_QueryStream)
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
@@ -276,7 +284,8 @@ def _run_fold(stream: Any, state: Conv2DState, step: Fold, arrays: dict[str, Any
 
 def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "input", "filter"], grad: Any,
                    input: Any, filter: Any, target: Any, bias: Any = None, fused: Any = None) -> None:
-    """conv_depthwise_forward_tiled (conv_depthwise_forward where the state has no tile; grad unused; the
+    """conv_depthwise_forward_rows where the state has rows, else conv_depthwise_forward_tiled
+    (conv_depthwise_forward where the state has no tile; grad unused; the
     activation `fused` applied in it too, where not None) or conv_depthwise_{input,filter}_grad of conv_2d.cu
     into target, enqueued on the stream."""
     attrs = state.attrs
@@ -293,6 +302,14 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
             gpu_paths.reach("conv_2d.depthwise.forward_activation")
         arguments = (input, filter, filter if bias is None else bias, target, np.int32(bias is not None),
                      activation.code(fused)) + sizes
+        if state.rows is not None:
+            gpu_paths.reach("conv_2d.depthwise.forward_rows")
+            kh, kw, stride = state.rows
+            kernel = _CUDA.function(f"conv_depthwise_forward_rows<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
+            out_h, out_w = state.shapes["output_shape"].dims[2:]
+            threads = n * o * -(-out_h // DEPTHWISE_ROWS) * out_w
+            gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, arguments[:6] + (index_scalar(n), sizes[2]))
+            return
         if state.tile is None:
             gpu_paths.reach("conv_2d.depthwise.forward_untiled")
             kernel = _CUDA.function(f"conv_depthwise_forward<{gpu.cuda_type(dtype)}, {index}>")

@@ -127,6 +127,25 @@ DEPTHWISE_TILE_OUTPUTS = 2048
 DEPTHWISE_TILE_WIDTH = 128
 
 
+# The depthwise forwards with a kernel of their own (conv_depthwise_forward_rows), as (kernel_h, kernel_w,
+# stride), with one filter a channel, dilation 1 and the same stride both ways: YOLOv10's 3x3 (C2fCIB,
+# PSA's positional conv, the head), SCDown's stride-2 3x3 and the n and s variants' 7x7 (RepVGGDW, folded
+# or not). A thread computes DEPTHWISE_ROWS outputs of a column (docs/performance.md#depthwise-rows).
+DEPTHWISE_ROWS_SHAPES = ((3, 3, 1), (3, 3, 2), (7, 7, 1))
+DEPTHWISE_ROWS = 4
+
+
+def depthwise_rows(state: Conv2DState) -> tuple[int, int, int] | None:
+    """(kernel_h, kernel_w, stride) of conv_depthwise_forward_rows where it computes this depthwise
+    forward (one of DEPTHWISE_ROWS_SHAPES, one filter a channel, dilation 1), else None (the tiles)."""
+    attrs = state.attrs
+    shape = (attrs.kernel_h, attrs.kernel_w, attrs.stride_h)
+    if (attrs.out_channels == state.shapes["input_shape"].dims[1] and attrs.dilation_h == attrs.dilation_w == 1
+            and attrs.stride_h == attrs.stride_w and shape in DEPTHWISE_ROWS_SHAPES):
+        return shape
+    return None
+
+
 def _balanced(extent: int, most: int) -> int:
     """The size of the fewest equal parts, of at most `most`, that cover `extent`."""
     parts = -(-extent // most)
