@@ -322,6 +322,67 @@ def test_gpu_depthwise_rows_writes_the_bits_of_the_tiled_and_untiled_kernels(cas
         dev.handle.close()
 
 
+@pytest.mark.parametrize("channels, sm_count, rows, taps", [
+    (66, 132, (3, 3, 1), True), (65, 132, (3, 3, 1), False), (128, 132, (7, 7, 1), True), (64, 132, (3, 3, 2), False),
+    (1, 1, (3, 3, 1), True),  # the small device: every golden case with rows
+    (640, 132, None, False),  # no rows: the general kernels
+])
+def test_depthwise_filter_taps_needs_rows_and_a_channel_for_every_two_sms(channels, sm_count, rows, taps):
+    import types
+
+    from kernels.conv_2d import plan
+
+    state = types.SimpleNamespace(rows=rows, shapes={"input_shape": TensorShape((1, channels, 8, 8), np.float32)})
+    assert plan.DEPTHWISE_FILTER_TAPS_SMS_PER_CHANNEL == 2
+    assert plan.depthwise_filter_taps(state, sm_count) is taps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", range(len(_ROWS_CASES)))
+def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(case, dtype):
+    """conv_depthwise_input_grad compiled for the kernel and stride against its general form, and
+    conv_depthwise_filter_grad_taps (a block a channel) against conv_depthwise_filter_grad (a block a tap):
+    the same bits, with and without a fused SILU (whose gradient comes first)."""
+    from kernels.runtime import gpu_paths
+
+    require("gpu")
+    dims, kernel, stride, padding = _ROWS_CASES[case]
+    rng = np.random.default_rng(100 + case)
+    channels = dims[1]
+    x, filter = rng.standard_normal(dims), rng.standard_normal((channels, 1, kernel, kernel))
+    dev = Dev("gpu")
+    try:
+        for options in ({}, {"activation": Activation.SILU}):
+            attrs = _depthwise_attrs(channels, kernel, stride, padding, **options)
+            out_dims = conv_2d.output_dims(attrs, dims)
+            grad = dev.array(rng.standard_normal(out_dims).astype(dtype))
+            input, weights = dev.array(x.astype(dtype)), dev.array(filter.astype(dtype))
+            results = []
+            for rows, taps in (((kernel, kernel, stride), True), ((kernel, kernel, stride), False), (None, False)):
+                state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
+                assert state.rows == (kernel, kernel, stride)
+                state.rows, state.filter_taps = rows, taps
+                output = dev.array(np.full(out_dims, np.nan, dtype))
+                conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, input, weights, None, output)
+                input_grad = dev.array(np.full(dims, np.nan, dtype))
+                filter_grad = dev.array(np.full(filter.shape, np.nan, dtype))
+                with gpu_paths.recording() as reached:
+                    conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, grad, input, input_grad,
+                                            weights, filter_grad, None)
+                assert ("conv_2d.depthwise.input_grad" + ("_fixed" if rows else "")) in reached.reached
+                assert ("conv_2d.depthwise.filter_grad" + ("_taps" if taps else "")) in reached.reached
+                dev.stream.synchronize()
+                results.append((dev.host(input_grad), dev.host(filter_grad)))
+                conv_2d.cleanup_kernel(dev.handle, state)
+            assert all(np.isfinite(a).all() for a in results[0])
+            for name, i in (("input_grad", 0), ("filter_grad", 1)):
+                for other in results[1:]:
+                    assert np.array_equal(results[0][i].view(np.uint8), other[i].view(np.uint8)), (name, options)
+    finally:
+        dev.handle.close()
+
+
 # ------------------------------------------------------------------ GPU only
 
 

@@ -62,6 +62,14 @@ struct ConvGeometry {
 static_assert(CONV_GEOMETRY_FIELDS == 13, "CONV_GEOMETRY_LOCALS reads 13 fields: C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw");
 
 // The geometry's fields as named locals of index type I, in conv_2d/gpu.py's _make_geometry order.
+// CONV_GEOMETRY_LOCALS_AS names the kernel, stride and dilation fields with a prefix, for a kernel
+// that may fix them at compile time.
+#define CONV_GEOMETRY_LOCALS_AS(g, prefix)                                                                     \
+    const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];           \
+    const I out_w = (I)(g).v[4], prefix##kernel_h = (I)(g).v[5], prefix##kernel_w = (I)(g).v[6];               \
+    const I prefix##stride_h = (I)(g).v[7], prefix##stride_w = (I)(g).v[8], pad_h = (I)(g).v[9];             \
+    const I pad_w = (I)(g).v[10], prefix##dilation_h = (I)(g).v[11], prefix##dilation_w = (I)(g).v[12]
+
 #define CONV_GEOMETRY_LOCALS(g)                                                                        \
     const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];   \
     const I out_w = (I)(g).v[4], kernel_h = (I)(g).v[5], kernel_w = (I)(g).v[6];                       \
@@ -135,11 +143,19 @@ __global__ void conv_col2im(const T* __restrict__ columns, T* __restrict__ input
 // input_grad[n, c, h, w] = sum over q < multiplier, then taps (i, j) in row-major order, of
 // grad[n, c * multiplier + q, oh, ow] * filter[c * multiplier + q, 0, i, j] over the output
 // positions whose window tap (i, j) reads (h, w) (the gather of conv_col2im). One thread per
-// input_grad element, a fixed order: the same bits every run.
-template <typename T, typename I>
+// input_grad element, a fixed order: the same bits every run. KH, KW and S zero: the geometry's
+// kernel, stride, dilation and multiplier; else (conv_2d/plan.py's DEPTHWISE_ROWS_SHAPES) a KH x KW
+// kernel, stride S both ways, dilation 1 and one filter a channel, known at compile time: the same
+// operations, with the tap loops unrolled and no division by a run-time stride.
+template <typename T, typename I, int KH, int KW, int S>
 __global__ void conv_depthwise_input_grad(const T* __restrict__ grad, const T* __restrict__ filter,
-                                          T* __restrict__ input_grad, I images, I multiplier, ConvGeometry g) {
-    CONV_GEOMETRY_LOCALS(g);
+                                          T* __restrict__ input_grad, I images, I multiplier_, ConvGeometry g) {
+    constexpr bool fixed = KH > 0;
+    CONV_GEOMETRY_LOCALS_AS(g, geometry_);
+    const I kernel_h = fixed ? (I)KH : geometry_kernel_h, kernel_w = fixed ? (I)KW : geometry_kernel_w;
+    const I stride_h = fixed ? (I)S : geometry_stride_h, stride_w = fixed ? (I)S : geometry_stride_w;
+    const I dilation_h = fixed ? (I)1 : geometry_dilation_h, dilation_w = fixed ? (I)1 : geometry_dilation_w;
+    const I multiplier = fixed ? (I)1 : multiplier_;
     const I positions = out_h * out_w;
     const I out_channels = channels * multiplier;
     const I total = images * channels * height * width;
@@ -213,6 +229,56 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
         }
         if (threadIdx.x == 0) filter_grad[item] = narrow<T>((compute_t<T>)partial[0]);
         __syncthreads();  // partial is reused by the block's next filter element
+    }
+}
+
+// The same filter gradient for conv_2d/plan.py's DEPTHWISE_ROWS_SHAPES (a KH x KW kernel, stride S
+// both ways, dilation 1, one filter a channel; compile-time), a block per channel for all its taps:
+// each thread sums, for every tap, the same strided subset of the output positions as
+// conv_depthwise_filter_grad's thread of that index, in the same order (images, then positions), in
+// double, reading each output gradient once for all the taps; then the same shared-memory tree for
+// each tap in turn. The same bits as conv_depthwise_filter_grad.
+template <typename T, typename I, int KH, int KW, int S>
+__global__ void conv_depthwise_filter_grad_taps(const T* __restrict__ grad, const T* __restrict__ input,
+                                                T* __restrict__ filter_grad, I images, ConvGeometry g) {
+    __shared__ double partial[CONV_DEPTHWISE_FILTER_BLOCK];
+    CONV_GEOMETRY_LOCALS_AS(g, geometry_);
+    const I positions = out_h * out_w;
+    for (I c = blockIdx.x; c < channels; c += gridDim.x) {
+        double sum[KH * KW];
+#pragma unroll
+        for (int t = 0; t < KH * KW; ++t) sum[t] = 0.0;
+        for (I n = 0; n < images; ++n) {
+            const T* plane = grad + (n * channels + c) * positions;
+            const T* image = input + (n * channels + c) * height * width;
+            for (I p = threadIdx.x; p < positions; p += blockDim.x) {
+                const I h0 = (p / out_w) * S - pad_h, w0 = (p % out_w) * S - pad_w;
+                const double gradient = (double)widen(plane[p]);
+#pragma unroll
+                for (int i = 0; i < KH; ++i) {
+                    const I h = h0 + i;
+                    const bool row = h >= 0 && h < height;
+#pragma unroll
+                    for (int j = 0; j < KW; ++j) {
+                        const I w = w0 + j;
+                        // A padding tap reads 0, and adds 0 * grad, as conv_depthwise_filter_grad does.
+                        const double value = (row && w >= 0 && w < width) ? (double)widen(image[h * width + w]) : 0.0;
+                        sum[i * KW + j] += gradient * value;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < KH * KW; ++t) {  // unrolled: sum stays in registers
+            partial[threadIdx.x] = sum[t];
+            __syncthreads();
+            for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+                if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+                __syncthreads();
+            }
+            if (threadIdx.x == 0) filter_grad[c * (KH * KW) + t] = narrow<T>((compute_t<T>)partial[0]);
+            __syncthreads();  // partial is reused by the next tap
+        }
     }
 }
 

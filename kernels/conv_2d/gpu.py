@@ -35,6 +35,7 @@ from .plan import (
     Fold,
     Gemm,
     choose_paths,
+    depthwise_filter_taps,
     depthwise_rows,
     depthwise_tile,
     forward_flops,
@@ -61,12 +62,14 @@ _ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
-    f"conv_depthwise_{which}_grad<{t}, {i}>" for which in ("input", "filter") for t in _ALL_TYPES
-    for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
+    f"conv_depthwise_filter_grad<{t}, {i}>" for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
+    f"conv_depthwise_input_grad<{t}, {i}, {kh}, {kw}, {stride}>" for kh, kw, stride in ((0, 0, 0),) + DEPTHWISE_ROWS_SHAPES
+    for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
                                          "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
-    f"conv_depthwise_forward_rows<{t}, {i}, {kh}, {kw}, {stride}>" for kh, kw, stride in DEPTHWISE_ROWS_SHAPES
-    for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
+    f"{kernel}<{t}, {i}, {kh}, {kw}, {stride}>" for kernel in ("conv_depthwise_forward_rows",
+                                                                 "conv_depthwise_filter_grad_taps")
+    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
              "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS})
 gpu_paths.declare("conv_2d", {
@@ -92,7 +95,11 @@ gpu_paths.declare("conv_2d", {
     "depthwise.forward_activation": "depthwise, a state without backward: the activation applied in the kernel too",
     "epilogue": "a state without backward, not depthwise: the bias and activation in one conv_bias_activation",
     "depthwise.input_grad": "depthwise: conv_depthwise_input_grad",
+    "depthwise.input_grad_fixed": "depthwise with the forward's rows kernel: conv_depthwise_input_grad compiled for "
+                                  "its kernel and stride",
     "depthwise.filter_grad": "depthwise: conv_depthwise_filter_grad, a block per filter tap",
+    "depthwise.filter_grad_taps": "depthwise with rows and a channel for every two SMs: "
+                                  "conv_depthwise_filter_grad_taps, a block per channel for all its taps",
     "bias_grad": "conv_bias_grad: a block per output channel, a tree sum in double",
     "empty_sum": "zero input channels, or an input of zero size: the output and gradients are zeros (memsets)",
 })
@@ -142,6 +149,7 @@ def init(handle: Any, state: Conv2DState) -> None:
                 choose_paths(state)
                 if state.paths["forward"] == "depthwise":
                     state.rows = depthwise_rows(state)
+                    state.filter_taps = depthwise_filter_taps(state, gpu.sm_count(state.device))
                     state.tile = depthwise_tile(state)
                 cudnn_handle = handle.cudnn(_QueryStream)
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
@@ -295,7 +303,6 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
     index = gpu.index_type(n * c * h * w + _GRID_SLACK, state.shapes["output_shape"].numel + _GRID_SLACK,
                            o * attrs.kernel_h * attrs.kernel_w + 65536)
     index_scalar = np.int32 if index == "int" else np.int64
-    name = "forward" if which == "forward" else f"{which}_grad"
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
     if which == "forward":
         if fused is not None:
@@ -322,11 +329,20 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
         gpu.launch(stream, kernel, (n * o, -(-out_h // tile_h), -(-out_w // tile_w)), DEPTHWISE_BLOCK,
                    arguments + (np.int32(tile_h), np.int32(tile_w)), shared_mem=shared)
         return
-    gpu_paths.reach("conv_2d.depthwise." + name)
-    kernel = _CUDA.function(f"conv_depthwise_{name}<{gpu.cuda_type(dtype)}, {index}>")
     if which == "input":
+        kh, kw, stride = (0, 0, 0) if state.rows is None else state.rows
+        gpu_paths.reach("conv_2d.depthwise.input_grad" + ("" if state.rows is None else "_fixed"))
+        kernel = _CUDA.function(f"conv_depthwise_input_grad<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
         gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
+    elif state.filter_taps:
+        gpu_paths.reach("conv_2d.depthwise.filter_grad_taps")
+        kh, kw, stride = state.rows
+        kernel = _CUDA.function(f"conv_depthwise_filter_grad_taps<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
+        gpu.launch(stream, kernel, gpu.capped(c, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
+                   (grad, input, target, index_scalar(n), sizes[2]))
     else:
+        gpu_paths.reach("conv_2d.depthwise.filter_grad")
+        kernel = _CUDA.function(f"conv_depthwise_filter_grad<{gpu.cuda_type(dtype)}, {index}>")
         gpu.launch(stream, kernel, gpu.capped(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
                    (grad, input, target) + sizes)
 

@@ -146,6 +146,21 @@ def depthwise_rows(state: Conv2DState) -> tuple[int, int, int] | None:
     return None
 
 
+# The filter gradient of a depthwise convolution with rows (above) takes a block a channel for all its taps
+# (conv_depthwise_filter_grad_taps), which reads each output gradient once rather than once a tap, where
+# there is a channel for every DEPTHWISE_FILTER_TAPS_SMS_PER_CHANNEL streaming multiprocessors; with fewer
+# channels, blocks a channel leave SMs idle, and a block a tap (conv_depthwise_filter_grad) is faster
+# (on the H200: 128 channels faster a channel, 64 at batch 1 a tap; docs/performance.md#depthwise-rows).
+DEPTHWISE_FILTER_TAPS_SMS_PER_CHANNEL = 2
+
+
+def depthwise_filter_taps(state: Conv2DState, sm_count: int) -> bool:
+    """Whether the depthwise filter gradient runs a block a channel (conv_depthwise_filter_grad_taps): a
+    state with rows, and a channel for every DEPTHWISE_FILTER_TAPS_SMS_PER_CHANNEL of the device's SMs."""
+    channels = state.shapes["input_shape"].dims[1]
+    return state.rows is not None and channels * DEPTHWISE_FILTER_TAPS_SMS_PER_CHANNEL >= sm_count
+
+
 def _balanced(extent: int, most: int) -> int:
     """The size of the fewest equal parts, of at most `most`, that cover `extent`."""
     parts = -(-extent // most)
