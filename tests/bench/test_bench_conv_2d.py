@@ -1,6 +1,8 @@
 """conv_2d on YOLOv10n's convolutions at a 640x640 input: the stem (3x3 stride 2,
 1x3x640x640 -> 16), a C2f 3x3 (1x32x160x160 -> 32), SCDown's depthwise 3x3 stride 2
-(1x64x80x80, groups 64) and a head 1x1 with bias (1x64x80x80 -> 64); forward and
+(1x64x80x80, groups 64) and a head 1x1 with bias (1x64x80x80 -> 64), and on the GPU
+yolov10x's batch-16 depthwise 3x3s (16x640x40x40, SCDown's 16x320x80x80 stride 2) and a
+7x7 (16x256x20x20); forward and
 backward (input, filter and, with a bias, bias gradients), beside F.conv2d and
 aten.convolution_backward. TF32 is off on both sides (cuDNN FMA math; torch's
 allow_tf32 false), so the TFLOP/s compare like for like.
@@ -27,7 +29,18 @@ SHAPES = [
     pytest.param((1, 32, 160, 160), Conv2DAttrs(32, 3, 3, 1, 1, 1, 1), id="c2f_3x3_1x32x160x160_32"),
     pytest.param((1, 64, 80, 80), Conv2DAttrs(64, 3, 3, 2, 2, 1, 1, groups=64), id="scdown_dw3x3s2_1x64x80x80"),
     pytest.param((1, 64, 80, 80), Conv2DAttrs(64, 1, 1, use_bias=True), id="head_1x1_bias_1x64x80x80_64"),
+    # yolov10x's depthwise convolutions at batch 16 (C2fCIB's 3x3, SCDown's 3x3 stride 2) and a 7x7 of the n and
+    # s variants' C2fCIB at batch 16: the depthwise rows kernels' shapes (docs/performance.md#depthwise-rows).
+    # On the GPU only (_gpu_only_at_batch_16): the CPU's smoke run would take minutes over them.
+    pytest.param((16, 640, 40, 40), Conv2DAttrs(640, 3, 3, 1, 1, 1, 1, groups=640), id="cib_dw3x3_16x640x40x40"),
+    pytest.param((16, 320, 80, 80), Conv2DAttrs(320, 3, 3, 2, 2, 1, 1, groups=320), id="scdown_dw3x3s2_16x320x80x80"),
+    pytest.param((16, 256, 20, 20), Conv2DAttrs(256, 7, 7, 1, 1, 3, 3, groups=256), id="cib_dw7x7_16x256x20x20"),
 ]
+
+
+def _gpu_only_at_batch_16(bench, dims) -> None:
+    if dims[0] == 16 and bench.device == "cpu":
+        pytest.skip("the batch-16 depthwise rows run on the GPU only")
 
 
 FLOAT32 = np.dtype(np.float32)
@@ -63,6 +76,7 @@ def _state(bench, dims, out_dims, attrs, dtype=FLOAT32):
 @pytest.mark.parametrize("dims, attrs", SHAPES)
 def test_conv_2d_forward(benchmark, bench, dims, attrs, dtype):
     half_rows_on_gpu_only(bench, dtype)
+    _gpu_only_at_batch_16(bench, dims)
     out_dims, bytes_moved = _sizes(dims, attrs, dtype)
     group = f"conv_2d forward {_describe(dims, attrs, dtype)}"
     flops = conv_2d.flops(attrs, dims)
@@ -84,6 +98,7 @@ def test_conv_2d_forward(benchmark, bench, dims, attrs, dtype):
 @pytest.mark.parametrize("dims, attrs", SHAPES)
 def test_conv_2d_backward(benchmark, bench, dims, attrs, dtype):
     half_rows_on_gpu_only(bench, dtype)
+    _gpu_only_at_batch_16(bench, dims)
     out_dims, bytes_moved = _sizes(dims, attrs, dtype)
     group = f"conv_2d backward {_describe(dims, attrs, dtype)}"
     flops = 2 * conv_2d.flops(attrs, dims)
