@@ -23,6 +23,21 @@
 #error "CONV_GEOMETRY_FIELDS is defined by kernels/conv_2d/gpu.py (CudaModule's -D options)"
 #endif
 
+// The block's values summed by a fixed tree in shared memory (`partial`: a double a thread, blockDim.x a
+// power of two), the same additions in the same order every run; thread 0 hands the sum to `write`. Every
+// thread of the block calls it; `partial` may be written again when it returns.
+template <class Write>
+__device__ __forceinline__ void block_tree_sum(double* partial, double value, Write write) {
+    partial[threadIdx.x] = value;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) write(partial[0]);
+    __syncthreads();  // partial is reused by the block's next sum
+}
+
 // bias_grad[c] = sum over n, and the spatial positions of output_grad (N, C, spatial).
 // One block per channel (grid-stride over channels): each thread sums a fixed
 // strided subset in double, then a fixed tree in shared memory adds the
@@ -39,14 +54,7 @@ __global__ void conv_bias_grad(const T* __restrict__ output_grad, T* __restrict_
             const T* plane = output_grad + (n * channels + channel) * spatial;
             for (long long i = threadIdx.x; i < spatial; i += blockDim.x) sum += (double)widen(plane[i]);
         }
-        partial[threadIdx.x] = sum;
-        __syncthreads();
-        for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-            if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) bias_grad[channel] = narrow<T>((compute_t<T>)partial[0]);
-        __syncthreads();  // partial is reused by the block's next channel
+        block_tree_sum(partial, sum, [&](double total) { bias_grad[channel] = narrow<T>((compute_t<T>)total); });
     }
 }
 
@@ -62,19 +70,14 @@ struct ConvGeometry {
 static_assert(CONV_GEOMETRY_FIELDS == 13, "CONV_GEOMETRY_LOCALS reads 13 fields: C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw");
 
 // The geometry's fields as named locals of index type I, in conv_2d/gpu.py's _make_geometry order.
-// CONV_GEOMETRY_LOCALS_AS names the kernel, stride and dilation fields with a prefix, for a kernel
-// that may fix them at compile time.
+// CONV_GEOMETRY_LOCALS_AS puts a prefix on the kernel, stride and dilation fields' names, for a kernel
+// that may fix them at compile time; CONV_GEOMETRY_LOCALS names them plainly.
 #define CONV_GEOMETRY_LOCALS_AS(g, prefix)                                                                     \
     const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];           \
     const I out_w = (I)(g).v[4], prefix##kernel_h = (I)(g).v[5], prefix##kernel_w = (I)(g).v[6];               \
     const I prefix##stride_h = (I)(g).v[7], prefix##stride_w = (I)(g).v[8], pad_h = (I)(g).v[9];             \
     const I pad_w = (I)(g).v[10], prefix##dilation_h = (I)(g).v[11], prefix##dilation_w = (I)(g).v[12]
-
-#define CONV_GEOMETRY_LOCALS(g)                                                                        \
-    const I channels = (I)(g).v[0], height = (I)(g).v[1], width = (I)(g).v[2], out_h = (I)(g).v[3];   \
-    const I out_w = (I)(g).v[4], kernel_h = (I)(g).v[5], kernel_w = (I)(g).v[6];                       \
-    const I stride_h = (I)(g).v[7], stride_w = (I)(g).v[8], pad_h = (I)(g).v[9], pad_w = (I)(g).v[10]; \
-    const I dilation_h = (I)(g).v[11], dilation_w = (I)(g).v[12]
+#define CONV_GEOMETRY_LOCALS(g) CONV_GEOMETRY_LOCALS_AS(g, )
 
 template <typename T, typename I>
 __global__ void conv_im2col(const T* __restrict__ input, T* __restrict__ columns, I images, ConvGeometry g) {
@@ -221,14 +224,7 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
                 sum += (double)widen(plane[p]) * value;
             }
         }
-        partial[threadIdx.x] = sum;
-        __syncthreads();
-        for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-            if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) filter_grad[item] = narrow<T>((compute_t<T>)partial[0]);
-        __syncthreads();  // partial is reused by the block's next filter element
+        block_tree_sum(partial, sum, [&](double total) { filter_grad[item] = narrow<T>((compute_t<T>)total); });
     }
 }
 
@@ -269,16 +265,8 @@ __global__ void conv_depthwise_filter_grad_taps(const T* __restrict__ grad, cons
             }
         }
 #pragma unroll
-        for (int t = 0; t < KH * KW; ++t) {  // unrolled: sum stays in registers
-            partial[threadIdx.x] = sum[t];
-            __syncthreads();
-            for (int half = blockDim.x / 2; half > 0; half >>= 1) {
-                if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-                __syncthreads();
-            }
-            if (threadIdx.x == 0) filter_grad[c * (KH * KW) + t] = narrow<T>((compute_t<T>)partial[0]);
-            __syncthreads();  // partial is reused by the next tap
-        }
+        for (int t = 0; t < KH * KW; ++t)  // unrolled: sum stays in registers
+            block_tree_sum(partial, sum[t], [&](double total) { filter_grad[c * (KH * KW) + t] = narrow<T>((compute_t<T>)total); });
     }
 }
 
