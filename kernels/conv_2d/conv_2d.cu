@@ -236,7 +236,8 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
 // each tap in turn. The same bits as conv_depthwise_filter_grad.
 template <typename T, typename I, int KH, int KW, int S>
 __global__ void conv_depthwise_filter_grad_taps(const T* __restrict__ grad, const T* __restrict__ input,
-                                                T* __restrict__ filter_grad, I images, ConvGeometry g) {
+                                                T* __restrict__ filter_grad, I images, I /* multiplier: 1 */,
+                                                ConvGeometry g) {
     __shared__ double partial[CONV_DEPTHWISE_FILTER_BLOCK];
     CONV_GEOMETRY_LOCALS_AS(g, geometry_);
     const I positions = out_h * out_w;
@@ -394,7 +395,7 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
 template <typename T, typename I, int KH, int KW, int S>
 __global__ void conv_depthwise_forward_rows(const T* __restrict__ input, const T* __restrict__ filter,
                                             const T* __restrict__ bias, T* __restrict__ output, int has_bias,
-                                            int activation, I images, ConvGeometry g) {
+                                            int activation, I images, I /* multiplier: 1 */, ConvGeometry g) {
     CONV_GEOMETRY_LOCALS(g);
     using C = compute_t<T>;
     constexpr int R = CONV_DEPTHWISE_ROWS;

@@ -315,7 +315,7 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
             kernel = _CUDA.function(f"conv_depthwise_forward_rows<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
             out_h, out_w = state.shapes["output_shape"].dims[2:]
             threads = n * o * -(-out_h // DEPTHWISE_ROWS) * out_w
-            gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, arguments[:6] + (index_scalar(n), sizes[2]))
+            gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, arguments)
             return
         if state.tile is None:
             gpu_paths.reach("conv_2d.depthwise.forward_untiled")
@@ -339,7 +339,7 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
         kh, kw, stride = state.rows
         kernel = _CUDA.function(f"conv_depthwise_filter_grad_taps<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
         gpu.launch(stream, kernel, gpu.capped(c, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
-                   (grad, input, target, index_scalar(n), sizes[2]))
+                   (grad, input, target) + sizes)
     else:
         gpu_paths.reach("conv_2d.depthwise.filter_grad")
         kernel = _CUDA.function(f"conv_depthwise_filter_grad<{gpu.cuda_type(dtype)}, {index}>")
