@@ -240,11 +240,14 @@ _ROWS_CASES = [  # (input dims, kernel, stride, padding): awkward sizes, rows no
     ((2, 8, 40, 40), 3, 1, 1), ((1, 5, 37, 23), 3, 1, 1), ((1, 3, 5, 6), 3, 1, 0), ((1, 3, 6, 7), 3, 1, 2),
     ((1, 2, 1, 1), 3, 1, 1), ((2, 6, 41, 39), 3, 2, 1), ((2, 6, 40, 40), 3, 2, 1), ((1, 4, 2, 3), 3, 2, 1),
     ((1, 4, 9, 10), 7, 1, 3), ((1, 3, 23, 17), 7, 1, 3), ((1, 2, 3, 2), 7, 1, 3),
+    # padding (h, w) unequal: the stride-1 input gradient's turned padding is kernel - 1 - padding a side
+    ((1, 3, 11, 9), 3, 1, (2, 0)), ((2, 2, 9, 12), 7, 1, (1, 3)), ((1, 3, 9, 8), 3, 2, (0, 1)),
 ]
 
 
 def _depthwise_attrs(channels, kernel, stride, padding, **options):
-    return Conv2DAttrs(channels, kernel, kernel, stride, stride, padding, padding, groups=channels, **options)
+    padding_h, padding_w = padding if isinstance(padding, tuple) else (padding, padding)
+    return Conv2DAttrs(channels, kernel, kernel, stride, stride, padding_h, padding_w, groups=channels, **options)
 
 
 @pytest.mark.parametrize("attrs, rows", [
@@ -341,9 +344,12 @@ def test_depthwise_filter_taps_needs_rows_and_a_channel_for_every_two_sms(channe
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", range(len(_ROWS_CASES)))
 def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(case, dtype):
-    """conv_depthwise_input_grad compiled for the kernel and stride against its general form, and
-    conv_depthwise_filter_grad_taps (a block a channel) against conv_depthwise_filter_grad (a block a tap):
-    the same bits, with and without a fused SILU (whose gradient comes first)."""
+    """The input gradient with rows (at stride 1 conv_depthwise_forward_rows of the turned filter, at stride 2
+    conv_depthwise_input_grad compiled for the kernel and stride) against conv_depthwise_input_grad's general
+    form, and conv_depthwise_filter_grad_taps (a block a channel) against conv_depthwise_filter_grad (a block a
+    tap): the same bits, with and without a fused SILU (whose gradient comes first); and with infinite taps at
+    the filter's corners, where a tap over the turned filter's padding that was added rather than skipped
+    (0 * inf) would write NaN at the input gradient's border."""
     from kernels.runtime import gpu_paths
 
     require("gpu")
@@ -351,13 +357,16 @@ def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(cas
     rng = np.random.default_rng(100 + case)
     channels = dims[1]
     x, filter = rng.standard_normal(dims), rng.standard_normal((channels, 1, kernel, kernel))
+    cornered = filter.copy()
+    cornered[0, 0, 0, 0] = cornered[-1, 0, -1, -1] = np.inf
+    cornered[0, 0, -1, 0] = -np.inf
     dev = Dev("gpu")
     try:
-        for options in ({}, {"activation": Activation.SILU}):
+        for options, taps_used in (({}, filter), ({"activation": Activation.SILU}, filter), ({}, cornered)):
             attrs = _depthwise_attrs(channels, kernel, stride, padding, **options)
             out_dims = conv_2d.output_dims(attrs, dims)
             grad = dev.array(rng.standard_normal(out_dims).astype(dtype))
-            input, weights = dev.array(x.astype(dtype)), dev.array(filter.astype(dtype))
+            input, weights = dev.array(x.astype(dtype)), dev.array(taps_used.astype(dtype))
             results = []
             for rows, taps in (((kernel, kernel, stride), True), ((kernel, kernel, stride), False), (None, False)):
                 state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
@@ -370,15 +379,105 @@ def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(cas
                 with gpu_paths.recording() as reached:
                     conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, grad, input, input_grad,
                                             weights, filter_grad, None)
-                assert ("conv_2d.depthwise.input_grad" + ("_fixed" if rows else "")) in reached.reached
+                suffix = "" if rows is None else "_rows" if stride == 1 else "_fixed"
+                assert "conv_2d.depthwise.input_grad" + suffix in reached.reached
                 assert ("conv_2d.depthwise.filter_grad" + ("_taps" if taps else "")) in reached.reached
                 dev.stream.synchronize()
                 results.append((dev.host(input_grad), dev.host(filter_grad)))
                 conv_2d.cleanup_kernel(dev.handle, state)
-            assert all(np.isfinite(a).all() for a in results[0])
+            if taps_used is filter:
+                assert all(np.isfinite(a).all() for a in results[0])
+            else:  # where a corner tap meets the input, its infinity reaches the input gradient
+                ph, pw = attrs.padding_h, attrs.padding_w
+                reached = any(0 <= oh * stride - ph + i < dims[2] and 0 <= ow * stride - pw + j < dims[3]
+                              for i, j in ((0, 0), (kernel - 1, kernel - 1), (kernel - 1, 0))
+                              for oh in range(out_dims[2]) for ow in range(out_dims[3]))
+                assert np.isfinite(results[0][0]).all() != reached
             for name, i in (("input_grad", 0), ("filter_grad", 1)):
                 for other in results[1:]:
                     assert np.array_equal(results[0][i].view(np.uint8), other[i].view(np.uint8)), (name, options)
+    finally:
+        dev.handle.close()
+
+
+# (rows, columns) a thread of conv_depthwise_forward_rows other than plan.DEPTHWISE_ROWS and DEPTHWISE_COLUMNS:
+# each output's sum is the same operations in the same order whatever a thread's share, so the constants can be
+# tuned without changing a bit (docs/performance.md#depthwise-rows).
+_ROWS_VARIANTS = [(1, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 4)]
+
+
+@pytest.fixture(scope="module")
+def rows_variants():
+    """conv_2d.cu's rows kernels compiled for each of _ROWS_VARIANTS (only those instantiations); kept out of
+    gpu.MODULES (the library's own modules, which tests/test_cuda_sources.py compiles)."""
+    require("gpu")
+    from kernels.conv_2d import gpu as conv_gpu
+    from kernels.runtime import gpu
+
+    base = conv_gpu._CUDA
+    names = [name for name in base.name_expressions if name.startswith("conv_depthwise_forward_rows")]
+    variants = {(rows, columns): gpu.CudaModule(
+        "conv_2d.cu", names, defines={**base._defines, "CONV_DEPTHWISE_ROWS": rows, "CONV_DEPTHWISE_COLUMNS": columns},
+        directory=os.path.dirname(base.path)) for rows, columns in _ROWS_VARIANTS}
+    gpu.MODULES[:] = [module for module in gpu.MODULES if module not in variants.values()]
+    return variants
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
+def test_gpu_depthwise_rows_write_the_same_bits_for_any_share_of_a_thread(dtype, rows_variants, monkeypatch):
+    """The rows forward (plain; bias and SILU in the kernel) and the stride-1 input gradient (the turned filter) of
+    every _ROWS_CASES shape, with each (rows, columns) a thread of _ROWS_VARIANTS: the bits of the library's own
+    constants. NaN and an infinite corner tap among the values, as in the forward's test."""
+    from kernels.conv_2d import gpu as conv_gpu
+    from kernels.runtime import gpu_paths
+
+    require("gpu")
+    dev = Dev("gpu")
+    try:
+        for case, (dims, kernel, stride, padding) in enumerate(_ROWS_CASES):
+            rng = np.random.default_rng(200 + case)
+            channels = dims[1]
+            x = rng.standard_normal(dims)
+            x.reshape(-1)[rng.integers(0, x.size, max(1, x.size // 97))] = np.nan
+            filter = rng.standard_normal((channels, 1, kernel, kernel))
+            filter[-1, 0, -1, -1] = np.inf
+            bias = rng.standard_normal(channels)
+            for options in ({}, {"use_bias": True, "activation": Activation.SILU, "backward": False}):
+                attrs = _depthwise_attrs(channels, kernel, stride, padding, **options)
+                out_dims = conv_2d.output_dims(attrs, dims)
+                grad = dev.array(rng.standard_normal(out_dims).astype(dtype))
+                arrays = [dev.array(a.astype(dtype)) for a in (x, filter)]
+                arrays.append(dev.array(bias.astype(dtype)) if attrs.use_bias else None)
+                results = {}
+                for variant in [None] + _ROWS_VARIANTS:
+                    if variant is not None:
+                        monkeypatch.setattr(conv_gpu, "_CUDA", rows_variants[variant])
+                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_ROWS", variant[0])
+                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_COLUMNS", variant[1])
+                    state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype),
+                                                TensorShape(out_dims, dtype))
+                    output = dev.array(np.full(out_dims, np.nan, dtype))
+                    with gpu_paths.recording() as reached:
+                        conv_2d.forward_kernel(dev.stream, dev.handle, state, attrs, *arrays, output)
+                    assert "conv_2d.depthwise.forward_rows" in reached.reached
+                    input_grad = None
+                    if stride == 1 and attrs.backward:
+                        input_grad = dev.array(np.full(dims, np.nan, dtype))
+                        with gpu_paths.recording() as reached:
+                            conv_2d.backward_kernel(dev.stream, dev.handle, state, attrs, output, grad, arrays[0],
+                                                    input_grad, arrays[1], None, None)
+                        assert "conv_2d.depthwise.input_grad_rows" in reached.reached
+                    dev.stream.synchronize()
+                    results[variant] = [dev.host(output)] + ([] if input_grad is None else [dev.host(input_grad)])
+                    conv_2d.cleanup_kernel(dev.handle, state)
+                    monkeypatch.undo()
+                mine = results.pop(None)
+                assert not np.isnan(mine[0]).all()
+                for variant, got in results.items():
+                    for name, a, b in zip(("output", "input_grad"), mine, got):
+                        differ = a.view(np.uint8) != b.view(np.uint8)
+                        assert not differ.any(), (case, options, variant, name, np.argwhere(differ)[:4].tolist())
     finally:
         dev.handle.close()
 

@@ -32,8 +32,10 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
   computes 4 outputs of a column from the input rows they reach; else a tile of an
   output plane a block, from its input region staged in shared memory; one thread an
   output where no tile fits; the same bits on each; the bias added after the
-  taps), a per-element gather for the input gradient (compiled for the kernel
-  and stride where the forward has rows), one block per filter element (a fixed
+  taps), a per-element gather for the input gradient (where the forward has rows: at
+  stride 1 the rows forward of the output gradient with the filter turned, taking
+  each sum's taps in the gather's order; at stride 2 the gather compiled for the
+  kernel and stride), one block per filter element (a fixed
   tree in double) for the filter's, or, with rows and a channel for every two SMs,
   one block per channel for all its taps (the same sums and trees);
 - other groups > 1: cuDNN (kernels/runtime/cudnn.py) throughout.

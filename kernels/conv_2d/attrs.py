@@ -103,13 +103,14 @@ class Conv2DState(core.KernelState):
     pre_buffer: Any = None  # the pre-activation (a fused activation's forward writes it, then output)
     pre_grad_buffer: Any = None  # the pre-activation's gradient
     geometry: Any = None  # struct ConvGeometry of conv_2d.cu (a NumPy scalar)
+    turned_geometry: Any = None  # a stride-1 depthwise input gradient's, as the forward of the turned filter
     forward_plan: list[Gemm] | None = None
     backward_data_plan: list[Gemm | Fold] | None = None
     backward_filter_plan: list[Gemm | Fold] | None = None
 
     def release(self) -> None:
         errors = self.descriptors.destroy()  # destroy them all, then report the first failure
-        self.pre = self.pre_buffer = self.pre_grad_buffer = self.geometry = None
+        self.pre = self.pre_buffer = self.pre_grad_buffer = self.geometry = self.turned_geometry = None
         self.forward_plan = self.backward_data_plan = self.backward_filter_plan = None
         self.algorithms.clear()
         self.paths.clear()

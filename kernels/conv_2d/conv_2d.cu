@@ -385,64 +385,88 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
 
 // The same forward for the kernels YOLOv10 has (conv_2d/plan.py's DEPTHWISE_ROWS_SHAPES: one filter a
 // channel, dilation 1, a KH x KW kernel, stride S both ways; KH, KW and S compile-time): a thread computes
-// CONV_DEPTHWISE_ROWS outputs of one column, one below the other, with the plane's taps in registers.
-// It reads the input rows those outputs reach once each, top to bottom, the row's KW values into
-// registers, and adds each value to every output whose taps cover it: an output's taps arrive in its
+// CONV_DEPTHWISE_ROWS rows of CONV_DEPTHWISE_COLUMNS consecutive outputs, with the plane's taps in
+// registers. It reads the input rows those outputs reach once each, top to bottom, the values of the
+// row they reach into registers, and adds each value to every output whose taps cover it: an output's taps arrive in its
 // row-major order, so each sum has conv_depthwise_forward's operations in its order (taps outside
 // the input skipped, not added as zeros), then the same bias and activation: the same bits. Threads
 // run over (plane, group of rows, column), the column fastest, so a warp reads consecutive columns;
 // the rows a group shares with the next come from the cache. No index divided per output or tap.
-template <typename T, typename I, int KH, int KW, int S>
+//
+// FLIP (stride 1 only): the input gradient of a stride-1 depthwise convolution, which is this forward
+// of the output gradient with the filter turned by 180 degrees and padding K - 1 - p (the geometry
+// describes that forward: the gradient's planes in, the input's planes out). The taps are read turned,
+// and the rows bottom to top and each row's values right to left, so that each sum takes its taps in
+// the original filter's row-major order, as conv_depthwise_input_grad does: the same operations in the
+// same order (grad times tap, taps outside the gradient skipped), the same bits. No bias, no activation.
+template <typename T, typename I, int KH, int KW, int S, bool FLIP>
 __global__ void conv_depthwise_forward_rows(const T* __restrict__ input, const T* __restrict__ filter,
                                             const T* __restrict__ bias, T* __restrict__ output, int has_bias,
                                             int activation, I images, I /* multiplier: 1 */, ConvGeometry g) {
+    static_assert(!FLIP || S == 1, "the turned filter is the input gradient of a stride-1 convolution only");
     CONV_GEOMETRY_LOCALS(g);
     using C = compute_t<T>;
-    constexpr int R = CONV_DEPTHWISE_ROWS;
-    constexpr int ROWS_READ = (R - 1) * S + KH;  // the input rows a thread's R outputs reach
-    const I groups = (out_h + R - 1) / R;
-    const I total = images * channels * groups * out_w;
+    constexpr int R = CONV_DEPTHWISE_ROWS, Q = CONV_DEPTHWISE_COLUMNS;
+    constexpr int ROWS_READ = (R - 1) * S + KH;  // the input rows a thread's R x Q outputs reach
+    constexpr int READ = (Q - 1) * S + KW;       // and the values of each such row
+    const I groups = (out_h + R - 1) / R, column_groups = (out_w + Q - 1) / Q;
+    const I total = images * channels * groups * column_groups;
     for (I index = (I)blockIdx.x * blockDim.x + threadIdx.x; index < total; index += (I)gridDim.x * blockDim.x) {
-        const I ow = index % out_w;
-        I rest = index / out_w;
+        const I ow0 = (index % column_groups) * Q;
+        I rest = index / column_groups;
         const I oh0 = (rest % groups) * R;
         const I plane = rest / groups;  // n * channels + c
         const I c = plane % channels;
         const T* image = input + plane * height * width;
         C taps[KH * KW];
 #pragma unroll
-        for (int k = 0; k < KH * KW; ++k) taps[k] = widen(filter[c * (KH * KW) + k]);
-        const I h0 = oh0 * S - pad_h, w0 = ow * S - pad_w;
-        bool inside[KW];
+        for (int k = 0; k < KH * KW; ++k) taps[k] = widen(filter[c * (KH * KW) + (FLIP ? KH * KW - 1 - k : k)]);
+        const I h0 = oh0 * S - pad_h, w0 = ow0 * S - pad_w;
+        bool inside[READ];
 #pragma unroll
-        for (int j = 0; j < KW; ++j) inside[j] = w0 + j >= 0 && w0 + j < width;
-        C sum[R];
+        for (int t = 0; t < READ; ++t) inside[t] = w0 + t >= 0 && w0 + t < width;
+        C sum[R][Q];
 #pragma unroll
-        for (int r = 0; r < R; ++r) sum[r] = 0;
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int row = 0; row < ROWS_READ; ++row) {
+            for (int q = 0; q < Q; ++q) sum[r][q] = 0;
+#pragma unroll
+        for (int step = 0; step < ROWS_READ; ++step) {
+            const int row = FLIP ? ROWS_READ - 1 - step : step;
             const I h = h0 + row;
             if (h < 0 || h >= height) continue;
-            C x[KW];
+            C x[READ];
 #pragma unroll
-            for (int j = 0; j < KW; ++j) x[j] = inside[j] ? widen(image[h * width + w0 + j]) : (C)0;
+            for (int t = 0; t < READ; ++t) x[t] = inside[t] ? widen(image[h * width + w0 + t]) : (C)0;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const int i = row - r * S;  // this row's tap row in output oh0 + r: known at compile time
+                const int i = row - r * S;  // this row's tap row in output row oh0 + r: known at compile time
                 if (i < 0 || i >= KH) continue;
 #pragma unroll
-                for (int j = 0; j < KW; ++j)
-                    if (inside[j]) sum[r] += x[j] * taps[i * KW + j];
+                for (int q = 0; q < Q; ++q)
+#pragma unroll
+                    for (int column = 0; column < KW; ++column) {
+                        const int j = FLIP ? KW - 1 - column : column, t = q * S + j;
+                        if (inside[t]) sum[r][q] += x[t] * taps[i * KW + j];
+                    }
             }
         }
-        T* out = output + (plane * out_h + oh0) * out_w + ow;
+        T* out = output + (plane * out_h + oh0) * out_w + ow0;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             if (oh0 + r >= out_h) break;
-            C value = sum[r];
-            if (has_bias) value = widen(narrow<T>(value)) + widen(bias[c]);
-            const C pre = widen(narrow<T>(value));
-            out[r * out_w] = narrow<T>(kernels_activation::activation_forward<C>(activation, pre));
+#pragma unroll
+            for (int q = 0; q < Q; ++q) {
+                if (ow0 + q >= out_w) break;
+                C value = sum[r][q];
+                if (FLIP) {
+                    out[r * out_w + q] = narrow<T>(value);
+                    continue;
+                }
+                if (has_bias) value = widen(narrow<T>(value)) + widen(bias[c]);
+                const C pre = widen(narrow<T>(value));
+                out[r * out_w + q] = narrow<T>(kernels_activation::activation_forward<C>(activation, pre));
+            }
         }
     }
 }

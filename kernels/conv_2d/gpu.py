@@ -29,6 +29,7 @@ from .. import activation
 from ..runtime import core, cublas, cudnn, gpu, gpu_paths
 from .plan import (
     DEPTHWISE_BLOCK,
+    DEPTHWISE_COLUMNS,
     DEPTHWISE_ROWS,
     DEPTHWISE_ROWS_SHAPES,
     IMPLICIT_GEMM_BELOW_FLOPS,
@@ -59,19 +60,31 @@ CONV_GEOMETRY_FIELDS = 13
 # The bias gradient and the depthwise kernels in every float type (the half ones too); the column
 # kernels only in float and double (half convolutions other than depthwise run in cuDNN).
 _ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
+
+
+def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned: bool) -> str:
+    """The name of conv_depthwise_forward_rows for a (kernel_h, kernel_w, stride) of DEPTHWISE_ROWS_SHAPES;
+    `turned`: the stride-1 input gradient (the forward of the filter turned by 180 degrees)."""
+    kh, kw, stride = shape
+    return f"conv_depthwise_forward_rows<{cuda_type}, {index}, {kh}, {kw}, {stride}, {'true' if turned else 'false'}>"
+
+
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_filter_grad<{t}, {i}>" for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
-    f"conv_depthwise_input_grad<{t}, {i}, {kh}, {kw}, {stride}>" for kh, kw, stride in ((0, 0, 0),) + DEPTHWISE_ROWS_SHAPES
+    f"conv_depthwise_input_grad<{t}, {i}, {kh}, {kw}, {stride}>"
+    for kh, kw, stride in ((0, 0, 0),) + tuple(shape for shape in DEPTHWISE_ROWS_SHAPES if shape[2] != 1)
     for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
                                          "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
-    f"{kernel}<{t}, {i}, {kh}, {kw}, {stride}>" for kernel in ("conv_depthwise_forward_rows",
-                                                                 "conv_depthwise_filter_grad_taps")
-    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
+    f"conv_depthwise_filter_grad_taps<{t}, {i}, {kh}, {kw}, {stride}>"
+    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
+    _rows_kernel(t, i, shape, turned) for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True)
+    if shape[2] == 1 or not turned for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
     defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
-             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS})
+             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS,
+             "CONV_DEPTHWISE_COLUMNS": DEPTHWISE_COLUMNS})
 gpu_paths.declare("conv_2d", {
     "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
     "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",
@@ -95,8 +108,10 @@ gpu_paths.declare("conv_2d", {
     "depthwise.forward_activation": "depthwise, a state without backward: the activation applied in the kernel too",
     "epilogue": "a state without backward, not depthwise: the bias and activation in one conv_bias_activation",
     "depthwise.input_grad": "depthwise: conv_depthwise_input_grad",
-    "depthwise.input_grad_fixed": "depthwise with the forward's rows kernel: conv_depthwise_input_grad compiled for "
-                                  "its kernel and stride",
+    "depthwise.input_grad_rows": "depthwise with the forward's rows kernel at stride 1: conv_depthwise_forward_rows "
+                                 "of the output gradient with the filter turned (FLIP)",
+    "depthwise.input_grad_fixed": "depthwise with the forward's rows kernel at stride 2: conv_depthwise_input_grad "
+                                  "compiled for its kernel and stride",
     "depthwise.filter_grad": "depthwise: conv_depthwise_filter_grad, a block per filter tap",
     "depthwise.filter_grad_taps": "depthwise with rows and a channel for every two SMs: "
                                   "conv_depthwise_filter_grad_taps, a block per channel for all its taps",
@@ -249,13 +264,19 @@ def _geometry(state: Conv2DState) -> Any:
     return state.geometry
 
 
-def _make_geometry(state: Conv2DState) -> Any:
+def _make_geometry(state: Conv2DState, turned: bool = False) -> Any:
+    """The state's ConvGeometry; `turned` (stride 1, dilation 1): that of the forward whose result is the input
+    gradient, the output gradient's planes in, the input's planes out, padding kernel - 1 - padding."""
     attrs = state.attrs
     _, c, h, w = state.shapes["input_shape"].dims
     _, _, out_h, out_w = state.shapes["output_shape"].dims
+    padding = (attrs.padding_h, attrs.padding_w)
+    if turned:
+        h, w, out_h, out_w = out_h, out_w, h, w
+        padding = (attrs.kernel_h - 1 - attrs.padding_h, attrs.kernel_w - 1 - attrs.padding_w)
     geometry = np.zeros((), dtype=_GEOMETRY)
     geometry["v"] = (c, h, w, out_h, out_w, attrs.kernel_h, attrs.kernel_w, attrs.stride_h, attrs.stride_w,
-                     attrs.padding_h, attrs.padding_w, attrs.dilation_h, attrs.dilation_w)
+                     *padding, attrs.dilation_h, attrs.dilation_w)
     return geometry[()]
 
 
@@ -311,10 +332,9 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
                      activation.code(fused)) + sizes
         if state.rows is not None:
             gpu_paths.reach("conv_2d.depthwise.forward_rows")
-            kh, kw, stride = state.rows
-            kernel = _CUDA.function(f"conv_depthwise_forward_rows<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
+            kernel = _CUDA.function(_rows_kernel(gpu.cuda_type(dtype), index, state.rows, False))
             out_h, out_w = state.shapes["output_shape"].dims[2:]
-            threads = n * o * -(-out_h // DEPTHWISE_ROWS) * out_w
+            threads = n * o * -(-out_h // DEPTHWISE_ROWS) * -(-out_w // DEPTHWISE_COLUMNS)
             gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, arguments)
             return
         if state.tile is None:
@@ -329,7 +349,15 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
         gpu.launch(stream, kernel, (n * o, -(-out_h // tile_h), -(-out_w // tile_w)), DEPTHWISE_BLOCK,
                    arguments + (np.int32(tile_h), np.int32(tile_w)), shared_mem=shared)
         return
-    if which == "input":
+    if which == "input" and state.rows is not None and state.rows[2] == 1:
+        gpu_paths.reach("conv_2d.depthwise.input_grad_rows")
+        if state.turned_geometry is None:
+            state.turned_geometry = _make_geometry(state, turned=True)
+        kernel = _CUDA.function(_rows_kernel(gpu.cuda_type(dtype), index, state.rows, True))
+        threads = n * c * -(-h // DEPTHWISE_ROWS) * -(-w // DEPTHWISE_COLUMNS)
+        gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, (grad, filter, filter, target, np.int32(0),
+                   activation.code(None), index_scalar(n), index_scalar(1), state.turned_geometry))
+    elif which == "input":
         kh, kw, stride = (0, 0, 0) if state.rows is None else state.rows
         gpu_paths.reach("conv_2d.depthwise.input_grad" + ("" if state.rows is None else "_fixed"))
         kernel = _CUDA.function(f"conv_depthwise_input_grad<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")

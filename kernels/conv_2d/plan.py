@@ -130,9 +130,11 @@ DEPTHWISE_TILE_WIDTH = 128
 # The depthwise forwards with a kernel of their own (conv_depthwise_forward_rows), as (kernel_h, kernel_w,
 # stride), with one filter a channel, dilation 1 and the same stride both ways: YOLOv10's 3x3 (C2fCIB,
 # PSA's positional conv, the head), SCDown's stride-2 3x3 and the n and s variants' 7x7 (RepVGGDW, folded
-# or not). A thread computes DEPTHWISE_ROWS outputs of a column (docs/performance.md#depthwise-rows).
+# or not). A thread computes DEPTHWISE_ROWS rows of DEPTHWISE_COLUMNS consecutive outputs; every share gives the same
+# bits (a GPU test compiles several), these are not tuned yet (docs/performance.md#depthwise-rows).
 DEPTHWISE_ROWS_SHAPES = ((3, 3, 1), (3, 3, 2), (7, 7, 1))
 DEPTHWISE_ROWS = 4
+DEPTHWISE_COLUMNS = 1
 
 
 def depthwise_rows(state: Conv2DState) -> tuple[int, int, int] | None:
