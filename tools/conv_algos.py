@@ -13,6 +13,10 @@ shapes, batch 1) and which run fastest on the GPU (large shapes). Run on the GPU
 yolov10s's 32 channels at 160x160 and two below plan.IMPLICIT_GEMM_BELOW_FLOPS.
 --set sweep: 3x3 convolutions at batch 1 to 8, and yolov10x's model.1 and model.2 at batch 1: where
 IMPLICIT_PRECOMP_GEMM starts to beat IMPLICIT_GEMM on the device.
+--set b16: yolov10x's and yolov10s's dense 3x3 and 1x1 convolutions at batch 16 (the float32 model(x) rows).
+--engines: instead of the legacy algorithms, the forward through every backend engine that cuDNN's
+heuristics offer (modes A and B, then the fallback list) and cudnn.engine_rejection accepts, one execution
+plan each: its device time and its largest difference from our forward's output.
 float32 runs cuDNN in FMA math (no TF32, PyTorch likewise); the half dtypes in tensor-op math.
 First cuDNN's v7 heuristics' ranking (algo, math type, workspace MiB); then per algorithm its
 workspace (MiB, cuDNN's size query), the host time of a call (the loop's wall time before
@@ -53,6 +57,13 @@ SETS = {
            ("head 256->64 20", (1, 256, 20, 20), 64, 3, 1, 1, 1), ("head 64ch 20", (1, 64, 20, 20), 64, 3, 1, 1, 1),
            ("s c2f 32ch 160", (1, 32, 160, 160), 32, 3, 1, 1, 1), ("32ch 20", (1, 32, 20, 20), 32, 3, 1, 1, 1),
            ("16ch 40", (1, 16, 40, 40), 16, 3, 1, 1, 1)],
+    "b16": [("x model.1 3x3 s2", (16, 80, 320, 320), 160, 3, 2, 1, 1), ("x model.2 3x3", (16, 80, 160, 160), 80, 3, 1, 1, 1),
+            ("x model.4 3x3", (16, 160, 80, 80), 160, 3, 1, 1, 1), ("x model.23 3x3", (16, 320, 80, 80), 80, 3, 1, 1, 1),
+            ("x 3x3 320ch 40", (16, 320, 40, 40), 320, 3, 1, 1, 1), ("s 3x3 64ch 80", (16, 64, 80, 80), 64, 3, 1, 1, 1),
+            ("s 3x3 128ch 40", (16, 128, 40, 40), 128, 3, 1, 1, 1),
+            ("x 1x1 160->160 at 160", (16, 160, 160, 160), 160, 1, 1, 0, 1),
+            ("x 1x1 400->160 at 160", (16, 400, 160, 160), 160, 1, 1, 0, 1),
+            ("x 1x1 640->640 at 40", (16, 640, 40, 40), 640, 1, 1, 0, 1)],
     "sweep": [(f"160ch 3x3 b{n}", (n, 160, 80, 80), 160, 3, 1, 1, 1) for n in (1, 2, 4, 8)]
     + [(f"32ch 3x3 b{n}", (n, 32, 160, 160), 32, 3, 1, 1, 1) for n in (4, 16)]
     + [("x model.1 3x3 s2 b1", (1, 80, 320, 320), 160, 3, 2, 1, 1), ("x model.2 3x3 b1", (1, 80, 160, 160), 80, 3, 1, 1, 1)],
@@ -67,6 +78,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--count", type=int, default=0, help="calls timed per algorithm (default: 200 small, 20 else)")
     parser.add_argument("--workspace", type=int, default=2048, help="MiB of workspace an algorithm may use")
+    parser.add_argument("--engines", action="store_true", help="the forward's backend engines, not the legacy algorithms")
     arguments = parser.parse_args()
     workspace = arguments.workspace << 20
     count = arguments.count or (200 if arguments.set in ("small", "n1") else 20)
@@ -107,6 +119,21 @@ def main() -> None:
               f"{ {d: (a.algo, a.math_type) for d, a in state.algorithms.items()} }; our forward "
               f"{ours[0]:8.1f} / {ours[1]:8.1f}")
         d, h = state.descriptors, handle.cudnn(stream)
+        if arguments.engines:
+            ours_y = y.copy()
+            plan = AllEngines("forward", h, dtype, dims, w.shape, y.shape, (p, p), (s, s), (1, 1), False, workspace)
+            try:
+                for mode, engine, notes, plan_descriptor, size in plan.found:
+                    ws = handle.workspace(max(size, 1))
+                    plan.plan, plan._key = plan_descriptor, None
+                    device = timed(lambda: plan.run(h, x.data.ptr, w.data.ptr, y.data.ptr, ws.data.ptr))[1]
+                    difference = float(cupy.abs(y.astype(np.float32) - ours_y.astype(np.float32)).max())
+                    print(f"  engine {engine:3d} (heuristics mode {mode}, numerical notes {notes}, "
+                          f"{size / 2**20:.0f} MiB): {device:8.1f} us, max |ours - engine's| {difference:.2e}")
+            finally:
+                plan.destroy()
+            kernels.conv_2d.cleanup_kernel(handle, state)
+            continue
         if d.conv is None:
             continue
         ws = handle.workspace(workspace)
@@ -152,6 +179,37 @@ def main() -> None:
         end.synchronize()
         print(f"  torch fwd: {host:8.1f} / {start.elapsed_time(end) * 1e3 / count:8.1f}")
         kernels.conv_2d.cleanup_kernel(handle, state)
+
+
+class AllEngines(cudnn.ConvolutionPlan):
+    """A ConvolutionPlan that finalizes a plan for every engine the heuristics offer (modes A and B, then the
+    fallback list; each engine once) that engine_rejection accepts and whose workspace fits: `found` holds
+    (mode, engine, numerical notes, plan, workspace bytes); `plan` is set to each in turn to run it."""
+
+    def _choose(self, graph, tf32: bool, workspace_limit: int) -> None:
+        self.found, seen = [], set()
+        for mode in (cudnn.HEUR_MODE_A, HEUR_MODE_B, cudnn.HEUR_MODE_FALLBACK):
+            for config in self._configs(graph, mode):
+                engine = self._make(cudnn.BACKEND_ENGINE_DESCRIPTOR)
+                config.get_descriptors(cudnn.ATTR_ENGINECFG_ENGINE, [engine])
+                index = int(engine.get(cudnn.ATTR_ENGINE_GLOBAL_INDEX, cudnn.TYPE_INT64, ctypes.c_int64, 1)[0])
+                notes = engine.get(cudnn.ATTR_ENGINE_NUMERICAL_NOTE, cudnn.TYPE_NUMERICAL_NOTE, ctypes.c_int,
+                                   cudnn.NUMERICAL_NOTE_TYPE_COUNT)
+                if index in seen or cudnn.engine_rejection(notes, self.dtype, tf32) is not None:
+                    continue
+                seen.add(index)
+                plan = self._make(cudnn.BACKEND_EXECUTION_PLAN_DESCRIPTOR)
+                plan.set(cudnn.ATTR_EXECUTION_PLAN_HANDLE, cudnn.TYPE_HANDLE, ctypes.c_void_p, [self.handle])
+                plan.set_descriptors(cudnn.ATTR_EXECUTION_PLAN_ENGINE_CONFIG, [config])
+                if plan.try_finalize() != cudnn.STATUS_SUCCESS:
+                    continue
+                size = int(plan.get(cudnn.ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, cudnn.TYPE_INT64, ctypes.c_int64, 1)[0])
+                if size <= workspace_limit:
+                    self.found.append((mode, index, list(notes), plan, size))
+        self.plan = self.found[0][3] if self.found else None
+
+
+HEUR_MODE_B = 1  # cudnnBackendHeurMode_t's CUDNN_HEUR_MODE_B (the library asks modes A and the fallback only)
 
 
 def heuristics(direction: str, handle: int, ordered: tuple, conv, math: int) -> list[tuple[int, int, int]]:
