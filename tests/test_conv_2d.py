@@ -408,19 +408,11 @@ _ROWS_VARIANTS = [(1, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 4)]
 
 @pytest.fixture(scope="module")
 def rows_variants():
-    """conv_2d.cu's rows kernels compiled for each of _ROWS_VARIANTS (only those instantiations); kept out of
-    gpu.MODULES (the library's own modules, which tests/test_cuda_sources.py compiles)."""
+    """The rows kernels compiled for each of _ROWS_VARIANTS (conv_2d/gpu.py's rows_variant)."""
     require("gpu")
     from kernels.conv_2d import gpu as conv_gpu
-    from kernels.runtime import gpu
 
-    base = conv_gpu._CUDA
-    names = [name for name in base.name_expressions if name.startswith("conv_depthwise_forward_rows")]
-    variants = {(rows, columns): gpu.CudaModule(
-        "conv_2d.cu", names, defines={**base._defines, "CONV_DEPTHWISE_ROWS": rows, "CONV_DEPTHWISE_COLUMNS": columns},
-        directory=os.path.dirname(base.path)) for rows, columns in _ROWS_VARIANTS}
-    gpu.MODULES[:] = [module for module in gpu.MODULES if module not in variants.values()]
-    return variants
+    return {variant: conv_gpu.rows_variant(*variant) for variant in _ROWS_VARIANTS}
 
 
 @pytest.mark.gpu

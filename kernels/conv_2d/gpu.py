@@ -69,6 +69,9 @@ def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned
     return f"conv_depthwise_forward_rows<{cuda_type}, {index}, {kh}, {kw}, {stride}, {'true' if turned else 'false'}>"
 
 
+_DEFINES = {"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
+            "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS,
+            "CONV_DEPTHWISE_COLUMNS": DEPTHWISE_COLUMNS}
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
@@ -82,9 +85,21 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
     _rows_kernel(t, i, shape, turned) for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True)
     if shape[2] == 1 or not turned for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
-    defines={"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
-             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS,
-             "CONV_DEPTHWISE_COLUMNS": DEPTHWISE_COLUMNS})
+    defines=_DEFINES)
+
+
+def rows_variant(rows: int, columns: int) -> gpu.CudaModule:
+    """conv_2d.cu's rows kernels alone (conv_depthwise_forward_rows, every instantiation of _CUDA), compiled with
+    CONV_DEPTHWISE_ROWS and CONV_DEPTHWISE_COLUMNS set to another share of a thread than the library's, for the
+    test that every share writes the same bits and for tools/depthwise_times.py; not in gpu.MODULES (the
+    library's own modules). Set it as this module's _CUDA, DEPTHWISE_ROWS and DEPTHWISE_COLUMNS to use it."""
+    names = [name for name in _CUDA.name_expressions if name.startswith("conv_depthwise_forward_rows")]
+    module = gpu.CudaModule("conv_2d.cu", names, defines={**_DEFINES, "CONV_DEPTHWISE_ROWS": rows,
+                                                          "CONV_DEPTHWISE_COLUMNS": columns})
+    gpu.MODULES.remove(module)
+    return module
+
+
 gpu_paths.declare("conv_2d", {
     "cudnn.forward": "the forward in cuDNN (groups > 1 but not depthwise, or a column matrix too large; 'columns')",
     "cudnn.backward_data": "input_grad in cuDNN (groups > 1 but not depthwise, or a column matrix too large)",

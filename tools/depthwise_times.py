@@ -1,0 +1,128 @@
+# ruff: noqa: B023  (each lambda is timed at once, inside the iteration that made it)
+"""Device time of the depthwise rows kernels on YOLOv10's depthwise shapes, for several shares of a thread
+(DEPTHWISE_ROWS x DEPTHWISE_COLUMNS), beside the general gather and PyTorch. Run on the GPU machine:
+
+    python3 tools/depthwise_times.py [--variants 4x1,8x1,4x2,8x2,2x4] [--dtype float16 --dtype float32]
+                                     [--count N]
+
+Per shape and dtype, in microseconds a call (CUDA events around N calls enqueued behind a spin kernel, so the
+device's time, not the host's pace):
+- forward: conv_depthwise_forward_rows with bias and SiLU in the kernel (a state without backward);
+- input gradient: at stride 1 the turned forward (path conv_2d.depthwise.input_grad_rows), at stride 2 the
+  compiled gather; "general" is conv_depthwise_input_grad's general form (the state's rows taken away);
+- PyTorch: F.silu(F.conv2d(x, w, b, groups=C)), and aten.convolution_backward for the input gradient alone.
+The library's own share comes first; each other share's outputs are compared with it bit for bit ("same" or
+"DIFFERENT"; tests/test_conv_2d.py asserts it). The variants are compiled with NVRTC first (seconds each):
+kernels/conv_2d/gpu.py's rows_variant. docs/performance.md#depthwise-rows has the results."""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, ".")
+import cupy  # noqa: E402
+import torch  # noqa: E402
+
+import kernels  # noqa: E402
+from conformance.harness import spin  # noqa: E402
+from kernels import Activation, Conv2DAttrs, TensorShape, conv_2d  # noqa: E402
+from kernels.conv_2d import gpu as conv_gpu  # noqa: E402
+
+# (input dims, kernel, stride): yolov10x's C2fCIB 3x3 at 40x40 and 20x20, SCDown's stride 2, the n and s
+# variants' 7x7, and a batch-1 shape.
+SHAPES = [((16, 640, 40, 40), 3, 1), ((16, 1280, 20, 20), 3, 1), ((16, 320, 80, 80), 3, 2),
+          ((16, 128, 40, 40), 7, 1), ((1, 64, 80, 80), 3, 1)]
+DTYPES = {"float16": np.float16, "float32": np.float32}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="4x1,8x1,4x2,8x2,2x4", help="ROWSxCOLUMNS, comma separated")
+    parser.add_argument("--dtype", action="append", choices=sorted(DTYPES), help="float16 and float32 by default")
+    parser.add_argument("--count", type=int, default=20)
+    arguments = parser.parse_args()
+    shares = [tuple(int(v) for v in share.split("x")) for share in arguments.variants.split(",")]
+    library = (conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS)
+    begun = time.perf_counter()
+    modules = {library: conv_gpu._CUDA} | {share: conv_gpu.rows_variant(*share) for share in shares if share != library}
+    stream, handle = kernels.gpu_stream(), kernels.gpu_handle()
+    cupy_stream = stream.cupy_stream
+
+    def timed(function) -> float:
+        function()
+        stream.synchronize()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        spin(stream, arguments.count * 500_000)  # 500 us a call: longer than any call's host time here
+        start.record(cupy_stream)
+        for _ in range(arguments.count):
+            function()
+        end.record(cupy_stream)
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) * 1e3 / arguments.count
+
+    def torch_timed(function) -> float:
+        function()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(arguments.count * 1_000_000)  # cycles (about 2 GHz): 500 us a call, as above
+        start.record()
+        for _ in range(arguments.count):
+            function()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / arguments.count
+
+    first = True
+    for name in arguments.dtype or ["float16", "float32"]:
+        dtype = DTYPES[name]
+        for dims, k, s in SHAPES:
+            c = dims[1]
+            forward_attrs = Conv2DAttrs(c, k, k, s, s, k // 2, k // 2, groups=c, use_bias=True,
+                                        activation=Activation.SILU, backward=False)
+            backward_attrs = Conv2DAttrs(c, k, k, s, s, k // 2, k // 2, groups=c)
+            out_dims = conv_2d.output_dims(backward_attrs, dims)
+            rng = np.random.default_rng(0)
+            with stream:
+                x, w, b, g = (cupy.asarray(rng.standard_normal(d).astype(np.float32).astype(dtype))
+                              for d in (dims, (c, 1, k, k), (c,), out_dims))
+                y, dx = cupy.empty(out_dims, dtype), cupy.empty(dims, dtype)
+            cells, mine = [], None
+            for share, module in modules.items():
+                saved = conv_gpu._CUDA, conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS
+                conv_gpu._CUDA, (conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS) = module, share
+                try:
+                    fs = conv_2d.init_kernel(handle, forward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
+                    bs = conv_2d.init_kernel(handle, backward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
+                    forward = timed(lambda: conv_2d.forward_kernel(stream, handle, fs, forward_attrs, x, w, b, y))
+                    grad = timed(lambda: conv_2d.backward_kernel(stream, handle, bs, backward_attrs, y, g, x, dx, w,
+                                                                 None, None))
+                    stream.synchronize()
+                    got = (cupy.asnumpy(y), cupy.asnumpy(dx))
+                    if mine is None:
+                        mine = got
+                        bs.rows = None  # the general gather
+                        general = timed(lambda: conv_2d.backward_kernel(stream, handle, bs, backward_attrs, y, g, x, dx,
+                                                                        w, None, None))
+                    same = all(np.array_equal(a.view(np.uint8), b_.view(np.uint8)) for a, b_ in zip(mine, got))
+                    cells.append(f"{share[0]}x{share[1]} {forward:7.1f} / {grad:7.1f} {'same' if same else 'DIFFERENT'}")
+                    conv_2d.cleanup_kernel(handle, fs)
+                    conv_2d.cleanup_kernel(handle, bs)
+                finally:
+                    conv_gpu._CUDA, conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS = saved
+            tx, tw, tb, tg = (torch.as_tensor(a, device="cuda") for a in (x, w, b, g))
+            torch_forward = torch_timed(lambda: torch.nn.functional.silu(
+                torch.nn.functional.conv2d(tx, tw, tb, s, k // 2, 1, c)))
+            torch_grad = torch_timed(lambda: torch.ops.aten.convolution_backward(
+                tg, tx, tw, None, [s, s], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, False, False]))
+            if first:
+                print(f"variants compiled and first states made in {time.perf_counter() - begun:.1f} s; "
+                      f"us a call, forward / input gradient, library's share ({library[0]}x{library[1]}) first")
+                first = False
+            print(f"{name:8} {str(dims):20} {k}x{k} s{s}: " + " | ".join(cells)
+                  + f" | general gather {general:7.1f} | PyTorch {torch_forward:7.1f} / {torch_grad:7.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
