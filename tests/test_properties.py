@@ -748,8 +748,8 @@ def _derivative_terms(name, x, c):
             return sig * (1 + sig)  # s * (1 - s): 1 - s is off by an ulp of 1
         if name == "TANH":
             return 1 + np.tanh(x) ** 2  # 1 - t^2
-        if name == "ELU":
-            return np.where(x > 0, 1.0, abs(c) * np.exp(np.minimum(x, 0)))
+        if name == "ELU":  # dy passes where x <= 0 is false: x > 0 and NaN
+            return np.where(x <= 0, abs(c) * np.exp(np.minimum(x, 0)), 1.0)
         if name == "GELU":
             return 1 + np.abs(x) * np.exp(-x * x / 2)  # Phi(x) = (1 + erf) / 2, plus x phi(x)
         if name == "SILU":
@@ -774,6 +774,12 @@ def element_unary_expect(s):
     (grad,) = grads_of(out, [given], g)
     out = out.detach().numpy()
     name = a.op_type.name
+    if name == "ELU":
+        # PyTorch's ELU backward is x <= 0 ? dy a exp(x) : dy, so a NaN x passes dy (docs/ops.md), and its
+        # scalar loop gives that. Its vectorized loop (torch 2.13, AVX-512: 32 float32 or 16 float64 elements
+        # at a time) gives NaN there instead, so its answer for one NaN depends on the tensor's length and on
+        # the CPU. The reference takes the formula's value.
+        grad = np.where(np.isnan(x), g.astype(np.float64), grad)
     # The GPU equals the CPU where both take the same IEEE operations: RSQRT, and POW where the exponent
     # (forward: p; gradient: p - 1) has a shortcut; elsewhere powf / pow, a libm or CUDA function.
     ieee = name == "RSQRT" or (name == "POW" and c in _IEEE_POWERS)
@@ -1061,6 +1067,24 @@ def test_cpu_matches_torch(op, data, cpu):
         failures = _failures(run(cpu, sample), expect(sample),
                              lambda name, got, e: check(name, got, e, got.dtype))
     assert not failures, f"{op} on the CPU, {sample!r}:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_elu_reference_passes_dy_at_a_nan_whatever_torchs_loop(dtype, cpu):
+    """A NaN input of ELU passes dy (x <= 0 is false) in the reference too, at every position: PyTorch's
+    vectorized loop gives NaN there on long tensors (found by the device profile), its scalar loop dy."""
+    x = np.full(64, 0.5, dtype)
+    x[[0, 9, 40, 63]] = np.nan  # inside the vectorized loop's reach and in the tail, on any vector width
+    x[[1, 2]] = -1.0, 0.0
+    g = np.arange(1, 65).astype(dtype) / 4
+    sample = Sample("element_unary", ElementUnaryAttrs(UnaryOpType.ELU, 1.0), {"input": x, "output_grad": g},
+                    np.dtype(dtype), True)
+    expected = element_unary_expect(sample)
+    nan = np.isnan(x)
+    assert np.array_equal(expected["input_grad"].ref[nan], g[nan].astype(np.float64))
+    assert np.isnan(expected["output"].ref[nan]).all()
+    failures = _failures(element_unary_run(cpu, sample), expected, lambda name, got, e: check(name, got, e, got.dtype))
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.gpu

@@ -74,7 +74,9 @@ _both("elu", "ELU", tolerance32=ulp(1), tolerance64=ulp(1), description="alpha 1
 _both("elu_alpha_0p5", "ELU", 0.5, tolerance32=ulp(1), tolerance64=ulp(1),
       description="non-default alpha; at x = 0 the gradient is alpha * dy, as torch")
 # Found by tests/test_properties.py (shrunk): torch's ELU backward is x <= 0 ? dy a exp(x) : dy, so
-# a NaN input passes dy, as relu's does; exact values (2 -> dy, NaN -> dy, 0 -> a dy).
+# a NaN input passes dy, as relu's does; exact values (2 -> dy, NaN -> dy, 0 -> a dy). Three elements:
+# torch's vectorized loop (two vectors at a time, 16 float64 elements or more on AVX-512) gives NaN
+# there instead; its scalar loop, which takes a tensor this short on any CPU, gives the formula's dy.
 _add("elu_nan_input_passes_grad", "ELU", 1.0, input=[2.0, np.nan, 0.0], shape=(3,),
      description="a NaN input: output NaN, gradient dy (torch's x <= 0 test is false for NaN)")
 # exp: CPU 2/0, H200 1/1.
