@@ -14,6 +14,9 @@ yolov10s's 32 channels at 160x160 and two below plan.IMPLICIT_GEMM_BELOW_FLOPS.
 --set sweep: 3x3 convolutions at batch 1 to 8, and yolov10x's model.1 and model.2 at batch 1: where
 IMPLICIT_PRECOMP_GEMM starts to beat IMPLICIT_GEMM on the device.
 --set b16: yolov10x's and yolov10s's dense 3x3 and 1x1 convolutions at batch 16 (the float32 model(x) rows).
+Without --engines, each shape also times PyTorch's input and filter gradients (aten.convolution_backward) with
+its default algorithm choice and with torch.backends.cudnn.deterministic, and names the kernels each runs:
+whether PyTorch's default training step is faster by nondeterministic algorithms.
 --engines: instead of the legacy algorithms, the forward through every backend engine that cuDNN's
 heuristics offer (modes A and B, then the fallback list) and cudnn.engine_rejection accepts, one execution
 plan each: its device time and its largest difference from our forward's output.
@@ -165,20 +168,45 @@ def main() -> None:
         tx = torch.from_numpy(cupy.asnumpy(x).astype(np.float32)).cuda().to(torch_dtype)
         tw = torch.from_numpy(cupy.asnumpy(w).astype(np.float32)).cuda().to(torch_dtype)
         conv = torch.nn.functional.conv2d
-        for _ in range(2):
-            conv(tx, tw, None, s, p, 1, g)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(count * 400_000)  # cycles (about 2 GHz): 200 us a call, as above
-        begun = time.perf_counter()
-        start.record()
-        for _ in range(count):
-            conv(tx, tw, None, s, p, 1, g)
-        host = (time.perf_counter() - begun) / count * 1e6
-        end.record()
-        end.synchronize()
-        print(f"  torch fwd: {host:8.1f} / {start.elapsed_time(end) * 1e3 / count:8.1f}")
+        print(f"  torch fwd: {'%8.1f / %8.1f' % torch_timed(lambda: conv(tx, tw, None, s, p, 1, g), count)}")
+        ty = conv(tx, tw, None, s, p, 1, g)
+        for direction, mask in (("bwd data", [True, False, False]), ("bwd filter", [False, True, False])):
+            def backward():
+                return torch.ops.aten.convolution_backward(ty, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0], g,
+                                                           mask)
+            for deterministic in (False, True):  # PyTorch's default step, then its deterministic one
+                torch.backends.cudnn.deterministic = deterministic
+                host, device = torch_timed(backward, count)
+                print(f"  torch {direction}{' deterministic' if deterministic else ''}: {host:8.1f} / {device:8.1f}"
+                      f"  kernels: {torch_kernels(backward)}")
+            torch.backends.cudnn.deterministic = False
         kernels.conv_2d.cleanup_kernel(handle, state)
+
+
+def torch_timed(function, count: int) -> tuple[float, float]:
+    """Host and device us a call of a PyTorch function, timed as timed() times ours."""
+    for _ in range(2):
+        function()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(count * 400_000)  # cycles (about 2 GHz): 200 us a call, as above
+    begun = time.perf_counter()
+    start.record()
+    for _ in range(count):
+        function()
+    host = (time.perf_counter() - begun) / count * 1e6
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end) * 1e3 / count
+
+
+def torch_kernels(function) -> list[str]:
+    """The names of the CUDA kernels one call of a PyTorch function runs (its profiler's), shortened: which
+    cuDNN kernels (deterministic or not) PyTorch's algorithm choice runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        function()
+        torch.cuda.synchronize()
+    return [event.name[:60] for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
 
 
 class AllEngines(cudnn.ConvolutionPlan):
