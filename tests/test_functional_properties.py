@@ -1,0 +1,441 @@
+"""kernels.functional against torch.nn.functional over drawn argument forms (hypothesis, on the CPU).
+
+tests/test_functional.py checks each function on chosen cases. Here hypothesis draws what a caller
+may pass: ints, pairs and one-element lists for the pair arguments, stride None, padding "same" and
+"valid", negative dims, split sizes as an int or as sections, sizes or scale factors, numbers or
+broadcast tensors as `other`, affine or not, training or not. Each draw runs the forward with a
+Context and its backward against torch's autograd in float64, then the same forward twice without a
+Context (the second call runs on the form's plan) for the same bits: every form a caller writes must
+mean what it means to torch, and no two forms may share a plan.
+
+Values are small dyadic numbers (multiples of 1/4 or 1/2), so every product and sum here is exact in
+float64: `EXACT` wherever the math is a sum of products, a selection or a copy; the few ulps of
+tests/test_functional.py where it is not (softmax's exp, batch norm's statistics, avg pooling's and
+bilinear's divisions), with the same reasons. Profiles as tests/test_properties.py's: `ci` (the
+default, derandomized, 40 examples a function) and `device` (HYPOTHESIS_PROFILE=device, 500, random).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernels.functional as F
+from conformance.case import EXACT, ulp
+from conformance.compare import compare
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_PROFILES = {"ci": dict(max_examples=40, derandomize=True, print_blob=True, **_COMMON),
+             "device": dict(max_examples=500, **_COMMON)}
+_profile = settings(**_PROFILES.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), _PROFILES["ci"]))
+
+
+def _check(got, expected, tolerance, what):
+    report = compare(np.asarray(got), np.asarray(expected, dtype=np.float64), tolerance)
+    assert report is None, f"{what}: {report}"
+
+
+def _close(got, expected, bound, what):
+    """|got - expected| <= bound elementwise (NaN-free values): for sums whose terms are inexact and may cancel,
+    where ulps of the result say nothing; the bound is made of the magnitudes of the terms."""
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, f"{what}: dims {got.shape}, expected {expected.shape}"
+    error = np.abs(got - expected)
+    bad = ~(error <= bound)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} values differ by more than the bound; "
+                           f"first at {np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, expected "
+                           f"{expected[bad][0]!r}, bound {np.broadcast_to(bound, bad.shape)[bad][0]!r}")
+
+
+def _reduce_to(terms, dims):
+    """Sum per-output-element terms over the dims an operand of `dims` was broadcast along."""
+    lead = terms.ndim - len(dims)
+    summed = terms.sum(axis=tuple(range(lead))) if lead else terms
+    axes = tuple(i for i, d in enumerate(dims) if d == 1 and summed.shape[i] != 1)
+    return summed.sum(axis=axes, keepdims=True) if axes else summed
+
+
+EPS = float(np.finfo(np.float64).eps)
+
+
+def _values(draw, dims, scale=0.25, low=-8, high=9, distinct=False):
+    """Small multiples of `scale` (seeded by the draw); `distinct`: no two equal (no ties for an argmax)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    count = math.prod(dims)
+    if distinct:
+        return ((rng.permutation(count) - count // 2) * scale).reshape(dims).astype(np.float64)
+    return np.asarray(rng.integers(low, high, dims) * scale, dtype=np.float64)  # an array at rank 0 too
+
+
+def _pair_form(draw, pair):
+    """A pair argument as a caller may write it: an int where both are equal, a tuple, a list, [k]."""
+    if pair[0] == pair[1]:
+        return draw(st.sampled_from([pair[0], tuple(pair), list(pair), [pair[0]]]))
+    return draw(st.sampled_from([tuple(pair), list(pair)]))
+
+
+def _run(draw, forward, backward, torch_forward, inputs, tolerance=EXACT, grad_tolerance=None, grad_scale=0.5):
+    """Forward with a Context and backward against torch autograd (float64); then two forwards without a
+    Context (the second on the form's plan), which must give the Context forward's bits. `forward(*arrays,
+    ctx=)` and `torch_forward(*tensors)` return one tensor; `backward(grad, ctx)` the inputs' gradients."""
+    ctx = F.Context()
+    output = forward(*inputs, ctx=ctx)
+    tensors = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
+    expected = torch_forward(*tensors)
+    _check(output, expected.detach().numpy(), tolerance, "output")
+    grad = _values(draw, tuple(expected.shape), scale=grad_scale)
+    expected.backward(torch.from_numpy(grad))
+    grads = backward(grad, ctx)
+    grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
+    assert len(grads) == len(tensors)
+    for i, (got, tensor) in enumerate(zip(grads, tensors)):
+        _check(got, tensor.grad.numpy(), grad_tolerance or tolerance, f"gradient of input {i}")
+    for _ in range(2):
+        again = forward(*inputs)
+        assert again.shape == output.shape and again.tobytes() == output.tobytes(), "a call without a Context"
+
+
+@st.composite
+def _image(draw, channels=None, min_side=1, max_side=7):
+    n = draw(st.integers(1, 3))
+    c = channels if channels is not None else draw(st.integers(1, 4))
+    return (n, c, draw(st.integers(min_side, max_side)), draw(st.integers(min_side, max_side)))
+
+
+# --------------------------------------------------------------------------- conv2d
+
+
+@_profile
+@given(data=st.data())
+def test_conv2d_forms(data):
+    draw = data.draw
+    groups = draw(st.sampled_from([1, 1, 2, 3]))
+    per_group = draw(st.integers(1, 3))
+    depthwise = draw(st.booleans())
+    out_channels = groups * (1 if depthwise else draw(st.integers(1, 3)))
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    dilation = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    padding_form = draw(st.sampled_from(["pairs", "pairs", "same", "valid"]))
+    stride = (1, 1) if padding_form == "same" else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    if padding_form == "same":  # an even total dilation * (kernel - 1): the kernels pad symmetrically (refused else)
+        kernel = tuple(k + 1 if d % 2 and k % 2 == 0 else k for k, d in zip(kernel, dilation))
+    padding = (draw(st.integers(0, (kernel[0] - 1) * dilation[0] // 2 + 1)),
+               draw(st.integers(0, (kernel[1] - 1) * dilation[1] // 2 + 1)))
+    reach = ((kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1)
+    pad_h, pad_w = padding if padding_form == "pairs" else (0, 0)
+    dims = (draw(st.integers(1, 3)), groups * per_group,
+            draw(st.integers(max(1, reach[0] - 2 * pad_h), 8)), draw(st.integers(max(1, reach[1] - 2 * pad_w), 8)))
+    keywords = {"stride": _pair_form(draw, stride), "dilation": _pair_form(draw, dilation), "groups": groups,
+                "padding": _pair_form(draw, padding) if padding_form == "pairs" else padding_form}
+    if keywords["stride"] == 1 and draw(st.booleans()):
+        del keywords["stride"]  # the default
+    inputs = [_values(draw, dims), _values(draw, (out_channels, per_group, *kernel), scale=0.5)]
+    if draw(st.booleans()):
+        inputs.append(_values(draw, (out_channels,)))
+    with_bias = len(inputs) == 3
+
+    def backward(g, ctx):
+        grads = F.conv2d_backward(g, ctx)
+        assert (grads.bias is None) != with_bias
+        return grads if with_bias else grads[:2]
+
+    _run(draw, lambda *a, **kw: F.conv2d(*a, **keywords, **kw), backward,
+         lambda *t: TF.conv2d(*t, **keywords), inputs)
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+@st.composite
+def _pool_forms(draw):
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    stride = None if draw(st.booleans()) else (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    padding = (draw(st.integers(0, kernel[0] // 2)), draw(st.integers(0, kernel[1] // 2)))
+    dims = draw(_image(min_side=max(kernel)))
+    keywords = {"kernel_size": _pair_form(draw, kernel), "padding": _pair_form(draw, padding)}
+    if stride is not None:
+        keywords["stride"] = _pair_form(draw, stride)
+    return dims, keywords
+
+
+@_profile
+@given(data=st.data())
+def test_max_pool2d_forms(data):
+    dims, keywords = data.draw(_pool_forms())
+    _run(data.draw, lambda x, **kw: F.max_pool2d(x, **keywords, **kw), F.max_pool2d_backward,
+         lambda x: TF.max_pool2d(x, **keywords), [_values(data.draw, dims, distinct=True)])
+
+
+@_profile
+@given(data=st.data())
+def test_avg_pool2d_forms(data):
+    dims, keywords = data.draw(_pool_forms())
+    keywords["count_include_pad"] = data.draw(st.booleans())
+    # The window's sum is exact, its division by a divisor other than a power of two rounds: torch divides the
+    # sum once, as ours; the gradient adds rounded quotients, in another order than torch's (1 and 2 ulps).
+    _run(data.draw, lambda x, **kw: F.avg_pool2d(x, **keywords, **kw), F.avg_pool2d_backward,
+         lambda x: TF.avg_pool2d(x, **keywords), [_values(data.draw, dims)], ulp(1), ulp(2))
+
+
+# --------------------------------------------------------------------------- interpolate
+
+
+@_profile
+@given(data=st.data())
+def test_interpolate_forms(data):
+    draw = data.draw
+    dims = draw(_image(max_side=5))
+    mode = draw(st.sampled_from(["nearest", "bilinear"]))
+    scale = 2 if mode == "bilinear" else draw(st.integers(2, 4))  # bilinear at 2: weights 1/4 and 3/4, exact
+    how = draw(st.sampled_from(["int", "float", "pair", "size"]))
+    keywords = {"mode": mode, **({"align_corners": draw(st.sampled_from([None, False]))} if mode == "bilinear" else {})}
+    if how == "size":
+        size = (dims[2] * scale, dims[3] * scale)  # torch takes an int or one size a dim here (no [k])
+        keywords["size"] = draw(st.sampled_from([tuple(size), list(size)] + ([size[0]] if size[0] == size[1] else [])))
+    else:
+        keywords["scale_factor"] = {"int": scale, "float": float(scale), "pair": (float(scale), float(scale))}[how]
+    _run(draw, lambda x, **kw: F.interpolate(x, **keywords, **kw), F.interpolate_backward,
+         lambda x: TF.interpolate(x, **keywords), [_values(draw, dims)])
+
+
+# --------------------------------------------------------------------------- softmax and data movement
+
+
+def _dims(draw, min_rank=1, max_rank=4, max_side=4):
+    return tuple(draw(st.integers(1, max_side)) for _ in range(draw(st.integers(min_rank, max_rank))))
+
+
+@_profile
+@given(data=st.data())
+def test_softmax_dims(data):
+    dims = _dims(data.draw)
+    dim = data.draw(st.integers(-len(dims), len(dims) - 1))
+    x = _values(data.draw, dims)
+    ctx = F.Context()
+    got = F.softmax(x, dim, ctx=ctx)
+    tensor = torch.tensor(x, requires_grad=True)
+    expected = TF.softmax(tensor, dim)
+    # exp comes from NumPy here and from ATen there: a few ulps (tests/test_functional.py).
+    _check(got, expected.detach().numpy(), ulp(4), "output")
+    for _ in range(2):
+        assert F.softmax(x, dim).tobytes() == got.tobytes(), "a call without a Context"
+    grad = _values(data.draw, dims, scale=0.5)
+    expected.backward(torch.from_numpy(grad))
+    # y (g - sum(g y)) cancels: within (n + 8) eps of its terms' magnitudes, n the length of the dim, and
+    # 4 ulps of y's own error in each (4 more).
+    y = expected.detach().numpy()
+    terms = y * (np.abs(grad) + (np.abs(grad) * y).sum(axis=dim, keepdims=True))
+    _close(F.softmax_backward(grad, ctx), tensor.grad.numpy(), (dims[dim] + 12) * EPS * terms, "input gradient")
+
+
+@_profile
+@given(data=st.data())
+def test_cat_dims(data):
+    draw = data.draw
+    dims = _dims(draw)
+    axis = draw(st.integers(-len(dims), len(dims) - 1))
+    sizes = draw(st.lists(st.integers(1, 3), min_size=2, max_size=4))
+    inputs = [_values(draw, tuple(s if d == axis % len(dims) else n for d, n in enumerate(dims))) for s in sizes]
+
+    def forward(*arrays, **kw):
+        return F.cat(list(arrays), axis, **kw)
+
+    _run(draw, forward, F.cat_backward, lambda *t: torch.cat(t, axis), inputs)
+
+
+@_profile
+@given(data=st.data())
+def test_split_forms(data):
+    draw = data.draw
+    dims = _dims(draw)
+    axis = draw(st.integers(-len(dims), len(dims) - 1))
+    length = dims[axis]
+    if draw(st.booleans()):
+        sections = draw(st.integers(1, length + 1))  # a size: the last part may be shorter
+    else:
+        cuts = sorted(draw(st.lists(st.integers(0, length), max_size=3)))
+        sections = [b - a for a, b in zip([0, *cuts], [*cuts, length])]
+    x = _values(draw, dims)
+    ctx = F.Context()
+    parts = F.split(x, sections, axis, ctx=ctx)
+    tensor = torch.tensor(x, requires_grad=True)
+    expected = torch.split(tensor, sections, axis)
+    assert len(parts) == len(expected)
+    for i, (got, part) in enumerate(zip(parts, expected)):
+        _check(got, part.detach().numpy(), EXACT, f"part {i}")
+    # Output gradients for some parts only: the others are None, as torch's for an unused output (at least one
+    # is a tensor: split_backward refuses a list of None, whose arrays' kind it could not tell).
+    keep = [draw(st.booleans()) for _ in parts]
+    keep[draw(st.integers(0, len(parts) - 1))] = True
+    grads = [_values(draw, tuple(p.shape)) if k else None for p, k in zip(expected, keep)]
+    sum((p * torch.from_numpy(g)).sum() for p, g in zip(expected, grads) if g is not None).backward()
+    _check(F.split_backward(grads, ctx), tensor.grad.numpy(), EXACT, "input gradient")
+    for i, got in enumerate(F.split(x, sections, axis)):
+        assert got.tobytes() == parts[i].tobytes(), "a call without a Context"
+
+
+@_profile
+@given(data=st.data())
+def test_reshape_forms(data):
+    draw = data.draw
+    dims = _dims(draw)
+    size = math.prod(dims)
+    shape = [d for d in draw(st.permutations(_factors(size)))] or [1]
+    if draw(st.booleans()):
+        shape[draw(st.integers(0, len(shape) - 1))] = -1
+    form = draw(st.sampled_from([tuple, list]))(shape)
+    _run(draw, lambda x, **kw: F.reshape(x, form, **kw), F.reshape_backward, lambda x: torch.reshape(x, form),
+         [_values(draw, dims)])
+
+
+def _factors(size):
+    """size as a product of its prime factors (an empty list for 1)."""
+    factors, p = [], 2
+    while size > 1:
+        while size % p == 0:
+            factors.append(p)
+            size //= p
+        p += 1
+    return factors
+
+
+@_profile
+@given(data=st.data())
+def test_permute_and_transpose_forms(data):
+    draw = data.draw
+    dims = _dims(draw)
+    rank = len(dims)
+    x = _values(draw, dims)
+    order = [p - rank if draw(st.booleans()) else p for p in draw(st.permutations(range(rank)))]
+    _run(draw, lambda a, **kw: F.permute(a, order, **kw), F.permute_backward, lambda t: t.permute(order), [x])
+    first, second = draw(st.integers(-rank, rank - 1)), draw(st.integers(-rank, rank - 1))
+    _run(draw, lambda a, **kw: F.transpose(a, first, second, **kw), F.transpose_backward,
+         lambda t: torch.transpose(t, first, second), [x])
+
+
+@_profile
+@given(data=st.data())
+def test_matmul_forms(data):
+    draw = data.draw
+    leading = _dims(draw, 1, 2, 3)
+    m, k, n = draw(st.integers(1, 5)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    _run(draw, F.matmul, F.matmul_backward, torch.matmul,
+         [_values(draw, (*leading, m, k)), _values(draw, (*leading, k, n), scale=0.5)])
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+_BINARY = {"add": (F.add, F.add_backward, torch.add), "sub": (F.sub, F.sub_backward, torch.sub),
+           "mul": (F.mul, F.mul_backward, torch.mul), "div": (F.div, F.div_backward, torch.div),
+           "maximum": (F.maximum, F.maximum_backward, torch.maximum),
+           "minimum": (F.minimum, F.minimum_backward, torch.minimum)}
+
+
+@_profile
+@given(data=st.data())
+def test_binary_broadcasting_and_numbers(data):
+    draw = data.draw
+    name = draw(st.sampled_from(sorted(_BINARY)))
+    forward, backward, torch_forward = _BINARY[name]
+    out = _dims(draw, 1, 4, 3)
+    # x / y rounds; its gradients round in another order than torch's (tests/test_functional.py): 2 ulps.
+    tolerance = ulp(2) if name == "div" else EXACT  # with a number: g / c, one rounding each side
+    low = 1 if name == "div" else -3  # nonzero divisors; few values elsewhere (ties for maximum and minimum)
+    if name not in ("maximum", "minimum") and draw(st.booleans()):  # a number as `other`
+        number = draw(st.sampled_from([0.375, -2.0, 1.5, 3.0]))
+        x = _values(draw, out, low=-3, high=4)
+        _run(draw, lambda a, **kw: forward(a, number, **kw), lambda g, ctx: backward(g, ctx).input,
+             lambda t: torch_forward(t, number), [x], tolerance)
+        return
+
+    def operand():  # right-aligned: a suffix of the output's dims, each kept or 1
+        rank = draw(st.integers(0, len(out)))
+        return tuple(d if draw(st.booleans()) else 1 for d in out[len(out) - rank:])
+
+    lhs, rhs = operand(), operand()
+    if not lhs and not rhs:
+        lhs = out
+    x, y = _values(draw, lhs, low=-3, high=4), _values(draw, rhs, low=low, high=4)
+    if name != "div":
+        _run(draw, forward, backward, torch_forward, [x, y])
+        return
+    # x / y rounds once (ulps); a broadcast operand's gradient sums rounded quotients -g / y and -g x / y^2
+    # over the dims it was broadcast along, in another order than torch's, and they may cancel: within
+    # (count + 4) eps of the sum of the terms' magnitudes.
+    ctx = F.Context()
+    got = F.div(x, y, ctx=ctx)
+    tx, ty = torch.tensor(x, requires_grad=True), torch.tensor(y, requires_grad=True)
+    expected = torch.div(tx, ty)
+    _check(got, expected.detach().numpy(), EXACT, "output")  # one correctly rounded division
+    for _ in range(2):
+        assert F.div(x, y).tobytes() == got.tobytes(), "a call without a Context"
+    grad = _values(draw, tuple(expected.shape), scale=0.5)
+    expected.backward(torch.from_numpy(grad))
+    grads = F.div_backward(grad, ctx)
+    count = grad.size // max(min(x.size, y.size), 1) + 4
+    _close(grads.input, tx.grad.numpy(), count * EPS * _reduce_to(np.abs(grad / y), x.shape), "gradient of input")
+    _close(grads.other, ty.grad.numpy(), count * EPS * _reduce_to(np.abs(grad * x / (y * y)), y.shape),
+           "gradient of other")
+
+
+# --------------------------------------------------------------------------- batch_norm
+
+
+@_profile
+@given(data=st.data())
+def test_batch_norm_forms(data):
+    draw = data.draw
+    dims = draw(_image(max_side=5))
+    if math.prod(dims) // dims[1] < 2:
+        dims = (2, *dims[1:])  # training needs more than one value a channel
+    channels = dims[1]
+    training = draw(st.booleans())
+    momentum = draw(st.sampled_from([0.1, 0.03, 0.5]))
+    eps = draw(st.sampled_from([1e-5, 1e-3]))
+    affine = draw(st.sampled_from(["weight and bias", "weight", "bias", "none"]))
+    x = _values(draw, dims)
+    mean, var = _values(draw, (channels,)), np.abs(_values(draw, (channels,))) + 0.5
+    weight = _values(draw, (channels,), scale=0.5) if "weight" in affine else None
+    bias = _values(draw, (channels,)) if affine in ("weight and bias", "bias") else None
+    ours_mean, ours_var = mean.copy(), var.copy()
+    torch_mean, torch_var = torch.tensor(mean), torch.tensor(var)
+    tensors = [torch.tensor(x, requires_grad=True)]
+    for array in (weight, bias):
+        tensors.append(None if array is None else torch.tensor(array, requires_grad=True))
+    ctx = F.Context()
+    got = F.batch_norm(x, ours_mean, ours_var, weight, bias, training, momentum, eps, ctx=ctx)
+    expected = TF.batch_norm(tensors[0], torch_mean, torch_var, tensors[1], tensors[2], training, momentum, eps)
+    # Bounds from the magnitudes of the terms, which cancel: the statistics are sums of `count` inexact terms
+    # (mean, the squared deviations), invstd adds a few roundings, and each gradient is such a sum again.
+    # 64 (count + 8) eps of them is far inside what a wrong form (momentum, eps, affine, mode) would move.
+    count = math.prod(dims) // channels
+    slack = 64 * (count + 8) * EPS
+    per_channel = (1, channels, 1, 1)
+    center = x.mean(axis=(0, 2, 3)) if training else mean
+    invstd = 1 / np.sqrt((x.var(axis=(0, 2, 3)) if training else var) + eps)
+    w = np.ones(channels) if weight is None else np.abs(weight)
+    b = np.zeros(channels) if bias is None else np.abs(bias)
+    xhat = (np.abs(x) + np.abs(center).reshape(per_channel)) * invstd.reshape(per_channel)
+    _close(got, expected.detach().numpy(), slack * (xhat * w.reshape(per_channel) + b.reshape(per_channel)), "output")
+    _close(ours_mean, torch_mean.numpy(), slack * (np.abs(center) + np.abs(mean)), "running_mean")
+    _close(ours_var, torch_var.numpy(), slack * (np.abs(x).max() ** 2 + np.abs(mean).max() ** 2 + var), "running_var")
+    grad = _values(draw, dims, scale=0.5)
+    expected.backward(torch.from_numpy(grad))
+    grads = F.batch_norm_backward(grad, ctx)
+    terms = np.abs(grad) * (1 + xhat) ** 2  # g, mean(g) and xhat mean(g xhat)
+    bounds = {"input": slack * (w * invstd).reshape(per_channel) * terms.max(axis=(0, 2, 3), keepdims=True),
+              "weight": slack * (np.abs(grad) * xhat).sum(axis=(0, 2, 3)), "bias": 0.0}
+    for name, got_grad, tensor in zip(("input", "weight", "bias"), grads, tensors):
+        if tensor is None:
+            assert got_grad is None, f"{name}: no gradient without the tensor"
+        else:
+            _close(got_grad, tensor.grad.numpy(), bounds[name], f"{name} gradient")
