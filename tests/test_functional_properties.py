@@ -1,4 +1,4 @@
-"""kernels.functional against torch.nn.functional over drawn argument forms (hypothesis, on the CPU).
+"""kernels.functional against torch.nn.functional over drawn argument forms (hypothesis), on each device.
 
 tests/test_functional.py checks each function on chosen cases. Here hypothesis draws what a caller
 may pass: ints, pairs and one-element lists for the pair arguments, stride None, padding "same" and
@@ -13,6 +13,8 @@ float64: `EXACT` wherever the math is a sum of products, a selection or a copy; 
 tests/test_functional.py where it is not (softmax's exp, batch norm's statistics, avg pooling's and
 bilinear's divisions), with the same reasons. Profiles as tests/test_properties.py's: `ci` (the
 default, derandomized, 40 examples a function) and `device` (HYPOTHESIS_PROFILE=device, 500, random).
+On the GPU (marked `gpu`, skipped with the reason where there is none) every call is given the device's
+stream, and the plans are the GPU's own (kept in the stream's runtime).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ import kernels.functional as F
 from conformance.case import EXACT, ulp
 from conformance.compare import compare
 
+from .conftest import require
+from .properties import Device
+
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
 
@@ -36,6 +41,17 @@ _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
 _PROFILES = {"ci": dict(max_examples=40, derandomize=True, print_blob=True, **_COMMON),
              "device": dict(max_examples=500, **_COMMON)}
 _profile = settings(**_PROFILES.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), _PROFILES["ci"]))
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def dev(request):
+    """The device's stream, handle and arrays (tests/properties.py's Device); the GPU skipped with the reason
+    where it is unavailable. `call` holds the keywords every call takes: the device's stream."""
+    require(request.param)
+    device = Device(request.param)
+    device.call = {"stream": device.stream}
+    yield device
+    device.close()
 
 
 def _check(got, expected, tolerance, what):
@@ -75,6 +91,13 @@ def _values(draw, dims, scale=0.25, low=-8, high=9, distinct=False):
     return np.asarray(rng.integers(low, high, dims) * scale, dtype=np.float64)  # an array at rank 0 too
 
 
+def _pair(form):
+    """A pair argument's (h, w), as the layer and torch read it."""
+    if isinstance(form, int):
+        return form, form
+    return (form[0], form[0]) if len(form) == 1 else tuple(form)
+
+
 def _pair_form(draw, pair):
     """A pair argument as a caller may write it: an int where both are equal, a tuple, a list, [k]."""
     if pair[0] == pair[1]:
@@ -82,24 +105,34 @@ def _pair_form(draw, pair):
     return draw(st.sampled_from([tuple(pair), list(pair)]))
 
 
-def _run(draw, forward, backward, torch_forward, inputs, tolerance=EXACT, grad_tolerance=None, grad_scale=0.5):
-    """Forward with a Context and backward against torch autograd (float64); then two forwards without a
-    Context (the second on the form's plan), which must give the Context forward's bits. `forward(*arrays,
-    ctx=)` and `torch_forward(*tensors)` return one tensor; `backward(grad, ctx)` the inputs' gradients."""
+def _run(dev, draw, forward, backward, torch_forward, inputs, tolerance=EXACT, grad_tolerance=None, grad_scale=0.5):
+    """Forward with a Context and backward on `dev` against torch autograd (float64, on the CPU); then two
+    forwards without a Context (the second on the form's plan), which must give the Context forward's bits.
+    `forward(*arrays, **keywords)` and `torch_forward(*tensors)` return one tensor; `backward(grad, ctx,
+    **keywords)` the inputs' gradients. `inputs` are host arrays."""
     ctx = F.Context()
-    output = forward(*inputs, ctx=ctx)
+    arrays = [dev.put(a) for a in inputs]
+    output = dev.host(forward(*arrays, ctx=ctx, **dev.call))
     tensors = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in inputs]
     expected = torch_forward(*tensors)
     _check(output, expected.detach().numpy(), tolerance, "output")
     grad = _values(draw, tuple(expected.shape), scale=grad_scale)
     expected.backward(torch.from_numpy(grad))
-    grads = backward(grad, ctx)
+    grads = backward(dev.put(grad), ctx, **dev.call)
     grads = list(grads) if isinstance(grads, (tuple, list)) else [grads]
     assert len(grads) == len(tensors)
     for i, (got, tensor) in enumerate(zip(grads, tensors)):
-        _check(got, tensor.grad.numpy(), grad_tolerance or tolerance, f"gradient of input {i}")
+        if callable(grad_tolerance):  # a bound of the terms' magnitudes (_close)
+            _close(dev.host(got), tensor.grad.numpy(), grad_tolerance(i, grad), f"gradient of input {i}")
+        else:
+            _check(dev.host(got), tensor.grad.numpy(), grad_tolerance or tolerance, f"gradient of input {i}")
+    _same_again(dev, output, lambda: forward(*arrays, **dev.call))
+
+
+def _same_again(dev, output, call):
+    """Two calls without a Context (the second on the form's plan) give the Context call's bits."""
     for _ in range(2):
-        again = forward(*inputs)
+        again = dev.host(call())
         assert again.shape == output.shape and again.tobytes() == output.tobytes(), "a call without a Context"
 
 
@@ -115,7 +148,7 @@ def _image(draw, channels=None, min_side=1, max_side=7):
 
 @_profile
 @given(data=st.data())
-def test_conv2d_forms(data):
+def test_conv2d_forms(dev, data):
     draw = data.draw
     groups = draw(st.sampled_from([1, 1, 2, 3]))
     per_group = draw(st.integers(1, 3))
@@ -142,12 +175,12 @@ def test_conv2d_forms(data):
         inputs.append(_values(draw, (out_channels,)))
     with_bias = len(inputs) == 3
 
-    def backward(g, ctx):
-        grads = F.conv2d_backward(g, ctx)
+    def backward(g, ctx, **kw):
+        grads = F.conv2d_backward(g, ctx, **kw)
         assert (grads.bias is None) != with_bias
         return grads if with_bias else grads[:2]
 
-    _run(draw, lambda *a, **kw: F.conv2d(*a, **keywords, **kw), backward,
+    _run(dev, draw, lambda *a, **kw: F.conv2d(*a, **keywords, **kw), backward,
          lambda *t: TF.conv2d(*t, **keywords), inputs)
 
 
@@ -168,21 +201,30 @@ def _pool_forms(draw):
 
 @_profile
 @given(data=st.data())
-def test_max_pool2d_forms(data):
+def test_max_pool2d_forms(dev, data):
     dims, keywords = data.draw(_pool_forms())
-    _run(data.draw, lambda x, **kw: F.max_pool2d(x, **keywords, **kw), F.max_pool2d_backward,
+    _run(dev, data.draw, lambda x, **kw: F.max_pool2d(x, **keywords, **kw), F.max_pool2d_backward,
          lambda x: TF.max_pool2d(x, **keywords), [_values(data.draw, dims, distinct=True)])
 
 
 @_profile
 @given(data=st.data())
-def test_avg_pool2d_forms(data):
+def test_avg_pool2d_forms(dev, data):
     dims, keywords = data.draw(_pool_forms())
     keywords["count_include_pad"] = data.draw(st.booleans())
-    # The window's sum is exact, its division by a divisor other than a power of two rounds: torch divides the
-    # sum once, as ours; the gradient adds rounded quotients, in another order than torch's (1 and 2 ulps).
-    _run(data.draw, lambda x, **kw: F.avg_pool2d(x, **keywords, **kw), F.avg_pool2d_backward,
-         lambda x: TF.avg_pool2d(x, **keywords), [_values(data.draw, dims)], ulp(1), ulp(2))
+    x = _values(data.draw, dims)
+    windows = math.prod(_pair(keywords["kernel_size"]))
+
+    def bound(_, grad):  # each input's sum of g / divisor over the windows holding it, of |g|: torch's own
+        tensor = torch.tensor(x, requires_grad=True)
+        TF.avg_pool2d(tensor, **keywords).backward(torch.from_numpy(np.abs(grad)))
+        return (windows + 4) * EPS * tensor.grad.numpy()
+
+    # The window's sum is exact and its division by a divisor other than a power of two rounds once (ulp(1) on
+    # either side of it: a division, or a product by the reciprocal); the gradient adds rounded quotients in
+    # another order than torch's, which may cancel: within (window + 4) eps of the sum of their magnitudes.
+    _run(dev, data.draw, lambda a, **kw: F.avg_pool2d(a, **keywords, **kw), F.avg_pool2d_backward,
+         lambda t: TF.avg_pool2d(t, **keywords), [x], ulp(2), bound)
 
 
 # --------------------------------------------------------------------------- interpolate
@@ -190,7 +232,7 @@ def test_avg_pool2d_forms(data):
 
 @_profile
 @given(data=st.data())
-def test_interpolate_forms(data):
+def test_interpolate_forms(dev, data):
     draw = data.draw
     dims = draw(_image(max_side=5))
     mode = draw(st.sampled_from(["nearest", "bilinear"]))
@@ -202,7 +244,7 @@ def test_interpolate_forms(data):
         keywords["size"] = draw(st.sampled_from([tuple(size), list(size)] + ([size[0]] if size[0] == size[1] else [])))
     else:
         keywords["scale_factor"] = {"int": scale, "float": float(scale), "pair": (float(scale), float(scale))}[how]
-    _run(draw, lambda x, **kw: F.interpolate(x, **keywords, **kw), F.interpolate_backward,
+    _run(dev, draw, lambda x, **kw: F.interpolate(x, **keywords, **kw), F.interpolate_backward,
          lambda x: TF.interpolate(x, **keywords), [_values(draw, dims)])
 
 
@@ -215,30 +257,31 @@ def _dims(draw, min_rank=1, max_rank=4, max_side=4):
 
 @_profile
 @given(data=st.data())
-def test_softmax_dims(data):
+def test_softmax_dims(dev, data):
     dims = _dims(data.draw)
     dim = data.draw(st.integers(-len(dims), len(dims) - 1))
     x = _values(data.draw, dims)
     ctx = F.Context()
-    got = F.softmax(x, dim, ctx=ctx)
+    array = dev.put(x)
+    got = dev.host(F.softmax(array, dim, ctx=ctx, **dev.call))
     tensor = torch.tensor(x, requires_grad=True)
     expected = TF.softmax(tensor, dim)
-    # exp comes from NumPy here and from ATen there: a few ulps (tests/test_functional.py).
+    # exp comes from NumPy or CUDA here and from ATen there: a few ulps (tests/test_functional.py).
     _check(got, expected.detach().numpy(), ulp(4), "output")
-    for _ in range(2):
-        assert F.softmax(x, dim).tobytes() == got.tobytes(), "a call without a Context"
+    _same_again(dev, got, lambda: F.softmax(array, dim, **dev.call))
     grad = _values(data.draw, dims, scale=0.5)
     expected.backward(torch.from_numpy(grad))
     # y (g - sum(g y)) cancels: within (n + 8) eps of its terms' magnitudes, n the length of the dim, and
     # 4 ulps of y's own error in each (4 more).
     y = expected.detach().numpy()
     terms = y * (np.abs(grad) + (np.abs(grad) * y).sum(axis=dim, keepdims=True))
-    _close(F.softmax_backward(grad, ctx), tensor.grad.numpy(), (dims[dim] + 12) * EPS * terms, "input gradient")
+    _close(dev.host(F.softmax_backward(dev.put(grad), ctx, **dev.call)), tensor.grad.numpy(),
+           (dims[dim] + 12) * EPS * terms, "input gradient")
 
 
 @_profile
 @given(data=st.data())
-def test_cat_dims(data):
+def test_cat_dims(dev, data):
     draw = data.draw
     dims = _dims(draw)
     axis = draw(st.integers(-len(dims), len(dims) - 1))
@@ -248,12 +291,12 @@ def test_cat_dims(data):
     def forward(*arrays, **kw):
         return F.cat(list(arrays), axis, **kw)
 
-    _run(draw, forward, F.cat_backward, lambda *t: torch.cat(t, axis), inputs)
+    _run(dev, draw, forward, F.cat_backward, lambda *t: torch.cat(t, axis), inputs)
 
 
 @_profile
 @given(data=st.data())
-def test_split_forms(data):
+def test_split_forms(dev, data):
     draw = data.draw
     dims = _dims(draw)
     axis = draw(st.integers(-len(dims), len(dims) - 1))
@@ -265,7 +308,8 @@ def test_split_forms(data):
         sections = [b - a for a, b in zip([0, *cuts], [*cuts, length])]
     x = _values(draw, dims)
     ctx = F.Context()
-    parts = F.split(x, sections, axis, ctx=ctx)
+    array = dev.put(x)
+    parts = [dev.host(part) for part in F.split(array, sections, axis, ctx=ctx, **dev.call)]
     tensor = torch.tensor(x, requires_grad=True)
     expected = torch.split(tensor, sections, axis)
     assert len(parts) == len(expected)
@@ -277,14 +321,16 @@ def test_split_forms(data):
     keep[draw(st.integers(0, len(parts) - 1))] = True
     grads = [_values(draw, tuple(p.shape)) if k else None for p, k in zip(expected, keep)]
     sum((p * torch.from_numpy(g)).sum() for p, g in zip(expected, grads) if g is not None).backward()
-    _check(F.split_backward(grads, ctx), tensor.grad.numpy(), EXACT, "input gradient")
-    for i, got in enumerate(F.split(x, sections, axis)):
-        assert got.tobytes() == parts[i].tobytes(), "a call without a Context"
+    _check(dev.host(F.split_backward([None if g is None else dev.put(g) for g in grads], ctx, **dev.call)),
+           tensor.grad.numpy(), EXACT, "input gradient")
+    for _ in range(2):
+        again = [dev.host(part) for part in F.split(array, sections, axis, **dev.call)]
+        assert [a.tobytes() for a in again] == [p.tobytes() for p in parts], "a call without a Context"
 
 
 @_profile
 @given(data=st.data())
-def test_reshape_forms(data):
+def test_reshape_forms(dev, data):
     draw = data.draw
     dims = _dims(draw)
     size = math.prod(dims)
@@ -292,7 +338,7 @@ def test_reshape_forms(data):
     if draw(st.booleans()):
         shape[draw(st.integers(0, len(shape) - 1))] = -1
     form = draw(st.sampled_from([tuple, list]))(shape)
-    _run(draw, lambda x, **kw: F.reshape(x, form, **kw), F.reshape_backward, lambda x: torch.reshape(x, form),
+    _run(dev, draw, lambda x, **kw: F.reshape(x, form, **kw), F.reshape_backward, lambda x: torch.reshape(x, form),
          [_values(draw, dims)])
 
 
@@ -309,25 +355,25 @@ def _factors(size):
 
 @_profile
 @given(data=st.data())
-def test_permute_and_transpose_forms(data):
+def test_permute_and_transpose_forms(dev, data):
     draw = data.draw
     dims = _dims(draw)
     rank = len(dims)
     x = _values(draw, dims)
     order = [p - rank if draw(st.booleans()) else p for p in draw(st.permutations(range(rank)))]
-    _run(draw, lambda a, **kw: F.permute(a, order, **kw), F.permute_backward, lambda t: t.permute(order), [x])
+    _run(dev, draw, lambda a, **kw: F.permute(a, order, **kw), F.permute_backward, lambda t: t.permute(order), [x])
     first, second = draw(st.integers(-rank, rank - 1)), draw(st.integers(-rank, rank - 1))
-    _run(draw, lambda a, **kw: F.transpose(a, first, second, **kw), F.transpose_backward,
+    _run(dev, draw, lambda a, **kw: F.transpose(a, first, second, **kw), F.transpose_backward,
          lambda t: torch.transpose(t, first, second), [x])
 
 
 @_profile
 @given(data=st.data())
-def test_matmul_forms(data):
+def test_matmul_forms(dev, data):
     draw = data.draw
     leading = _dims(draw, 1, 2, 3)
     m, k, n = draw(st.integers(1, 5)), draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    _run(draw, F.matmul, F.matmul_backward, torch.matmul,
+    _run(dev, draw, F.matmul, F.matmul_backward, torch.matmul,
          [_values(draw, (*leading, m, k)), _values(draw, (*leading, k, n), scale=0.5)])
 
 
@@ -342,7 +388,7 @@ _BINARY = {"add": (F.add, F.add_backward, torch.add), "sub": (F.sub, F.sub_backw
 
 @_profile
 @given(data=st.data())
-def test_binary_broadcasting_and_numbers(data):
+def test_binary_broadcasting_and_numbers(dev, data):
     draw = data.draw
     name = draw(st.sampled_from(sorted(_BINARY)))
     forward, backward, torch_forward = _BINARY[name]
@@ -353,7 +399,7 @@ def test_binary_broadcasting_and_numbers(data):
     if name not in ("maximum", "minimum") and draw(st.booleans()):  # a number as `other`
         number = draw(st.sampled_from([0.375, -2.0, 1.5, 3.0]))
         x = _values(draw, out, low=-3, high=4)
-        _run(draw, lambda a, **kw: forward(a, number, **kw), lambda g, ctx: backward(g, ctx).input,
+        _run(dev, draw, lambda a, **kw: forward(a, number, **kw), lambda g, ctx, **kw: backward(g, ctx, **kw).input,
              lambda t: torch_forward(t, number), [x], tolerance)
         return
 
@@ -366,24 +412,24 @@ def test_binary_broadcasting_and_numbers(data):
         lhs = out
     x, y = _values(draw, lhs, low=-3, high=4), _values(draw, rhs, low=low, high=4)
     if name != "div":
-        _run(draw, forward, backward, torch_forward, [x, y])
+        _run(dev, draw, forward, backward, torch_forward, [x, y])
         return
     # x / y rounds once (ulps); a broadcast operand's gradient sums rounded quotients -g / y and -g x / y^2
     # over the dims it was broadcast along, in another order than torch's, and they may cancel: within
     # (count + 4) eps of the sum of the terms' magnitudes.
     ctx = F.Context()
-    got = F.div(x, y, ctx=ctx)
+    arrays = dev.put(x), dev.put(y)
+    got = dev.host(F.div(*arrays, ctx=ctx, **dev.call))
     tx, ty = torch.tensor(x, requires_grad=True), torch.tensor(y, requires_grad=True)
     expected = torch.div(tx, ty)
     _check(got, expected.detach().numpy(), EXACT, "output")  # one correctly rounded division
-    for _ in range(2):
-        assert F.div(x, y).tobytes() == got.tobytes(), "a call without a Context"
+    _same_again(dev, got, lambda: F.div(*arrays, **dev.call))
     grad = _values(draw, tuple(expected.shape), scale=0.5)
     expected.backward(torch.from_numpy(grad))
-    grads = F.div_backward(grad, ctx)
+    grads = [dev.host(g) for g in F.div_backward(dev.put(grad), ctx, **dev.call)]
     count = grad.size // max(min(x.size, y.size), 1) + 4
-    _close(grads.input, tx.grad.numpy(), count * EPS * _reduce_to(np.abs(grad / y), x.shape), "gradient of input")
-    _close(grads.other, ty.grad.numpy(), count * EPS * _reduce_to(np.abs(grad * x / (y * y)), y.shape),
+    _close(grads[0], tx.grad.numpy(), count * EPS * _reduce_to(np.abs(grad / y), x.shape), "gradient of input")
+    _close(grads[1], ty.grad.numpy(), count * EPS * _reduce_to(np.abs(grad * x / (y * y)), y.shape),
            "gradient of other")
 
 
@@ -392,7 +438,7 @@ def test_binary_broadcasting_and_numbers(data):
 
 @_profile
 @given(data=st.data())
-def test_batch_norm_forms(data):
+def test_batch_norm_forms(dev, data):
     draw = data.draw
     dims = draw(_image(max_side=5))
     if math.prod(dims) // dims[1] < 2:
@@ -406,13 +452,15 @@ def test_batch_norm_forms(data):
     mean, var = _values(draw, (channels,)), np.abs(_values(draw, (channels,))) + 0.5
     weight = _values(draw, (channels,), scale=0.5) if "weight" in affine else None
     bias = _values(draw, (channels,)) if affine in ("weight and bias", "bias") else None
-    ours_mean, ours_var = mean.copy(), var.copy()
     torch_mean, torch_var = torch.tensor(mean), torch.tensor(var)
     tensors = [torch.tensor(x, requires_grad=True)]
     for array in (weight, bias):
         tensors.append(None if array is None else torch.tensor(array, requires_grad=True))
     ctx = F.Context()
-    got = F.batch_norm(x, ours_mean, ours_var, weight, bias, training, momentum, eps, ctx=ctx)
+    running = dev.put(mean), dev.put(var)  # updated in place by a training call
+    got = dev.host(F.batch_norm(dev.put(x), *running, None if weight is None else dev.put(weight),
+                                None if bias is None else dev.put(bias), training, momentum, eps, ctx=ctx, **dev.call))
+    ours_mean, ours_var = dev.host(running[0]), dev.host(running[1])
     expected = TF.batch_norm(tensors[0], torch_mean, torch_var, tensors[1], tensors[2], training, momentum, eps)
     # Bounds from the magnitudes of the terms, which cancel: the statistics are sums of `count` inexact terms
     # (mean, the squared deviations), invstd adds a few roundings, and each gradient is such a sum again.
@@ -430,7 +478,7 @@ def test_batch_norm_forms(data):
     _close(ours_var, torch_var.numpy(), slack * (np.abs(x).max() ** 2 + np.abs(mean).max() ** 2 + var), "running_var")
     grad = _values(draw, dims, scale=0.5)
     expected.backward(torch.from_numpy(grad))
-    grads = F.batch_norm_backward(grad, ctx)
+    grads = [None if g is None else dev.host(g) for g in F.batch_norm_backward(dev.put(grad), ctx, **dev.call)]
     terms = np.abs(grad) * (1 + xhat) ** 2  # g, mean(g) and xhat mean(g xhat)
     bounds = {"input": slack * (w * invstd).reshape(per_channel) * terms.max(axis=(0, 2, 3), keepdims=True),
               "weight": slack * (np.abs(grad) * xhat).sum(axis=(0, 2, 3)), "bias": 0.0}
