@@ -9,9 +9,11 @@ Context (the second call runs on the form's plan) for the same bits: every form 
 mean what it means to torch, and no two forms may share a plan.
 
 Values are small dyadic numbers (multiples of 1/4 or 1/2), so every product and sum here is exact in
-float64: `EXACT` wherever the math is a sum of products, a selection or a copy; the few ulps of
-tests/test_functional.py where it is not (softmax's exp, batch norm's statistics, avg pooling's and
-bilinear's divisions), with the same reasons. Profiles as tests/test_properties.py's: `ci` (the
+float64: `EXACT` wherever the math is a sum of products, a selection or a copy (bilinear at scale 2
+too: weights 1/4 and 3/4). Where it is not: a few ulps for one rounded operation (softmax's exp, a
+division, avg pooling's divisor), and where rounded terms are summed and may cancel (div's broadcast
+gradients, avg pooling's and softmax's gradients, batch norm), a bound made of the terms' magnitudes
+(_close), since ulps of a cancelled result say nothing. Profiles as tests/test_properties.py's: `ci` (the
 default, derandomized, 40 examples a function) and `device` (HYPOTHESIS_PROFILE=device, 500, random).
 On the GPU (marked `gpu`, skipped with the reason where there is none) every call is given the device's
 stream, and the plans are the GPU's own (kept in the stream's runtime).
