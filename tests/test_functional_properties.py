@@ -257,11 +257,16 @@ def _dims(draw, min_rank=1, max_rank=4, max_side=4):
     return tuple(draw(st.integers(1, max_side)) for _ in range(draw(st.integers(min_rank, max_rank))))
 
 
+def _dims_and_axis(draw):
+    """Dims of rank 1 to 4 and a dim of them, negative or not."""
+    dims = _dims(draw)
+    return dims, draw(st.integers(-len(dims), len(dims) - 1))
+
+
 @_profile
 @given(data=st.data())
 def test_softmax_dims(dev, data):
-    dims = _dims(data.draw)
-    dim = data.draw(st.integers(-len(dims), len(dims) - 1))
+    dims, dim = _dims_and_axis(data.draw)
     x = _values(data.draw, dims)
     ctx = F.Context()
     array = dev.put(x)
@@ -285,8 +290,7 @@ def test_softmax_dims(dev, data):
 @given(data=st.data())
 def test_cat_dims(dev, data):
     draw = data.draw
-    dims = _dims(draw)
-    axis = draw(st.integers(-len(dims), len(dims) - 1))
+    dims, axis = _dims_and_axis(draw)
     sizes = draw(st.lists(st.integers(1, 3), min_size=2, max_size=4))
     inputs = [_values(draw, tuple(s if d == axis % len(dims) else n for d, n in enumerate(dims))) for s in sizes]
 
@@ -300,8 +304,7 @@ def test_cat_dims(dev, data):
 @given(data=st.data())
 def test_split_forms(dev, data):
     draw = data.draw
-    dims = _dims(draw)
-    axis = draw(st.integers(-len(dims), len(dims) - 1))
+    dims, axis = _dims_and_axis(draw)
     length = dims[axis]
     if draw(st.booleans()):
         sections = draw(st.integers(1, length + 1))  # a size: the last part may be shorter
