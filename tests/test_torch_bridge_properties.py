@@ -15,25 +15,18 @@ On CUDA (marked `gpu`) the tensors are CUDA tensors and the bridge runs on torch
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from .conftest import require
-from .test_functional_properties import EPS, _close, _values
+from .test_functional_properties import EPS, _close, _profile, _values  # the same profiles (ci, device)
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
 KT = pytest.importorskip("kernels.torch")
-
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-_PROFILES = {"ci": dict(max_examples=40, derandomize=True, print_blob=True, **_COMMON),
-             "device": dict(max_examples=500, **_COMMON)}
-_profile = settings(**_PROFILES.get(os.environ.get("HYPOTHESIS_PROFILE", "ci"), _PROFILES["ci"]))
-
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def device(request):
