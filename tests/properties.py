@@ -153,6 +153,14 @@ def small_dims(draw: Any, rank: int, low: int = 0, high: int = 5) -> tuple[int, 
     return tuple(draw(st.integers(low, high)) for _ in range(rank))
 
 
+def reduce_to(terms: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+    """Sum per-output-element terms over the dims an operand of `dims` was broadcast along."""
+    lead = terms.ndim - len(dims)
+    summed = terms.sum(axis=tuple(range(lead))) if lead else terms
+    axes = tuple(i for i, d in enumerate(dims) if d == 1 and summed.shape[i] != 1)
+    return summed.sum(axis=axes, keepdims=True) if axes else summed
+
+
 # --------------------------------------------------------------------------- checks
 
 

@@ -31,10 +31,9 @@ from hypothesis import strategies as st
 
 import kernels.functional as F
 from conformance.case import EXACT, ulp
-from conformance.compare import compare
 
 from .conftest import require
-from .properties import Device
+from .properties import Device, Expect, check, draw_values, eps, reduce_to, seeded
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -57,40 +56,30 @@ def dev(request):
 
 
 def _check(got, expected, tolerance, what):
-    report = compare(np.asarray(got), np.asarray(expected, dtype=np.float64), tolerance)
-    assert report is None, f"{what}: {report}"
+    """got against expected (float64) within `tolerance` (EXACT or ulp(n)): tests/properties.py's check."""
+    report = check(what, np.asarray(got), Expect(np.asarray(expected, np.float64), ulps=tolerance.ulps), np.float64)
+    assert report is None, report
 
 
 def _close(got, expected, bound, what):
-    """|got - expected| <= bound elementwise (NaN-free values): for sums whose terms are inexact and may cancel,
+    """|got - expected| <= bound elementwise (NaN matching NaN): for sums whose terms are inexact and may cancel,
     where ulps of the result say nothing; the bound is made of the magnitudes of the terms."""
-    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
-    assert got.shape == expected.shape, f"{what}: dims {got.shape}, expected {expected.shape}"
-    error = np.abs(got - expected)
-    bad = ~(error <= bound)
-    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.size} values differ by more than the bound; "
-                           f"first at {np.argwhere(bad)[0].tolist()}: got {got[bad][0]!r}, expected "
-                           f"{expected[bad][0]!r}, bound {np.broadcast_to(bound, bad.shape)[bad][0]!r}")
+    expected = np.asarray(expected, np.float64)
+    report = check(what, np.asarray(got), Expect(expected, np.broadcast_to(bound, expected.shape)), np.float64)
+    assert report is None, report
 
 
-def _reduce_to(terms, dims):
-    """Sum per-output-element terms over the dims an operand of `dims` was broadcast along."""
-    lead = terms.ndim - len(dims)
-    summed = terms.sum(axis=tuple(range(lead))) if lead else terms
-    axes = tuple(i for i, d in enumerate(dims) if d == 1 and summed.shape[i] != 1)
-    return summed.sum(axis=axes, keepdims=True) if axes else summed
+EPS = eps(np.float64)
 
 
-EPS = float(np.finfo(np.float64).eps)
-
-
-def _values(draw, dims, scale=0.25, low=-8, high=9, distinct=False):
-    """Small multiples of `scale` (seeded by the draw); `distinct`: no two equal (no ties for an argmax)."""
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    count = math.prod(dims)
+def _values(draw, dims, scale=0.25, limit=8, positive=False, distinct=False):
+    """Multiples of `scale` in [-limit * scale, limit * scale] (in [scale, limit * scale] where positive), seeded by
+    the draw (tests/properties.py's draw_values); `distinct`: no two equal (no ties for an argmax)."""
+    rng = seeded(draw)
     if distinct:
+        count = math.prod(dims)
         return ((rng.permutation(count) - count // 2) * scale).reshape(dims).astype(np.float64)
-    return np.asarray(rng.integers(low, high, dims) * scale, dtype=np.float64)  # an array at rank 0 too
+    return draw_values(rng, tuple(dims), np.float64, True, step=scale, limit=limit, positive=positive)
 
 
 def _pair(form):
@@ -400,10 +389,10 @@ def test_binary_broadcasting_and_numbers(dev, data):
     out = _dims(draw, 1, 4, 3)
     # x / y rounds; its gradients round in another order than torch's (tests/test_functional.py): 2 ulps.
     tolerance = ulp(2) if name == "div" else EXACT  # with a number: g / c, one rounding each side
-    low = 1 if name == "div" else -3  # nonzero divisors; few values elsewhere (ties for maximum and minimum)
+    # Few values (ties for maximum and minimum), divisors positive (nonzero).
     if name not in ("maximum", "minimum") and draw(st.booleans()):  # a number as `other`
         number = draw(st.sampled_from([0.375, -2.0, 1.5, 3.0]))
-        x = _values(draw, out, low=-3, high=4)
+        x = _values(draw, out, limit=3)
         _run(dev, draw, lambda a, **kw: forward(a, number, **kw), lambda g, ctx, **kw: backward(g, ctx, **kw).input,
              lambda t: torch_forward(t, number), [x], tolerance)
         return
@@ -415,7 +404,7 @@ def test_binary_broadcasting_and_numbers(dev, data):
     lhs, rhs = operand(), operand()
     if not lhs and not rhs:
         lhs = out
-    x, y = _values(draw, lhs, low=-3, high=4), _values(draw, rhs, low=low, high=4)
+    x, y = _values(draw, lhs, limit=3), _values(draw, rhs, limit=3, positive=name == "div")
     if name != "div":
         _run(dev, draw, forward, backward, torch_forward, [x, y])
         return
@@ -433,8 +422,8 @@ def test_binary_broadcasting_and_numbers(dev, data):
     expected.backward(torch.from_numpy(grad))
     grads = [dev.host(g) for g in F.div_backward(dev.put(grad), ctx, **dev.call)]
     count = grad.size // max(min(x.size, y.size), 1) + 4
-    _close(grads[0], tx.grad.numpy(), count * EPS * _reduce_to(np.abs(grad / y), x.shape), "gradient of input")
-    _close(grads[1], ty.grad.numpy(), count * EPS * _reduce_to(np.abs(grad * x / (y * y)), y.shape),
+    _close(grads[0], tx.grad.numpy(), count * EPS * reduce_to(np.abs(grad / y), x.shape), "gradient of input")
+    _close(grads[1], ty.grad.numpy(), count * EPS * reduce_to(np.abs(grad * x / (y * y)), y.shape),
            "gradient of other")
 
 

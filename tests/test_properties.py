@@ -69,6 +69,7 @@ from .properties import (
     eps,
     exact_sum,
     grads_of,
+    reduce_to,
     seeded,
     small_dims,
     sum_bound,
@@ -828,14 +829,6 @@ def element_binary_run(dev, s):
     return _binary_run(element_binary, dev, s)
 
 
-def _reduce_to(terms, dims):
-    """Sum per-output-element terms over the dims an operand of `dims` was broadcast along."""
-    lead = terms.ndim - len(dims)
-    summed = terms.sum(axis=tuple(range(lead))) if lead else terms
-    axes = tuple(i for i, d in enumerate(dims) if d == 1 and summed.shape[i] != 1)
-    return summed.sum(axis=axes, keepdims=True) if axes else summed
-
-
 _BINARY = {"ADD": torch.add, "SUB": torch.sub, "MUL": torch.mul, "DIV": torch.div, "MAX": torch.maximum,
            "MIN": torch.minimum}
 # Roundings inside one gradient term: g, -g, g / 2 are exact; g * rhs, g / rhs one; DIV's rhs term
@@ -854,9 +847,9 @@ def element_binary_expect(s):
     # Forward: one correctly rounded operation or a selection: exact, the same bits on the GPU.
     result = {"output": Expect(out.detach().numpy())}
     for side, operand, term, roundings in zip(("lhs", "rhs"), (lhs, rhs), terms, _TERM_ROUNDINGS[name]):
-        ref = _reduce_to(term, operand.shape)
+        ref = reduce_to(term, operand.shape)
         count = int(np.prod(out_dims, dtype=np.int64)) // max(1, operand.size) if operand.size else 0
-        abs_sum = _reduce_to(np.abs(term), operand.shape)
+        abs_sum = reduce_to(np.abs(term), operand.shape)
         # One term (no broadcast) with at most one rounding: correctly rounded, exact. Dyadic terms
         # without a division: exact sums. Otherwise a sum of `count` terms of `roundings` each.
         if count <= 1 and roundings <= 1:

@@ -21,8 +21,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance.case import EXACT
+
 from .conftest import require
-from .test_functional_properties import EPS, _close, _profile, _values  # the same profiles (ci, device)
+from .test_functional_properties import EPS, _check, _close, _profile, _values  # the same profiles (ci, device)
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -69,7 +71,7 @@ def _compare(draw, ours, theirs, tensors, bound=None):
     for i, (what, a, b) in enumerate(checks):
         a, b = a.detach().cpu().numpy(), b.detach().cpu().numpy()
         if bound is None:
-            assert a.shape == b.shape and np.array_equal(a, b), f"{what}: {np.abs(a - b).max()} apart"
+            _check(a, b, EXACT, what)
         else:
             _close(a, b, bound(i, b), what)
 
