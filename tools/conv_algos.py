@@ -183,13 +183,15 @@ def main() -> None:
         kernels.conv_2d.cleanup_kernel(handle, state)
 
 
-def torch_timed(function, count: int) -> tuple[float, float]:
-    """Host and device us a call of a PyTorch function, timed as timed() times ours."""
+def torch_timed(function, count: int, sleep_cycles: int = 400_000) -> tuple[float, float]:
+    """Host and device us a call of a PyTorch function, timed as timed() times ours: the calls enqueued behind a
+    sleep of `sleep_cycles` a call (about 2 GHz: 200 us a call by default), so the device time is theirs back to
+    back (also tools/depthwise_times.py's)."""
     for _ in range(2):
         function()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(count * 400_000)  # cycles (about 2 GHz): 200 us a call, as above
+    torch.cuda._sleep(count * sleep_cycles)
     begun = time.perf_counter()
     start.record()
     for _ in range(count):

@@ -29,6 +29,7 @@ import kernels  # noqa: E402
 from conformance.harness import spin  # noqa: E402
 from kernels import Activation, Conv2DAttrs, TensorShape, conv_2d  # noqa: E402
 from kernels.conv_2d import gpu as conv_gpu  # noqa: E402
+from tools.conv_algos import torch_timed  # noqa: E402
 
 # (input dims, kernel, stride): yolov10x's C2fCIB 3x3 at 40x40 and 20x20, SCDown's stride 2, the n and s
 # variants' 7x7, and a batch-1 shape.
@@ -62,17 +63,8 @@ def main() -> None:
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) * 1e3 / arguments.count
 
-    def torch_timed(function) -> float:
-        function()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(arguments.count * 1_000_000)  # cycles (about 2 GHz): 500 us a call, as above
-        start.record()
-        for _ in range(arguments.count):
-            function()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / arguments.count
+    def torch_device(function) -> float:  # 500 us of sleep a call (1e6 cycles), as above
+        return torch_timed(function, arguments.count, 1_000_000)[1]
 
     first = True
     for name in arguments.dtype or ["float16", "float32"]:
@@ -112,9 +104,9 @@ def main() -> None:
                 finally:
                     conv_gpu._CUDA, conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS = saved
             tx, tw, tb, tg = (torch.as_tensor(a, device="cuda") for a in (x, w, b, g))
-            torch_forward = torch_timed(lambda: torch.nn.functional.silu(
+            torch_forward = torch_device(lambda: torch.nn.functional.silu(
                 torch.nn.functional.conv2d(tx, tw, tb, s, k // 2, 1, c)))
-            torch_grad = torch_timed(lambda: torch.ops.aten.convolution_backward(
+            torch_grad = torch_device(lambda: torch.ops.aten.convolution_backward(
                 tg, tx, tw, None, [s, s], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, False, False]))
             if first:
                 print(f"variants compiled and first states made in {time.perf_counter() - begun:.1f} s; "
