@@ -457,10 +457,12 @@ def test_batch_norm_forms(dev, data):
     ours_mean, ours_var = dev.host(running[0]), dev.host(running[1])
     expected = TF.batch_norm(tensors[0], torch_mean, torch_var, tensors[1], tensors[2], training, momentum, eps)
     # Bounds from the magnitudes of the terms, which cancel: the statistics are sums of `count` inexact terms
-    # (mean, the squared deviations), invstd adds a few roundings, and each gradient is such a sum again.
-    # 64 (count + 8) eps of them is far inside what a wrong form (momentum, eps, affine, mode) would move.
+    # (mean, the squared deviations), invstd adds a few roundings, and each gradient is such a sum again. On the
+    # CPU (3 runs of 500 random draws) the largest error was 0.16 (count + 8) eps of its terms (the output's;
+    # the gradients' 0.06); 8 of them leaves 50x for the GPU's other summation order, and is far inside what a
+    # wrong form (momentum, eps, affine, mode) would move.
     count = math.prod(dims) // channels
-    slack = 64 * (count + 8) * EPS
+    slack = 8 * (count + 8) * EPS
     per_channel = (1, channels, 1, 1)
     center = x.mean(axis=(0, 2, 3)) if training else mean
     invstd = 1 / np.sqrt((x.var(axis=(0, 2, 3)) if training else var) + eps)
