@@ -165,6 +165,38 @@ _add_nonfinite("bilinear_x3_one_row_nonfinite_grad", (1, 2, 1, 4), 3, BILINEAR,
 _add_nonfinite("bilinear_x2_one_column_nonfinite_grad", (1, 2, 3, 1), 2, BILINEAR,
                [(0, 0, 1, 0), (0, 1, 4, 1), (0, 1, 0, 1)],
                description="a plane 1 wide: both column taps on column 0, the clamped column 0 with weight 0")
+
+
+# A NaN gradient makes NaN whatever it is multiplied by, so only an infinite one tells whether a
+# kernel adds the zero-weight term (0 * inf is NaN). In the cases above several rules meet at one
+# point, or a NaN sits where the rule is the only one: a kernel that drops one of them passes them.
+# Here each rule has an infinite gradient of its own, in a plane of its own, the other coordinate
+# an ordinary one (two taps, both weights non-zero).
+def _infinite_points(out_dims, points):
+    values = pattern(out_dims, modulus=13, offset=3, scale=0.5)
+    for k, point in enumerate(points):
+        values[point] = (np.inf, -np.inf)[k % 2]
+    return values
+
+
+_add("bilinear_x3_zero_weight_inf_grad", (1, 6, 3, 4), 3, BILINEAR, tolerance=ulp(1),  # measured 1
+     output_grad=_infinite_points((1, 6, 9, 12), [(0, 0, 5, 0), (0, 1, 0, 5), (0, 2, 3, 1), (0, 3, 1, 5),
+                                                 (0, 4, 6, 10), (0, 5, 7, 2)]),
+     description="one rule a plane: the clamped column 0 and row 0 (weight 0 to pixel 1), column 1 and row 1 "
+                 "on pixel 0's centre (weight 0 to pixel 1), column 10 and row 7 on the last pixel's centre "
+                 "(both taps on it, one with weight 0)")
+_add("bilinear_x4_clamped_inf_grad", (1, 2, 2, 2), 4, BILINEAR,
+     output_grad=_infinite_points((1, 2, 8, 8), [(0, 0, 0, 5), (0, 1, 5, 0)]),
+     description="scale 4 on planes 2 wide: rows and columns 0 and 1 are both clamped, and only 0's "
+                 "gradient is infinite")
+_add("bilinear_x3_one_row_inf_grad", (1, 2, 1, 4), 3, BILINEAR, tolerance=ulp(1),  # measured 1
+     output_grad=_infinite_points((1, 2, 3, 12), [(0, 0, 0, 2), (0, 1, 1, 5)]),
+     description="a plane 1 high: rows 0 (clamped) and 1 (on row 0's centre) each give row 0 a second "
+                 "tap of weight 0")
+_add("bilinear_x2_one_column_inf_grad", (1, 2, 3, 1), 2, BILINEAR,
+     output_grad=_infinite_points((1, 2, 6, 2), [(0, 0, 1, 0), (0, 1, 4, 1)]),
+     description="a plane 1 wide: column 0 (clamped) gives column 0 a second tap of weight 0; column 1 "
+                 "gives it weights 3/4 and 1/4, no zero, so its infinity stays one")
 # --------------------------------------------------------------------------- end of non-finite output gradients
 
 
