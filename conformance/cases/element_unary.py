@@ -3,7 +3,8 @@ non-default ELU alpha and SiLU beta, POW exponents 2, 3, 0.5, -1, 0 and a genera
 one, RSQRT on powers of 4 and on other values, the edges (0 for RELU and ELU,
 negative inputs for ELU), and YOLOv10's SiLU and PSA scale (x / sqrt(32)).
 
-Values are quarter- and half-integers in [-2, 2] (wider for sin and cos), and
+Values are quarter- and half-integers in [-2, 2] (wider for sin and cos, and for
+GELU over every band of the CPU's erf), and
 output gradients half-integers in [-2.5, 2.5] that differ from their
 neighbours. Tolerances: EXACT where IEEE arithmetic on these values is exact on
 both devices (relu, identity, scalar ops on dyadic values, pow 2 and 3, rsqrt of
@@ -64,6 +65,14 @@ _both("sigmoid", "SIGMOID", tolerance32=ulp(2), tolerance64=ulp(3))
 _both("tanh", "TANH", tolerance32=ulp(1), tolerance64=ulp(1))
 # gelu: erff/erf, 1 + erf cancels for negative x (covered by the floor). CPU 0/1, H200 1/1.
 _both("gelu", "GELU", tolerance32=ulp(1), tolerance64=ulp(1), description="exact (erf) GELU")
+# GELU past [-2, 2]: erf(x / sqrt 2) in each of the CPU's bands (kernels/activation/cpu.py: the
+# series below 1, the continued fraction in [1, 1.5), [1.5, 2.5), [2.5, 4), [4, 6), and 1 beyond),
+# both signs. The values above reach only the first two: an erf good on [-2, 2] alone passed.
+# For x < 0, GELU is x times a small erfc/2 that 1 + erf cancels to; the floor covers that.
+GELU_BANDS = [0.75, 1.75, 2.25, 2.5, 3.0, 3.5, 4.25, 5.0, 5.75, 6.5, 7.75, 8.5, 9.0, 10.0, 12.0]
+_both("gelu_bands", "GELU", tolerance32=ulp(1), tolerance64=ulp(1),  # CPU 1/1 (H200 not yet run)
+      input=GELU_BANDS + [-x for x in GELU_BANDS],
+      description="exact (erf) GELU over every band of the CPU's erf, both signs")
 # silu: x / (1 + exp(-x)). CPU 1/1, H200 1/0.
 _both("silu", "SILU", tolerance32=ulp(1), tolerance64=ulp(1))
 # CPU 1/1, H200 1/1.
