@@ -6,8 +6,10 @@ non-finite values and a row of one value; in the GPU's shared memory, and past i
 longer than a GPU block (2500, 8400), a float64 row past the GPU's shared-memory cache of a row's keys
 (12300 keys of 8 bytes: read from global memory), several rows, ranks 1 and 3, zero rows,
 float64, float16 and bfloat16, and YOLOv10's two top-ks: 300 of the 8400 anchors of a 640x640 image,
-then 300 of the 300 x 80 class scores of those anchors. Every case also runs the backward with a
-gradient of the values (input_grad: zero but at the selected indices).
+then 300 of the 300 x 80 class scores of those anchors, and a single element. Every case also runs
+the backward with a gradient of the values (input_grad: zero but at the selected indices); a few run it
+on indices of their own instead: repeated (the terms summed, in float32 for the half dtypes) and outside
+[0, n) (skipped).
 
 Every expected value is a selection (values are input elements, indices integers, the gradient a
 placement of values_grad): EXACT everywhere, on both devices.
@@ -116,6 +118,54 @@ _add("large_k_past_shared_sort_1x14000_k13600_f16", (1, 14000), 13600, F16, inpu
                  "227 KiB), the GPU's radix sort in the scratch")
 
 
+_add("one_element_k1", (1,), 1, description="a row of one element: k = n = 1, the whole tensor one element")
+
+
+# --------------------------------------------------------------------------- backward on given indices
+# The backward's contract goes past the gradient of a sort, whose indices are distinct and in [0, n): a
+# caller's indices may repeat (each repeat adds its term, in ascending j, in float32 for the half dtypes,
+# rounded once) or fall outside [0, n) (skipped; an index of 2^40 or -2^63 too, where a 32-bit index or a
+# cast would land inside). A case holding backward_indices runs its forward as the others do, then its
+# backward on those indices rather than the forward's (run, below).
+def _add_given(name, dims, k, indices, values_grad, dtype=np.float32, description="", repeats=None):
+    out_dims = tuple(dims[:-1]) + (k,)
+    inputs = {"input": _scores(dims), "values_grad": np.asarray(values_grad, dtype=np.float64).reshape(out_dims),
+              "backward_indices": np.asarray(indices, dtype=np.int64).reshape(out_dims)}
+    TABLE.add(name, TopKAttrs(k), inputs, dtype=dtype, description=description, repeats=repeats,
+              input_dtypes={"backward_indices": np.int64}, expected_dtypes={"indices": np.int64})
+
+
+_ONE_INDEX = {"backward_indices": "one index throughout: every term lands on it, their sum is what the case checks"}
+
+
+_add_given("backward_given_indices_2x6_k5", (2, 6), 5, [[3, -1, 3, 6, 0], [5, 5, 2**40, 5, -2**63]],
+           [[0.5, 3.0, 1.25, -2.0, 0.75], [1.5, -0.25, 4.0, 2.0, -3.0]],
+           description="given indices: 3 twice (0.5 + 1.25) and 5 three times (1.5 - 0.25 + 2.0), each sum unlike "
+                       "any one of its terms; -1, 6 = n, 2^40 and -2^63 skipped")
+_add_given("backward_given_indices_f16_1x8_k4", (1, 8), 4, [[2, 2, 2, 2]], [[40000, 40000, -40000, -30000]], F16,
+           description="four terms at one index: 10000 in float32, where a float16 running sum overflows at 80000",
+           repeats=_ONE_INDEX)
+_add_given("backward_given_indices_bf16_1x20_k16", (1, 20), 16, [[4] * 16], [[256] + [1] * 15], BF16,
+           description="16 terms at one index: 256 and fifteen ones, 271 in float32 rounded once to 272, where a "
+                       "bfloat16 running sum stays at 256", repeats=_ONE_INDEX)
+
+
+def run(case, env):
+    """A case by the registry's harness (run_op), unless it holds backward_indices: then its forward as
+    there, and backward on those indices in place of the forward's."""
+    from ..harness import run_op
+
+    if "backward_indices" not in env.golden.inputs:
+        return run_op(case, env)
+    top_k = env.op()
+    state = top_k.init_kernel(env.handle, case.attrs, env.shape("input"), env.shape("values"), env.shape("indices"))
+    input, values, indices = env.read("input"), env.write("values"), env.write("indices")
+    top_k.forward_kernel(env.stream, env.handle, state, case.attrs, input, values, indices)
+    top_k.backward_kernel(env.stream, env.handle, state, case.attrs, values, env.read("values_grad"),
+                          env.read("backward_indices"), input, env.write("input_grad"))
+    top_k.cleanup_kernel(env.handle, state)
+
+
 def torch_program(case, tensors):
     import torch
 
@@ -124,6 +174,15 @@ def torch_program(case, tensors):
     k = case.attrs.k
     values, indices = values[..., :k], indices[..., :k]
     result = {"values": values, "indices": indices}
-    if "values_grad" in tensors:
+    if "backward_indices" in tensors:
+        # The contract: every term whose index is in [0, n) added at it (index_put_ accumulates; the terms are
+        # dyadic and their float64 sums exact, so the order does not matter here), the others skipped.
+        n, given = input.shape[-1], tensors["backward_indices"].long().reshape(-1, k)
+        rows = torch.arange(given.shape[0]).unsqueeze(1).expand_as(given)
+        valid = (given >= 0) & (given < n)
+        total = torch.zeros(given.shape[0], n, dtype=torch.float64)
+        total.index_put_((rows[valid], given[valid]), tensors["values_grad"].reshape(-1, k)[valid], accumulate=True)
+        result["input_grad"] = total.reshape(input.shape)
+    elif "values_grad" in tensors:
         (result["input_grad"],) = torch.autograd.grad(values, [input], tensors["values_grad"])
     return result
