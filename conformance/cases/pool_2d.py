@@ -231,6 +231,11 @@ _add("max_neg_inf_border_2x2_s2_p1", (1, 2, 5, 6), _max((2, 2), (2, 2), (1, 1)),
 _add("max_neg_inf_border_3x3_s2_p1", (1, 1, 6, 7), _max((3, 3), (2, 2), (1, 1)),
      input=_neg_inf_but((1, 1, 6, 7), [(0, 0, 2, 2), (0, 0, 3, 5)]),
      description="-inf but for 2 values, kernel 3 stride 2: overlapping all -inf windows at every border")
+_add("max_neg_inf_border_5x5_s1_p2", (1, 2, 6, 7), _max((5, 5), (1, 1), (2, 2)),
+     input=_neg_inf_but((1, 2, 6, 7), [(0, 0, 4, 5), (0, 1, 1, 1), (0, 1, 5, 6)]),
+     description="SPPF geometry (stride 1, padding 2: the CPU's flat path) over -inf but for 3 values: all -inf "
+                 "windows two rows or columns into the padding and one, each sending its gradient to its first "
+                 "element inside the input")
 _BORDERS = _with(_ties((1, 2, 5, 6)), [((0, 0, 0, 0), -INF), ((0, 0, 4, 5), INF), ((0, 0, 3, 5), -INF),
                                        ((0, 1, 0, 3), INF), ((0, 1, 0, 4), -INF), ((0, 1, 4, 0), -INF)])
 for _include in (True, False):
