@@ -320,6 +320,13 @@ def _torch_activation(activation, value):
 # groups of it (the grouped products shared out). No activation: every sum exact.
 _add("medium_wide_rows_groups2_threads", (1, 8, 100, 140), _conv(8, (3, 3), (1, 1), (1, 1), groups=2),
      description="k3 s1 p1, 2 groups, 100x140 outputs: wide rows, channels and groups shared out")
+# Rows 64 wide or more take the strided im2col of the padded input (cpu.WIDE_ROWS_BELOW), whose padding,
+# stride and dilation only the medium case above reached, all square: two small ones with one padding
+# 0 and the other not, each way, beside stride and dilation along one axis.
+_add("wide_rows_pad_0x2_stride_1x2_dilation_1x2", (1, 3, 6, 133), _conv(4, (3, 3), (1, 2), (0, 2), (1, 2)),
+     description="67 outputs a row: im2col as a strided view, padded along W only, stride and dilation 2 along W")
+_add("wide_rows_pad_2x0_kernel_2x3_bias", (2, 2, 5, 70), _conv(3, (2, 3), (1, 1), (2, 0), use_bias=True),
+     description="68 outputs a row: padded along H only (two rows of zeros above and below), batch 2, bias")
 
 
 def torch_program(case, tensors):
