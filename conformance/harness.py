@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import sys
 from typing import Any, Iterator
 
@@ -320,6 +321,20 @@ class Env:
         if array is None:
             array = self.golden.expected[name]
         return TensorShape(array.shape, array.dtype)
+
+    def scratch_poisoned(self) -> Any:
+        """A context in which every scratch array this library's CPU kernels keep across calls is filled
+        with the run's poison as a kernel takes it (kernels.runtime.cpu.scratch_filled): a kernel that
+        reads scratch it has not written in this call fails, as one that reads an output it should
+        only write does. Another backend's scratch is its own."""
+        if self.device != "cpu" or not isinstance(self.backend, KernelsBackend):
+            return contextlib.nullcontext()
+        seeds = itertools.count(1 << 20)  # apart from the written tensors' seeds; next() is atomic for the threads
+
+        def fill(array: np.ndarray) -> None:
+            np.copyto(array, poison_array(array.shape, array.dtype, self.poison, next(seeds)), casting="unsafe")
+
+        return kernels.runtime.cpu.scratch_filled(fill)
 
     @contextlib.contextmanager
     def scheduled(self) -> Iterator[None]:

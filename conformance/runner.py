@@ -40,7 +40,7 @@ def produce(case: Case, golden: Golden, device: str, poison: str = "random", sch
     the kernels' stream is synchronized."""
     env = Env(case, golden, device, poison, schedule, layout, backend)
     try:
-        with env.scheduled():
+        with env.scheduled(), env.scratch_poisoned():
             execute(case, env)
         env.stream.synchronize()
         produced, reads, margins = env.collect()

@@ -392,3 +392,17 @@ def test_block_length_is_cache_sized_alone_and_longer_beside_others_with_a_block
     assert at(16, 1 << 24, 256 * mb) == 1 << 18  # 16 parts of 2^20: capped at `beside`
     assert at(2, 3 << 17, 32 * mb) == 3 << 16  # 2 parts of 3 * 2^16: a block for each
     assert at(5, 200_000, 32 * mb) == 1 << 16  # 40000 a part is under `alone`: `alone`
+
+
+def test_scratch_is_filled_inside_scratch_filled_only_in_any_thread_and_the_outer_fill_comes_back():
+    outside = np.zeros(4)
+    assert cpu.scratch(outside) is outside and not outside.any()
+    with cpu.scratch_filled(lambda array: array.fill(7)):
+        with cpu.scratch_filled(lambda array: array.fill(9)):
+            other = np.zeros(3)
+            thread = threading.Thread(target=cpu.scratch, args=(other,))
+            thread.start()
+            thread.join()
+            assert (other == 9).all()
+        assert (cpu.scratch(np.zeros(2)) == 7).all()
+    assert not cpu.scratch(np.zeros(2)).any()

@@ -2,6 +2,7 @@
 broken kernels that read or write one element past a tensor fail their case with a report that
 says where, and the runs really place tensors at aligned and misaligned addresses."""
 
+import contextlib
 import re
 
 import numpy as np
@@ -241,3 +242,31 @@ def test_a_read_past_the_end_that_feeds_a_max_is_caught(store, monkeypatch):
     assert re.search(r"output \(poison random(, layout \w+)?\): 1 of .*got (np\.\w+\()?inf\b", result.message,
                      re.S), result.message
     assert "poison nan" not in result.message  # NaN margins: fmax drops them, the bug hides there
+
+
+def _padded_trusting_earlier_zeros(input, attrs):
+    """conv_2d.cpu._padded without zeroing the borders: it trusts the zeros an earlier call left in the
+    kept buffer (a broken kernel)."""
+    from kernels.conv_2d import cpu as conv_cpu
+
+    n, c, h, w = input.shape
+    top, left = attrs.padding_h, attrs.padding_w
+    padded = conv_cpu._buffer("padded", (n, c, h + 2 * top, w + 2 * left), input.dtype)
+    padded[:, :, top:top + h, left:left + w] = input
+    return padded
+
+
+@pytest.mark.parametrize("poisoned", [True, False], ids=["scratch_poisoned", "scratch_as_left"])
+def test_a_kernel_that_reads_kept_scratch_it_did_not_write_fails(store, monkeypatch, poisoned):
+    """The runs fill the scratch the CPU kernels keep across calls with their poison (Env.scratch_poisoned):
+    a padded im2col whose borders are the last call's zeros fails, where with the scratch left as it was
+    it passes (this thread's buffer zeroed first, as a clean earlier call would leave it)."""
+    from kernels.conv_2d import cpu as conv_cpu
+
+    case = next(c for c in CASE_MODULES["conv_2d"].TABLE if c.name == "wide_rows_pad_0x2_stride_1x2_dilation_1x2")
+    conv_cpu._buffer("padded", (1 << 20,), np.uint8)[...] = 0
+    monkeypatch.setattr(conv_cpu, "_padded", _padded_trusting_earlier_zeros)
+    if not poisoned:
+        monkeypatch.setattr(Env, "scratch_poisoned", lambda self: contextlib.nullcontext())
+    result = run_case(case, store.get(case), "cpu")
+    assert result.status == ("failed" if poisoned else "passed"), result.message

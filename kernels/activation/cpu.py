@@ -149,10 +149,10 @@ def _scratch(like: np.ndarray, slot: int) -> np.ndarray:
     buffer = buffers.get(key)
     if buffer is None or buffer.size < like.size:
         if like.size > PARALLEL_BLOCK_ELEMENTS:
-            return np.empty_like(like)
+            return cpu.scratch(np.empty_like(like))
         size = BLOCK_ELEMENTS if like.size <= BLOCK_ELEMENTS else PARALLEL_BLOCK_ELEMENTS
         buffer = buffers[key] = np.empty(size, like.dtype)
-    return buffer[:like.size].reshape(like.shape)
+    return cpu.scratch(buffer[:like.size].reshape(like.shape))
 
 
 def cpu_forward(activation: Activation, pre: np.ndarray, output: np.ndarray) -> None:

@@ -56,7 +56,7 @@ def _scratch(slot: int, shape: tuple[int, int]) -> np.ndarray:
     size = shape[0] * shape[1]
     if buffers[slot].size < size:
         buffers[slot] = np.empty(size, np.float64)
-    return buffers[slot][:size].reshape(shape)
+    return cpu_runtime.scratch(buffers[slot][:size].reshape(shape))
 
 
 def _view(array: np.ndarray, layout: Layout) -> np.ndarray:
@@ -259,7 +259,7 @@ def backward(state: BatchNormState, attrs: BatchNormAttrs, saved: SavedForward, 
     if pre is not None and input_grad is not None:
         if state.cpu_grad is None:
             state.cpu_grad = np.empty(input.shape, np.float64)
-        kept = _view(state.cpu_grad, layout)
+        kept = _view(cpu_runtime.scratch(state.cpu_grad), layout)  # the state's scratch: this call writes it first
 
     def grad(block: Block, first: bool) -> np.ndarray:
         """g, the pre-activation gradient of the block in float64."""

@@ -54,7 +54,7 @@ def _buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     buffer = buffers.get(name)
     if buffer is None or buffer.size < nbytes:
         buffer = buffers[name] = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes].view(dtype).reshape(shape)
+    return cpu_runtime.scratch(buffer[:nbytes].view(dtype).reshape(shape))
 
 
 def _by_channels(function: Callable[[slice], None], channels: int, nbytes: int) -> None:

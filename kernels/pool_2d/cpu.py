@@ -229,7 +229,7 @@ def _targets(count: int) -> np.ndarray:
     buffer = getattr(_TARGETS, "buffer", None)
     if buffer is None or buffer.size < count:
         buffer = _TARGETS.buffer = np.empty(count, np.intp)
-    return buffer[:count]
+    return cpu.scratch(buffer[:count])
 
 
 def _cpu_max_backward(attrs: Pool2DAttrs, grad: np.ndarray, taps: np.ndarray, input_grad: np.ndarray) -> None:

@@ -10,11 +10,12 @@ that many threads, and :func:`blas_threads` gives NumPy's BLAS that many for the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -84,6 +85,36 @@ def cpu_stream() -> CpuStream:
 def cpu_handle(threads: int | None = None) -> CpuHandle:
     """A handle for CPU kernels, running them on `threads` threads (None: the cores this process may use)."""
     return CpuHandle(threads)
+
+
+# --------------------------------------------------------------------------- scratch kept across calls
+# Some kernels keep per-thread scratch buffers from call to call (conv_2d's im2col and padded input,
+# the activations' and batch norm's blocks, max pooling's targets), so what a call finds in them is
+# whatever the last call left. A kernel that reads scratch it has not written this call is as wrong
+# as one that reads an output it should only write, and usually passes: the last call left the same
+# values. So every such buffer goes through scratch() as a kernel takes it, and inside
+# scratch_filled(fill) (the conformance runs: their poison) each one is filled first.
+_SCRATCH_FILL: Callable[[np.ndarray], None] | None = None
+
+
+@contextlib.contextmanager
+def scratch_filled(fill: Callable[[np.ndarray], None]) -> Iterator[None]:
+    """Inside the block, fill(array) runs on every scratch array a CPU kernel takes (scratch()), in
+    whichever thread takes it."""
+    global _SCRATCH_FILL
+    previous, _SCRATCH_FILL = _SCRATCH_FILL, fill
+    try:
+        yield
+    finally:
+        _SCRATCH_FILL = previous
+
+
+def scratch(array: np.ndarray) -> np.ndarray:
+    """`array`, a kernel's scratch as the kernel takes it: filled inside scratch_filled, else as it is."""
+    fill = _SCRATCH_FILL
+    if fill is not None:
+        fill(array)
+    return array
 
 
 # --------------------------------------------------------------------------- threads
