@@ -4,6 +4,8 @@
   the floor it declares, so a floor that is too low fails here rather than on a user's machine.
 - `newest`: the newest releases the same ranges allow, under coverage.py, with the branch
   coverage report of the kernels' CPU code (below 100% it fails).
+- `mutants` (only when named: `nox -s mutants`): mutation testing of the ops' CPU code against the
+  conformance suite alone (mutmut, pinned).
 
 Arguments after `--` go to pytest (`nox -s lowest -- tests/test_golden.py`). The floors are read
 from pyproject.toml, so they are declared once; docs/architecture.md#tested-dependency-ranges
@@ -53,6 +55,16 @@ def lowest(session: nox.Session) -> None:
     session.install("-e", ".[dev]", *floor_pins(requirements()))
     session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
     session.run("python", "-m", "pytest", *pytest_args(session))
+
+
+@nox.session(python=PYTHON)
+def mutants(session: nox.Session) -> None:
+    """Not run by `nox` alone (nor by CI: about an hour on 2 cores): mutation testing of every op's CPU
+    code against the conformance suite alone, with mutmut as pyproject.toml's [tool.mutmut] sets it up.
+    It lists the mutants no golden notices; `mutmut show NAME` in the session prints one."""
+    session.install("-e", ".[dev]", "mutmut==3.8.1")
+    session.run("mutmut", "run", *session.posargs)
+    session.run("mutmut", "results")
 
 
 @nox.session(python=PYTHON)
