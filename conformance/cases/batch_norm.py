@@ -151,6 +151,9 @@ _add("rank3_4x3x4", (4, 3, 4), momentum=0.5, description="(N, C, L): BatchNorm1d
 _add("long_channel_1x2x40x56", (1, 2, 40, 56), eps=1e-3, momentum=0.03, activation="SILU",
      description="2240 values a row: the GPU reduces each row in two parts (2048 + 192)")
 _add("zero_size_channels", (2, 0, 3, 4), affine=False, description="no channels: nothing to do")
+_add("zero_batch_training", (0, 3, 2, 2),
+     description="channels with no values (batch 0), training: the running statistics stay as they were and the "
+                 "gamma and beta gradients are zero, as torch gives")
 _add("no_input_grad_2x3x2x4", (2, 3, 2, 4), input_grad=False,
      description="input_grad not wanted (None): gamma_grad and beta_grad only (the GPU's SPATIAL finalize kernel)")
 
@@ -367,6 +370,8 @@ def exact_program(case, values):
 
     attrs = case.attrs
     dims = values["input"].shape
+    if not values["input"].size:
+        return {}  # no values: nothing is computed, and PyTorch's zero gradients and unchanged statistics are exact
     stat_dims = (dims[1],) if attrs.mode is SPATIAL else dims[1:]
     stats = int(np.prod(stat_dims, dtype=np.int64))
 
