@@ -280,6 +280,18 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None, ca
     torch.use_deterministic_algorithms(True)
     chosen = sorted(ops) if ops is not None else sorted(CASE_MODULES)
     temporary = f"{path}.{os.getpid()}.tmp"  # concurrent generators never share a file
+    try:
+        count = _write(h5py, torch, temporary, chosen)
+    except BaseException:
+        if os.path.exists(temporary):  # a program that failed leaves no partial file beside the goldens
+            os.remove(temporary)
+        raise
+    os.replace(temporary, path)
+    return count
+
+
+def _write(h5py: Any, torch: Any, temporary: str, chosen: list[str]) -> int:
+    """write_goldens' file, written to `temporary`: the number of cases."""
     count = 0
     with h5py.File(temporary, "w", track_order=True, libver="earliest") as store:
         store.attrs["schema_version"] = SCHEMA_VERSION
@@ -302,7 +314,6 @@ def write_goldens(path: str = DEFAULT_PATH, ops: Iterable[str] | None = None, ca
                 for name, array in run_program(module, case).items():
                     _dataset(expected_group, name, array)
                 count += 1
-    os.replace(temporary, path)
     return count
 
 

@@ -176,3 +176,19 @@ def test_element_unary_float64_outputs_are_mpmaths_functions_rounded_once(case, 
             expected = float(mpmath.mpf(value, prec=53, rounding="n")) if value != 0 else 0.0
             assert stored[index] == expected, (f"{case.key} output[{index}] = {stored[index]!r} for x = {x!r}; "
                                                f"correctly rounded: {expected!r}")
+
+
+def test_a_program_that_fails_leaves_no_partial_file(tmp_path, monkeypatch):
+    """The generator writes to a temporary beside the goldens and renames it into place; a case whose
+    program raises leaves neither the temporary nor a goldens file."""
+    torch = pytest.importorskip("torch", reason="regenerating goldens needs torch (the goldens extra)")
+    from conformance import golden
+
+    def failing(module, case):
+        raise ZeroDivisionError("a reference that cannot be computed")
+
+    monkeypatch.setattr(golden, "run_program", failing)
+    with pytest.raises(ZeroDivisionError):
+        golden.write_goldens(str(tmp_path / "goldens.h5"), ops=["transpose"],
+                             capability=torch.backends.cpu.get_cpu_capability().lower())
+    assert os.listdir(tmp_path) == []
