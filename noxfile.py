@@ -59,7 +59,7 @@ def lowest(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mutants(session: nox.Session) -> None:
-    """Not run by `nox` alone (nor by CI: about an hour on 2 cores): mutation testing of every op's CPU
+    """Not run by `nox` alone (nor by CI: about 90 minutes on 2 cores): mutation testing of every op's CPU
     code against the conformance suite alone, with mutmut as pyproject.toml's [tool.mutmut] sets it up.
     It lists the mutants no golden notices; `mutmut show NAME` in the session prints one."""
     session.install("-e", ".[dev]", "mutmut==3.8.1")
