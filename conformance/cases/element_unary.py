@@ -70,7 +70,7 @@ _both("gelu", "GELU", tolerance32=ulp(1), tolerance64=ulp(1), description="exact
 # both signs. The values above reach only the first two: an erf good on [-2, 2] alone passed.
 # For x < 0, GELU is x times a small erfc/2 that 1 + erf cancels to; the floor covers that.
 GELU_BANDS = [0.75, 1.75, 2.25, 2.5, 3.0, 3.5, 4.25, 5.0, 5.75, 6.5, 7.75, 8.5, 9.0, 10.0, 12.0]
-_both("gelu_bands", "GELU", tolerance32=ulp(1), tolerance64=ulp(1),  # CPU 1/1 (H200 not yet run)
+_both("gelu_bands", "GELU", tolerance32=ulp(1), tolerance64=ulp(1),  # CPU 1/1, H200 1/1
       input=GELU_BANDS + [-x for x in GELU_BANDS],
       description="exact (erf) GELU over every band of the CPU's erf, both signs")
 # silu: x / (1 + exp(-x)). CPU 1/1, H200 1/0.
@@ -116,7 +116,8 @@ _both("scalar_true_div_4", "SCALAR_TRUE_DIV", 4.0)
 # cannot differ (no quotient by 3 lies on a float32 midpoint): exact.
 _both("scalar_true_div_3", "SCALAR_TRUE_DIV", 3.0)
 _add("zero_size", "EXP", shape=(2, 0, 3), description="zero-size tensor: nothing to do")
-_add("yolov10_silu", "SILU", shape=(2, 4, 3, 5), tolerance=ulp(1),  # CPU 1, H200 1 input=pattern((2, 4, 3, 5), modulus=29),
+_add("yolov10_silu", "SILU", shape=(2, 4, 3, 5), tolerance=ulp(1),  # CPU 1, H200 1
+     input=pattern((2, 4, 3, 5), modulus=29),
      description="YOLOv10's SiLU on NCHW, batch 2, inputs in [-3.5, 3.5]")
 # x * float32(1/sqrt(32)) against float64 x / sqrt(32) rounded once: at most 1 ulp apart.
 _add("yolov10_psa_scale", "SCALAR_MULTIPLY", 1 / math.sqrt(32), shape=(1, 2, 4, 6), tolerance=ulp(1),

@@ -179,7 +179,7 @@ def _infinite_points(out_dims, points):
     return values
 
 
-_add("bilinear_x3_zero_weight_inf_grad", (1, 6, 3, 4), 3, BILINEAR, tolerance=ulp(1),  # measured 1 (CPU; GPU not yet run)
+_add("bilinear_x3_zero_weight_inf_grad", (1, 6, 3, 4), 3, BILINEAR, tolerance=ulp(1),  # measured 1 (CPU and H200)
      output_grad=_infinite_points((1, 6, 9, 12), [(0, 0, 5, 0), (0, 1, 0, 5), (0, 2, 3, 1), (0, 3, 1, 5),
                                                  (0, 4, 6, 10), (0, 5, 7, 2)]),
      description="one rule a plane: the clamped column 0 and row 0 (weight 0 to pixel 1), column 1 and row 1 "
@@ -189,7 +189,7 @@ _add("bilinear_x4_clamped_inf_grad", (1, 2, 2, 2), 4, BILINEAR,
      output_grad=_infinite_points((1, 2, 8, 8), [(0, 0, 0, 5), (0, 1, 5, 0)]),
      description="scale 4 on planes 2 wide: rows and columns 0 and 1 are both clamped, and only 0's "
                  "gradient is infinite")
-_add("bilinear_x3_one_row_inf_grad", (1, 2, 1, 4), 3, BILINEAR, tolerance=ulp(1),  # measured 1 (CPU; GPU not yet run)
+_add("bilinear_x3_one_row_inf_grad", (1, 2, 1, 4), 3, BILINEAR, tolerance=ulp(1),  # measured 1 (CPU and H200)
      output_grad=_infinite_points((1, 2, 3, 12), [(0, 0, 0, 2), (0, 1, 1, 5)]),
      description="a plane 1 high: rows 0 (clamped) and 1 (on row 0's centre) each give row 0 a second "
                  "tap of weight 0")
