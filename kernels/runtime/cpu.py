@@ -100,7 +100,9 @@ _SCRATCH_FILL: Callable[[np.ndarray], None] | None = None
 @contextlib.contextmanager
 def scratch_filled(fill: Callable[[np.ndarray], None]) -> Iterator[None]:
     """Inside the block, fill(array) runs on every scratch array a CPU kernel takes (scratch()), in
-    whichever thread takes it."""
+    whichever thread takes it: the setting is the process's, not the thread's (a kernel's worker threads
+    take scratch too), so two threads must not run such blocks at once (the conformance runs' workers
+    are processes)."""
     global _SCRATCH_FILL
     previous, _SCRATCH_FILL = _SCRATCH_FILL, fill
     try:
