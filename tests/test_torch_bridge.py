@@ -208,6 +208,22 @@ def test_batch_norm_updates_the_running_statistics_in_place():
         torch.testing.assert_close(o, t, rtol=0, atol=1e-15)
 
 
+def test_batch_norm_without_a_weight_gives_the_bias_sum_dy(device):
+    """batch_norm with a bias and no weight: the bias gradient is sum(dy) over all but the channels, on every
+    device (values that need no reference: torch 2.11's CUDA batch_norm returns 0 here, or raises in backward,
+    see tests/test_torch_bridge_properties.py), the input gradient is as with a weight of ones."""
+    x = torch.tensor([1.5, 0.5, -0.25, 2.0], dtype=torch.float64, device=device).reshape(2, 2, 1, 1)
+    b = torch.tensor([1.5, -1.0], dtype=torch.float64, device=device, requires_grad=True)
+    dy = torch.tensor([3.0, 1.0, -2.0, 0.5], dtype=torch.float64, device=device).reshape(2, 2, 1, 1)
+    stats = torch.zeros(2, dtype=torch.float64, device=device), torch.ones(2, dtype=torch.float64, device=device)
+    x_none, x_ones = x.clone().requires_grad_(), x.clone().requires_grad_()
+    KT.batch_norm(x_none, *stats, None, b, True, 0.1, 1e-3).backward(dy)
+    assert b.grad.tolist() == [1.0, 1.5]  # channel 0: 3 - 2; channel 1: 1 + 0.5
+    ones = torch.ones(2, dtype=torch.float64, device=device)
+    KT.batch_norm(x_ones, *stats, ones, None, True, 0.1, 1e-3).backward(dy)
+    assert torch.equal(x_none.grad, x_ones.grad)
+
+
 def test_errors_are_the_functional_layers():
     with pytest.raises(kernels.ShapeError, match=r"^conv2d: weight: expected dims"):
         KT.conv2d(_randn("cpu", 1, 3, 5, 5), _randn("cpu", 2, 4, 3, 3))
