@@ -14,9 +14,9 @@ yolov10s's 32 channels at 160x160 and two below plan.IMPLICIT_GEMM_BELOW_FLOPS.
 --set sweep: 3x3 convolutions at batch 1 to 8, and yolov10x's model.1 and model.2 at batch 1: where
 IMPLICIT_PRECOMP_GEMM starts to beat IMPLICIT_GEMM on the device.
 --set b16: yolov10x's and yolov10s's dense 3x3 and 1x1 convolutions at batch 16 (the float32 model(x) rows).
-Without --engines, each shape also times PyTorch's input and filter gradients (aten.convolution_backward) with
-its default algorithm choice and with torch.backends.cudnn.deterministic, and names the kernels each runs:
-whether PyTorch's default training step is faster by nondeterministic algorithms.
+Without --engines, each shape also times our input and filter gradients (each alone) and PyTorch's
+(aten.convolution_backward) with its default algorithm choice and with torch.backends.cudnn.deterministic,
+and names the kernels each runs: whether PyTorch's training step is faster by other algorithms.
 --engines: instead of the legacy algorithms, the forward through every backend engine that cuDNN's
 heuristics offer (modes A and B, then the fallback list) and cudnn.engine_rejection accepts, one execution
 plan each: its device time and its largest difference from our forward's output.
@@ -121,6 +121,14 @@ def main() -> None:
         print(f"{name} {dims}->{out_c}: paths {state.paths}, chosen "
               f"{ {d: (a.algo, a.math_type) for d, a in state.algorithms.items()} }; our forward "
               f"{ours[0]:8.1f} / {ours[1]:8.1f}")
+        if not arguments.engines:  # our gradients, each alone, as a training step's backward asks for them
+            forward_kernel = kernels.conv_2d.forward_kernel
+            backward_kernel = kernels.conv_2d.backward_kernel
+            forward_kernel(stream, handle, state, attrs, x, w, None, y)
+            data = timed(lambda: backward_kernel(stream, handle, state, attrs, None, y, None, dx, w, None, None))
+            filter_ = timed(lambda: backward_kernel(stream, handle, state, attrs, None, y, x, None, None, dw, None))
+            print(f"  our bwd data: {data[0]:8.1f} / {data[1]:8.1f}\n  our bwd filter: {filter_[0]:8.1f} / "
+                  f"{filter_[1]:8.1f}")
         d, h = state.descriptors, handle.cudnn(stream)
         if arguments.engines:
             ours_y = y.copy()
