@@ -121,14 +121,11 @@ def main() -> None:
         print(f"{name} {dims}->{out_c}: paths {state.paths}, chosen "
               f"{ {d: (a.algo, a.math_type) for d, a in state.algorithms.items()} }; our forward "
               f"{ours[0]:8.1f} / {ours[1]:8.1f}")
-        if not arguments.engines:  # our gradients, each alone, as a training step's backward asks for them
-            forward_kernel = kernels.conv_2d.forward_kernel
-            backward_kernel = kernels.conv_2d.backward_kernel
-            forward_kernel(stream, handle, state, attrs, x, w, None, y)
-            data = timed(lambda: backward_kernel(stream, handle, state, attrs, None, y, None, dx, w, None, None))
-            filter_ = timed(lambda: backward_kernel(stream, handle, state, attrs, None, y, x, None, None, dw, None))
-            print(f"  our bwd data: {data[0]:8.1f} / {data[1]:8.1f}\n  our bwd filter: {filter_[0]:8.1f} / "
-                  f"{filter_[1]:8.1f}")
+        if not arguments.engines:  # our input and filter gradients, each alone (y stands for the output's gradient)
+            backward = kernels.conv_2d.backward_kernel
+            for direction, grads in (("data", (None, dx, w, None)), ("filter", (x, None, None, dw))):
+                host, device = timed(lambda: backward(stream, handle, state, attrs, None, y, *grads, None))
+                print(f"  our bwd {direction}: {host:8.1f} / {device:8.1f}")
         d, h = state.descriptors, handle.cudnn(stream)
         if arguments.engines:
             ours_y = y.copy()

@@ -116,8 +116,8 @@ _both("scalar_true_div_4", "SCALAR_TRUE_DIV", 4.0)
 # cannot differ (no quotient by 3 lies on a float32 midpoint): exact.
 _both("scalar_true_div_3", "SCALAR_TRUE_DIV", 3.0)
 _add("zero_size", "EXP", shape=(2, 0, 3), description="zero-size tensor: nothing to do")
-# CPU 1/1 on these inputs; the H200's 1/1 was measured while the input argument was lost (on [-2, 2]),
-# and no GPU was lent since it came back (2026-12-05): tools/measure_ulps.py --device gpu says.
+# CPU 1/1 on these inputs. The H200's 1/1 was measured while the input argument was lost (inputs in
+# [-2, 2]); on these it is still to be measured (tools/measure_ulps.py --device gpu).
 _add("yolov10_silu", "SILU", shape=(2, 4, 3, 5), tolerance=ulp(1), input=pattern((2, 4, 3, 5), modulus=29),
      description="YOLOv10's SiLU on NCHW, batch 2, inputs in [-3.5, 3.5]")
 # x * float32(1/sqrt(32)) against float64 x / sqrt(32) rounded once: at most 1 ulp apart.
