@@ -61,22 +61,24 @@ def init_kernel(handle: Any, attrs: BatchMatmulAttrs, lhs_shape: TensorShape, rh
 
 
 def _check_forward(stream, handle, state, attrs, lhs, rhs, output) -> None:
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("lhs", lhs, state.shapes["lhs_shape"], True),
-        ("rhs", rhs, state.shapes["rhs_shape"], True),
-        ("output", output, state.shapes["output_shape"], True),
+        ("lhs", lhs, shapes["lhs_shape"], True),
+        ("rhs", rhs, shapes["rhs_shape"], True),
+        ("output", output, shapes["output_shape"], True),
     ])
 
 
 def _check_backward(stream, handle, state, attrs, output, output_grad, lhs, lhs_grad, rhs, rhs_grad) -> None:
     # lhs_grad needs rhs and rhs_grad needs lhs; the output itself is never needed.
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], False),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-        ("lhs", lhs, state.shapes["lhs_shape"], rhs_grad is not None),
-        ("lhs_grad", lhs_grad, state.shapes["lhs_shape"], False),
-        ("rhs", rhs, state.shapes["rhs_shape"], lhs_grad is not None),
-        ("rhs_grad", rhs_grad, state.shapes["rhs_shape"], False),
+        ("output", output, shapes["output_shape"], False),
+        ("output_grad", output_grad, shapes["output_shape"], True),
+        ("lhs", lhs, shapes["lhs_shape"], rhs_grad is not None),
+        ("lhs_grad", lhs_grad, shapes["lhs_shape"], False),
+        ("rhs", rhs, shapes["rhs_shape"], lhs_grad is not None),
+        ("rhs_grad", rhs_grad, shapes["rhs_shape"], False),
     ])
 
 

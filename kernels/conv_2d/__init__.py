@@ -153,11 +153,12 @@ def _check_absent(name: str, array: Any, reason: str) -> None:
 
 def _check_forward(stream: Any, handle: Any, state: Any, attrs: Any, input: Any, filter: Any, bias: Any,
                    output: Any) -> None:
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("input", input, state.shapes["input_shape"], True),
-        ("filter", filter, state.shapes["filter_shape"], True),
-        ("bias", bias, state.shapes["bias_shape"], attrs.use_bias),
-        ("output", output, state.shapes["output_shape"], True),
+        ("input", input, shapes["input_shape"], True),
+        ("filter", filter, shapes["filter_shape"], True),
+        ("bias", bias, shapes["bias_shape"], state.attrs.use_bias),
+        ("output", output, shapes["output_shape"], True),
     ])
     if not attrs.use_bias:
         _check_absent("bias", bias, "use_bias is False")
@@ -165,14 +166,15 @@ def _check_forward(stream: Any, handle: Any, state: Any, attrs: Any, input: Any,
 
 def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: Any, output_grad: Any, input: Any,
                     input_grad: Any, filter: Any, filter_grad: Any, bias_grad: Any) -> None:
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], False),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-        ("input", input, state.shapes["input_shape"], filter_grad is not None),  # filter_grad reads it
-        ("input_grad", input_grad, state.shapes["input_shape"], False),
-        ("filter", filter, state.shapes["filter_shape"], input_grad is not None),  # input_grad reads it
-        ("filter_grad", filter_grad, state.shapes["filter_shape"], False),
-        ("bias_grad", bias_grad, state.shapes["bias_shape"], False),
+        ("output", output, shapes["output_shape"], False),
+        ("output_grad", output_grad, shapes["output_shape"], True),
+        ("input", input, shapes["input_shape"], filter_grad is not None),  # filter_grad reads it
+        ("input_grad", input_grad, shapes["input_shape"], False),
+        ("filter", filter, shapes["filter_shape"], input_grad is not None),  # input_grad reads it
+        ("filter_grad", filter_grad, shapes["filter_shape"], False),
+        ("bias_grad", bias_grad, shapes["bias_shape"], False),
     ])
     if not attrs.use_bias:
         _check_absent("bias_grad", bias_grad, "use_bias is False")

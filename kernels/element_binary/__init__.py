@@ -70,23 +70,25 @@ def _needs_values(op_type: BinaryOpType) -> bool:
 
 
 def _check_forward(stream: Any, handle: Any, state: Any, attrs: Any, lhs: Any, rhs: Any, output: Any) -> None:
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("lhs", lhs, state.shapes["lhs_shape"], True),
-        ("rhs", rhs, state.shapes["rhs_shape"], True),
-        ("output", output, state.shapes["output_shape"], True),
+        ("lhs", lhs, shapes["lhs_shape"], True),
+        ("rhs", rhs, shapes["rhs_shape"], True),
+        ("output", output, shapes["output_shape"], True),
     ])
 
 
 def _check_backward(stream: Any, handle: Any, state: Any, attrs: Any, output: Any, output_grad: Any, lhs: Any,
                     lhs_grad: Any, rhs: Any, rhs_grad: Any) -> None:
-    values = _needs_values(attrs.op_type) if isinstance(attrs, ElementBinaryAttrs) else False
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
+    values = _needs_values(state.attrs.op_type)  # check_call refuses attrs other than the state's
     core.check_call(OP, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], False),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-        ("lhs", lhs, state.shapes["lhs_shape"], values),
-        ("lhs_grad", lhs_grad, state.shapes["lhs_shape"], False),
-        ("rhs", rhs, state.shapes["rhs_shape"], values),
-        ("rhs_grad", rhs_grad, state.shapes["rhs_shape"], False),
+        ("output", output, shapes["output_shape"], False),
+        ("output_grad", output_grad, shapes["output_shape"], True),
+        ("lhs", lhs, shapes["lhs_shape"], values),
+        ("lhs_grad", lhs_grad, shapes["lhs_shape"], False),
+        ("rhs", rhs, shapes["rhs_shape"], values),
+        ("rhs_grad", rhs_grad, shapes["rhs_shape"], False),
     ])
 
 

@@ -69,8 +69,10 @@ def _check_forward(stream, handle, state, attrs, input, output) -> None:
 
 
 def _check_backward(stream, handle, state, attrs, output, output_grad, input, input_grad) -> None:
+    core.state_shapes(OP, stream, handle, state, attrs)  # state.attrs below: a state of this op, else refused
+    reads_input = input_grad is not None and state.attrs.op_type not in _CONSTANT_DERIVATIVE
     core.check_unary_backward(OP, stream, handle, state, attrs, output, output_grad, input, input_grad,
-                              input_required=input_grad is not None and attrs.op_type not in _CONSTANT_DERIVATIVE)
+                              input_required=reads_input)
 
 
 # --------------------------------------------------------------------------- entry points

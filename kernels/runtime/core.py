@@ -493,9 +493,10 @@ def check_list(op: str, argument: str, items: Any, count: int | None = None, opt
 
 def check_unary_forward(op: str, stream: Any, handle: Any, state: Any, attrs: Any, input: Any, output: Any) -> None:
     """The checks of a forward (input, output): reshape, transpose, upsample, element_unary, softmax, pool_2d."""
+    shapes = state_shapes(op, stream, handle, state, attrs)
     check_call(op, stream, handle, state, attrs, [
-        ("input", input, state.shapes["input_shape"], True),
-        ("output", output, state.shapes["output_shape"], True),
+        ("input", input, shapes["input_shape"], True),
+        ("output", output, shapes["output_shape"], True),
     ])
 
 
@@ -503,11 +504,12 @@ def check_unary_backward(op: str, stream: Any, handle: Any, state: Any, attrs: A
                          input: Any, input_grad: Any, output_required: bool = False, input_required: bool = False) -> None:
     """The checks of a backward (output, output_grad, input, input_grad): output_grad is always required,
     output and input where the op's gradient reads them; input_grad None skips the gradient."""
+    shapes = state_shapes(op, stream, handle, state, attrs)
     check_call(op, stream, handle, state, attrs, [
-        ("output", output, state.shapes["output_shape"], output_required),
-        ("output_grad", output_grad, state.shapes["output_shape"], True),
-        ("input", input, state.shapes["input_shape"], input_required),
-        ("input_grad", input_grad, state.shapes["input_shape"], False),
+        ("output", output, shapes["output_shape"], output_required),
+        ("output_grad", output_grad, shapes["output_shape"], True),
+        ("input", input, shapes["input_shape"], input_required),
+        ("input_grad", input_grad, shapes["input_shape"], False),
     ])
 
 
@@ -522,11 +524,18 @@ def list_rows(prefix: str, arrays: Sequence[Any], shapes: Sequence[TensorShape],
     return list(zip(names, arrays, shapes, flags))
 
 
-def state_list_shapes(op: str, stream: Any, handle: Any, state: Any, attrs: Any, name: str) -> list[TensorShape]:
-    """The state's list of shapes `name`, which sizes a list argument (a state of another op is refused first)."""
+def state_shapes(op: str, stream: Any, handle: Any, state: Any, attrs: Any) -> dict[str, Any]:
+    """The shapes the state was made with, which an op's check_call rows expect. Anything but a state of `op`
+    (another op's, whose shapes have other names, or no state at all) is refused first, by check_call in its
+    own order and terms (StateError for the state)."""
     if not (isinstance(state, KernelState) and state.op == op):
         check_call(op, stream, handle, state, attrs, [])
-    return state.shapes[name]
+    return state.shapes
+
+
+def state_list_shapes(op: str, stream: Any, handle: Any, state: Any, attrs: Any, name: str) -> list[TensorShape]:
+    """The state's list of shapes `name`, which sizes a list argument (a state of another op is refused first)."""
+    return state_shapes(op, stream, handle, state, attrs)[name]
 
 
 def check_many_to_one_forward(op: str, stream: Any, handle: Any, state: Any, attrs: Any, inputs: Any,

@@ -55,20 +55,22 @@ def init_kernel(handle: Any, attrs: TopKAttrs, input_shape: TensorShape, values_
 
 
 def _check_forward(stream, handle, state, attrs, input, values, indices) -> None:
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("input", input, state.shapes["input_shape"], True),
-        ("values", values, state.shapes["values_shape"], True),
-        ("indices", indices, state.shapes["indices_shape"], True),
+        ("input", input, shapes["input_shape"], True),
+        ("values", values, shapes["values_shape"], True),
+        ("indices", indices, shapes["indices_shape"], True),
     ])
 
 
 def _check_backward(stream, handle, state, attrs, values, values_grad, indices, input, input_grad) -> None:
+    shapes = core.state_shapes(OP, stream, handle, state, attrs)
     core.check_call(OP, stream, handle, state, attrs, [
-        ("values", values, state.shapes["values_shape"], False),
-        ("values_grad", values_grad, state.shapes["values_shape"], True),
-        ("indices", indices, state.shapes["indices_shape"], True),
-        ("input", input, state.shapes["input_shape"], False),
-        ("input_grad", input_grad, state.shapes["input_shape"], False),
+        ("values", values, shapes["values_shape"], False),
+        ("values_grad", values_grad, shapes["values_shape"], True),
+        ("indices", indices, shapes["indices_shape"], True),
+        ("input", input, shapes["input_shape"], False),
+        ("input_grad", input_grad, shapes["input_shape"], False),
     ])
 
 
