@@ -190,8 +190,11 @@ SPEC = declare_op(
     OP, globals(),
     attrs=BatchNormAttrs,
     shapes=UNARY_SHAPES,
-    forward=(Arg("input", "input"), Arg("gamma", "weight"), Arg("beta", "weight"), Arg("output", "output")),
-    backward=(*unary_backward(output=False, input=True), Arg("gamma", "weight"), Arg("beta", "weight", required=False),
+    # gamma and beta: arrays where attrs.affine, None where not (so not `required`: None may be passed).
+    forward=(Arg("input", "input"), Arg("gamma", "weight", required=False), Arg("beta", "weight", required=False),
+             Arg("output", "output")),
+    backward=(*unary_backward(output=False, input=True), Arg("gamma", "weight", required=False),
+              Arg("beta", "weight", required=False),
               Arg("gamma_grad", "grad", required=False, of="gamma"), Arg("beta_grad", "grad", required=False, of="beta")),
     dtypes=ALL_FLOAT_DTYPES,
     forward_options={"training": True},
