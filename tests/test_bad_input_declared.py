@@ -1,0 +1,178 @@
+"""Every op's checks agree with its declaration (kernels.registry), in the calls its conformance cases
+make: within each forward_kernel and backward_kernel call, before the call itself, each tensor the
+op's spec declares required is passed as None (and, for a list, one entry as None), and each tensor
+the call gives is passed with dims it cannot have (one more axis). Each such call must raise
+ShapeError naming that tensor and leave every tensor the call writes as it was.
+
+The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rule
+over every argument of every op, so a check dropped from one op's argument list (a required flag
+turned off, an optional tensor that is given but not looked at) fails here whichever op it is."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conformance.backends import KernelsBackend
+from conformance.cases import all_cases
+from conformance.runner import produce
+import kernels
+from kernels import AttrsError, DeviceError, ShapeError, StateError, TensorShape
+from kernels.registry import OPS
+
+from .conftest import DEVICE_PARAMS, require
+
+CASES = all_cases()
+
+
+def _host(stream: Any, array: Any) -> np.ndarray:
+    """A copy of a written tensor on the host, after the stream's work so far."""
+    if isinstance(array, np.ndarray):
+        return array.copy()
+    stream.synchronize()
+    return array.get()
+
+
+def _other_dims(array: Any) -> Any:
+    """A zero tensor of the array's dtype, on its device, with one more axis: dims no state holds."""
+    if isinstance(array, np.ndarray):
+        return np.zeros(array.shape + (2,), dtype=array.dtype)
+    cupy = sys.modules["cupy"]
+    with array.device:
+        return cupy.zeros(array.shape + (2,), dtype=array.dtype)
+
+
+def _other_state(op: str, handle: Any) -> Any:
+    """A live state of another op (element_unary's, or for element_unary itself reshape's), on the handle."""
+    shape = TensorShape((2, 3), np.float32)
+    if op == "element_unary":
+        return kernels.reshape.init_kernel(handle, kernels.ReshapeAttrs((3, 2)), shape, TensorShape((3, 2), np.float32))
+    return kernels.element_unary.init_kernel(handle, kernels.ElementUnaryAttrs("RELU"), shape, shape)
+
+
+# Attrs of another op: element_unary's for reshape, reshape's for every other op.
+_OTHER_ATTRS = (kernels.ElementUnaryAttrs("RELU"), kernels.ReshapeAttrs((3, 2)))
+
+
+class _Probing:
+    """An op's functions, whose forward_kernel and backward_kernel first make each wrong variant of the
+    call they are given (each must raise, write nothing), then the call itself. `probed` collects
+    (direction, variant) for each variant made."""
+
+    def __init__(self, module: Any, spec: Any, probed: set):
+        self.module, self.spec, self.probed = module, spec, probed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+    def forward_kernel(self, stream, handle, state, attrs, *tensors, **options):
+        self._probe("forward", self.module.forward_kernel, (stream, handle, state, attrs), tensors, options)
+        return self.module.forward_kernel(stream, handle, state, attrs, *tensors, **options)
+
+    def backward_kernel(self, stream, handle, state, attrs, *tensors):
+        self._probe("backward", self.module.backward_kernel, (stream, handle, state, attrs), tensors, {})
+        return self.module.backward_kernel(stream, handle, state, attrs, *tensors)
+
+    def _variants(self, direction: str, head: tuple, tensors: tuple) -> list[tuple[str, tuple, list, type, str]]:
+        """(what, head, tensors, error, message pattern) for each wrong variant of the call."""
+        stream, handle, state, attrs = head
+        out = [("stream None", (None, handle, state, attrs), list(tensors), DeviceError, r"stream: expected"),
+               ("state None", (stream, handle, None, attrs), list(tensors), StateError,
+                rf"state: expected a state from {self.spec.name}\.init_kernel"),
+               ("attrs of another op", (stream, handle, state, _OTHER_ATTRS[self.spec.name != "reshape"]),
+                list(tensors), AttrsError, r"attrs: expected the attrs the state was made with"),
+               ("state of another op", (stream, handle, _other_state(self.spec.name, handle), attrs), list(tensors),
+                StateError, rf"state: expected a state from {self.spec.name}\.init_kernel")]
+
+        def replaced(position: int, value: Any) -> list:
+            call = list(tensors)
+            call[position] = value
+            return call
+
+        for position, (arg, value) in enumerate(zip(self.spec.args(direction), tensors)):
+            name = re.escape(arg.name)
+            assert not (arg.required and value is None), \
+                f"{self.spec.name} {direction}: {arg.name} is declared required, yet a valid call passes None"
+            if arg.required:
+                out.append((f"{arg.name} None", head, replaced(position, None), ShapeError,
+                            rf"{name}: expected (an array|a list)"))
+            if arg.many and value:
+                if arg.required:
+                    out.append((f"{arg.name}[0] None", head, replaced(position, [None] + list(value[1:])), ShapeError,
+                                rf"{name}\[0\]: expected an array"))
+                if value[0] is not None:
+                    out.append((f"{arg.name}[0] other dims", head,
+                                replaced(position, [_other_dims(value[0])] + list(value[1:])), ShapeError,
+                                rf"{name}\[0\]: expected dims"))
+            elif not arg.many and value is not None:
+                out.append((f"{arg.name} other dims", head, replaced(position, _other_dims(value)), ShapeError,
+                            rf"{name}: expected dims"))
+        return out
+
+    def _probe(self, direction: str, function: Any, head: tuple, tensors: tuple, options: dict) -> None:
+        args = self.spec.args(direction)
+        written_role = "output" if direction == "forward" else "grad"
+        written = [t for arg, value in zip(args, tensors) if arg.role == written_role
+                   for t in (value if arg.many else [value]) if t is not None]
+        stream = head[0]
+        before = [_host(stream, t) for t in written]
+        for what, call_head, call, error_type, pattern in self._variants(direction, head, tensors):
+            try:
+                function(*call_head, *call, **options)
+            except error_type as error:
+                assert re.match(rf"{self.spec.name}: {pattern}", str(error)), f"{direction}, {what}: {error}"
+            else:
+                pytest.fail(f"{self.spec.name} {direction}, {what}: the call did not raise {error_type.__name__}")
+            for index, (b, t) in enumerate(zip(before, written)):
+                assert np.array_equal(b.view(np.uint8), _host(stream, t).view(np.uint8)), \
+                    f"{self.spec.name} {direction}, {what}: the refused call wrote written tensor {index}"
+            self.probed.add((direction, what))
+
+
+class _ProbingBackend(KernelsBackend):
+    """This library, each op's functions wrapped in _Probing."""
+
+    name = "kernels-probing"
+
+    def __init__(self, probed: set):
+        self.probed = probed
+
+    def op(self, name: str) -> Any:
+        module = super().op(name)
+        return None if module is None else _Probing(module, OPS[name], self.probed)
+
+
+def _expected_variants(spec: Any) -> set:
+    """The variants every op's cases must reach between them: in each direction, no stream and a state of
+    another op or none, attrs of another op; None for each required tensor, other dims for each tensor that is always given (required)."""
+    out = set()
+    for direction in ("forward", "backward"):
+        out |= {(direction, what) for what in ("stream None", "state None", "state of another op", "attrs of another op")}
+        for arg in spec.args(direction):
+            if arg.required:
+                out.add((direction, f"{arg.name} None"))
+                out.add((direction, f"{arg.name}[0] other dims" if arg.many else f"{arg.name} other dims"))
+                if arg.many:
+                    out.add((direction, f"{arg.name}[0] None"))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_every_declared_tensor_is_checked(op, device, store):
+    """Each of the op's cases runs once through the probing backend (its forward and backward calls as
+    the conformance harness makes them, on poisoned tensors); every required tensor of the spec is
+    probed in some case."""
+    require(device)
+    probed: set = set()
+    backend = _ProbingBackend(probed)
+    for case in CASES:
+        devices = case.extra.get("devices")
+        if case.op == op and (devices is None or device in devices):
+            produce(case, store.get(case), device, backend=backend)
+    missing = _expected_variants(OPS[op]) - probed
+    assert not missing, f"{op}: no case makes a call that probes {sorted(missing)}"
