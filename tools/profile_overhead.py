@@ -174,6 +174,21 @@ def launch_parts():
     stream.synchronize()
     assert bool(cupy.array_equal(o, x + y)), "the ctypes launch computed something else"
     yield "  cuLaunchKernel by ctypes", ctypes_launch
+    # The same prepacked buffer through CuPy's own Cython binding of cuLaunchKernel: no ctypes argument
+    # conversion, the eleven arguments plain integers.
+    from cupy_backends.cuda.api import driver as cupy_driver
+
+    pointers_ptr = ctypes.addressof(pointers)
+
+    def driver_launch():
+        words[0], words[1], words[2] = x.data.ptr, y.data.ptr, o.data.ptr
+        cupy_driver.launchKernel(function_ptr, grid, 1, 1, gpu.BLOCK, 1, 1, 0, stream_ptr, pointers_ptr, 0)
+    o.fill(np.nan)
+    driver_launch()
+    stream.synchronize()
+    assert bool(cupy.array_equal(o, x + y)), "the driver-binding launch computed something else"
+    yield "  cuLaunchKernel by CuPy's binding", driver_launch
+    yield "  slot writes alone", lambda: words.__setitem__(slice(0, 3), (x.data.ptr, y.data.ptr, o.data.ptr))
     import torch
 
     a, b, c = (torch.ones(4, 4, device="cuda") for _ in range(3))
