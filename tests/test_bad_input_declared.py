@@ -10,6 +10,7 @@ turned off, an optional tensor that is given but not looked at) fails here which
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from typing import Any
@@ -71,46 +72,60 @@ class _Probing:
 
     def forward_kernel(self, stream, handle, state, attrs, *tensors, **options):
         self._probe("forward", self.module.forward_kernel, (stream, handle, state, attrs), tensors, options)
-        return self.module.forward_kernel(stream, handle, state, attrs, *tensors, **options)
+        # The call itself with attrs equal to the state's, another object: check_call compares them by value.
+        return self.module.forward_kernel(stream, handle, state, copy.copy(attrs), *tensors, **options)
 
     def backward_kernel(self, stream, handle, state, attrs, *tensors):
         self._probe("backward", self.module.backward_kernel, (stream, handle, state, attrs), tensors, {})
-        return self.module.backward_kernel(stream, handle, state, attrs, *tensors)
+        return self.module.backward_kernel(stream, handle, state, copy.copy(attrs), *tensors)
 
     def _variants(self, direction: str, head: tuple, tensors: tuple) -> list[tuple[str, tuple, list, type, str]]:
-        """(what, head, tensors, error, message pattern) for each wrong variant of the call."""
+        """(what, head, tensors, error, message pattern) for each wrong variant of the call. The patterns
+        are whole messages after the op's name: what was expected, and what was found."""
         stream, handle, state, attrs = head
-        out = [("stream None", (None, handle, state, attrs), list(tensors), DeviceError, r"stream: expected"),
+        op = self.spec.name
+        other_state, other_attrs = _other_state(op, handle), _OTHER_ATTRS[op != "reshape"]
+        kind = r"\(cpu_{0}\(\) or gpu_{0}\(\)\)"
+        out = [("stream None", (None, handle, state, attrs), list(tensors), DeviceError,
+                rf"stream: expected a kernels CPU or GPU stream {kind.format('stream')}, found NoneType"),
+               ("handle None", (stream, None, state, attrs), list(tensors), DeviceError,
+                rf"handle: expected a kernels handle {kind.format('handle')}, found NoneType"),
+               ("a stream for the handle", (stream, stream, state, attrs), list(tensors), DeviceError,
+                rf"handle: expected a kernels handle {kind.format('handle')}, found {type(stream).__name__}"),
                ("state None", (stream, handle, None, attrs), list(tensors), StateError,
-                rf"state: expected a state from {self.spec.name}\.init_kernel"),
-               ("attrs of another op", (stream, handle, state, _OTHER_ATTRS[self.spec.name != "reshape"]),
-                list(tensors), AttrsError, r"attrs: expected the attrs the state was made with"),
-               ("state of another op", (stream, handle, _other_state(self.spec.name, handle), attrs), list(tensors),
-                StateError, rf"state: expected a state from {self.spec.name}\.init_kernel")]
+                rf"state: expected a state from {op}\.init_kernel, found NoneType"),
+               ("state of another op", (stream, handle, other_state, attrs), list(tensors), StateError,
+                rf"state: expected a state from {op}\.init_kernel, found {type(other_state).__name__}"),
+               ("attrs of another op", (stream, handle, state, other_attrs), list(tensors), AttrsError,
+                r"attrs: expected the attrs the state was made with \(.*\), found " + re.escape(str(other_attrs)))]
 
         def replaced(position: int, value: Any) -> list:
             call = list(tensors)
             call[position] = value
             return call
 
+        def other_dims(name: str, value: Any) -> str:
+            return rf"{name}: expected dims {re.escape(str(value.shape))}, found {re.escape(str(value.shape + (2,)))}"
+
         for position, (arg, value) in enumerate(zip(self.spec.args(direction), tensors)):
             name = re.escape(arg.name)
             assert not (arg.required and value is None), \
-                f"{self.spec.name} {direction}: {arg.name} is declared required, yet a valid call passes None"
+                f"{op} {direction}: {arg.name} is declared required, yet a valid call passes None"
             if arg.required:
-                out.append((f"{arg.name} None", head, replaced(position, None), ShapeError,
-                            rf"{name}: expected (an array|a list)"))
+                found = rf"expected a list of {len(value)}, found NoneType" if arg.many else \
+                    rf"expected an array .*, found None"
+                out.append((f"{arg.name} None", head, replaced(position, None), ShapeError, rf"{name}: {found}"))
             if arg.many and value:
                 if arg.required:
                     out.append((f"{arg.name}[0] None", head, replaced(position, [None] + list(value[1:])), ShapeError,
-                                rf"{name}\[0\]: expected an array"))
+                                rf"{name}\[0\]: expected an array .*, found None"))
                 if value[0] is not None:
                     out.append((f"{arg.name}[0] other dims", head,
                                 replaced(position, [_other_dims(value[0])] + list(value[1:])), ShapeError,
-                                rf"{name}\[0\]: expected dims"))
+                                other_dims(rf"{name}\[0\]", value[0])))
             elif not arg.many and value is not None:
                 out.append((f"{arg.name} other dims", head, replaced(position, _other_dims(value)), ShapeError,
-                            rf"{name}: expected dims"))
+                            other_dims(name, value)))
         return out
 
     def _probe(self, direction: str, function: Any, head: tuple, tensors: tuple, options: dict) -> None:
@@ -124,7 +139,7 @@ class _Probing:
             try:
                 function(*call_head, *call, **options)
             except error_type as error:
-                assert re.match(rf"{self.spec.name}: {pattern}", str(error)), f"{direction}, {what}: {error}"
+                assert re.fullmatch(rf"{self.spec.name}: {pattern}", str(error)), f"{direction}, {what}: {error}"
             else:
                 pytest.fail(f"{self.spec.name} {direction}, {what}: the call did not raise {error_type.__name__}")
             for index, (b, t) in enumerate(zip(before, written)):
@@ -148,10 +163,11 @@ class _ProbingBackend(KernelsBackend):
 
 def _expected_variants(spec: Any) -> set:
     """The variants every op's cases must reach between them: in each direction, no stream and a state of
-    another op or none, attrs of another op; None for each required tensor, other dims for each tensor that is always given (required)."""
+    another op or none, no handle or a stream for it, attrs of another op; None for each required tensor, other dims for each tensor that is always given (required)."""
     out = set()
     for direction in ("forward", "backward"):
-        out |= {(direction, what) for what in ("stream None", "state None", "state of another op", "attrs of another op")}
+        out |= {(direction, what) for what in ("stream None", "handle None", "a stream for the handle", "state None",
+                                               "state of another op", "attrs of another op")}
         for arg in spec.args(direction):
             if arg.required:
                 out.add((direction, f"{arg.name} None"))
