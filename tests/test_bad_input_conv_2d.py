@@ -1,5 +1,7 @@
 """conv_2d refuses bad input before writing anything."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -170,3 +172,16 @@ def test_init_refuses_shapes():
         assert state.tf32 is False
     with pytest.raises(ShapeError, match=r"conv_2d: input_shape: expected rank 4 \(N, C, H, W\), found rank 3"):
         conv_2d.output_dims(ATTRS, (4, 7, 5))
+
+
+def test_init_refuses_an_input_too_small_by_one_along_one_axis():
+    """The extent check at its boundary, with padding, along H alone and along W alone: a padded size one short
+    of the dilated kernel is refused, naming the axis; one more row or column is taken (a 1-long output axis)."""
+    handle, f32 = cpu_handle(), np.float32
+    along_h = Conv2DAttrs(1, 3, 1, padding_h=1, dilation_h=2)  # extent 5 along H: H + 2 >= 5
+    along_w = Conv2DAttrs(1, 1, 3, padding_w=1, dilation_w=2)
+    for attrs, short, fits, axis in ((along_h, (1, 1, 2, 9), (1, 1, 3, 9), "H"), (along_w, (1, 1, 9, 2), (1, 1, 9, 3), "W")):
+        with pytest.raises(ShapeError, match=rf"^conv_2d: input_shape: expected {axis} \+ 2 \* padding >= the dilated "
+                                             rf"kernel \(5\), so that the output is not empty, found {re.escape(str(short))}$"):
+            conv_2d.output_dims(attrs, short)
+        assert conv_2d.output_dims(attrs, fits) == ((1, 1, 1, 9) if axis == "H" else (1, 1, 9, 1))

@@ -1,5 +1,7 @@
 """pool_2d refuses bad input before writing anything."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -144,3 +146,17 @@ def test_init_refuses_bad_shapes():
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.int32), TensorShape(OUT, np.int32))
     with pytest.raises(DTypeError, match=r"pool_2d: output_shape: expected dtype float32"):
         pool_2d.init_kernel(handle, ATTRS, TensorShape(IN, np.float32), TensorShape(OUT, np.float64))
+
+
+
+def test_output_dims_refuse_a_window_outside_the_padded_input():
+    """The window check at its boundary, with padding, along H alone and along W alone (a 5-wide window with
+    padding 1 needs 3 rows or columns), and any rank but 4, each with its whole message."""
+    for attrs, short, fits, axis in ((Pool2DAttrs(5, 1, 1, 1, 1, 0, PoolOp.MAX), (1, 1, 2, 9), (1, 1, 3, 9), "H"),
+                                     (Pool2DAttrs(1, 5, 1, 1, 0, 1, PoolOp.MAX), (1, 1, 9, 2), (1, 1, 9, 3), "W")):
+        with pytest.raises(ShapeError, match=rf"^pool_2d: input_shape: expected {axis} >= 3 \(a window inside the padded "
+                                             rf"input\), found {re.escape(str(short))}$"):
+            pool_2d.output_dims(attrs, short)
+        assert pool_2d.output_dims(attrs, fits) == ((1, 1, 1, 9) if axis == "H" else (1, 1, 9, 1))
+    with pytest.raises(ShapeError, match=r"^pool_2d: input_shape: expected rank 4 \(N, C, H, W\), found rank 3 \(4, 7, 5\)$"):
+        pool_2d.output_dims(ATTRS, (4, 7, 5))

@@ -111,3 +111,10 @@ def test_mode_by_name():
 def test_init_refuses(attrs, input_shape, output_shape, error, pattern):
     with pytest.raises(error, match=pattern):
         upsample.init_kernel(kernels.cpu_handle(), attrs, input_shape, output_shape)
+
+
+def test_output_dims_refuse_any_rank_but_4():
+    """upsample.output_dims (the functional layer's output formula) on its own: its whole message."""
+    with pytest.raises(ShapeError, match=r"^upsample: input_shape: expected rank 4 \(N, C, H, W\), found rank 3 \(3, 4, 5\)$"):
+        upsample.output_dims(ATTRS, (3, 4, 5))
+    assert upsample.output_dims(UpsampleAttrs(3), IN) == (2, 3, 12, 15)
