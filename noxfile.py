@@ -6,13 +6,17 @@
   coverage report of the kernels' CPU code (below 100% it fails).
 - `mutants` (only when named: `nox -s mutants`): mutation testing of the ops' CPU code against the
   conformance suite alone (mutmut, pinned).
+- `checks_mutants` (only when named): mutation testing of the ops' argument checks against the
+  bad-input tests and the CPU conformance cases.
 
 Arguments after `--` go to pytest (`nox -s lowest -- tests/test_golden.py`). The floors are read
 from pyproject.toml, so they are declared once; docs/architecture.md#tested-dependency-ranges
 says which versions and interpreters are tested.
 """
 
+import json
 import pathlib
+import shutil
 import tomllib
 
 import nox
@@ -63,6 +67,37 @@ def mutants(session: nox.Session) -> None:
     code against the conformance suite alone, with mutmut as pyproject.toml's [tool.mutmut] sets it up.
     It lists the mutants no golden notices; `mutmut show NAME` in the session prints one."""
     session.install("-e", ".[dev]", "mutmut==3.8.1")
+    session.run("mutmut", "run", *session.posargs)
+    session.run("mutmut", "results")
+
+
+def _with_mutmut_settings(pyproject: str, settings: dict) -> str:
+    """pyproject.toml's text with its [tool.mutmut] table replaced by `settings` over the same table's."""
+    current = tomllib.loads(pyproject)["tool"]["mutmut"]
+    kept, skipping = [], False
+    for line in pyproject.splitlines():
+        if line.startswith("["):
+            skipping = line.strip() == "[tool.mutmut]"
+        if not skipping:
+            kept.append(line)
+    table = ["[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in {**current, **settings}.items()]
+    return "\n".join(kept + [""] + table) + "\n"
+
+
+@nox.session(python=PYTHON)
+def checks_mutants(session: nox.Session) -> None:
+    """Not run by `nox` alone (nor by CI: about 30 minutes on 2 cores): mutation testing of every op's argument
+    checks against the bad-input tests, the registry's and the CPU conformance cases, in a copy of the tree
+    whose [tool.mutmut] takes pyproject.toml's [tool.kernels.checks-mutants] keys. Lists the survivors."""
+    root = pathlib.Path(__file__).parent
+    copy = pathlib.Path(session.create_tmp()) / "checks-mutants"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git", ".nox", ".venv", "mutants", "__pycache__",
+                                                             "*.egg-info"))
+    settings = tomllib.loads(PYPROJECT.read_text())["tool"]["kernels"]["checks-mutants"]
+    (copy / "pyproject.toml").write_text(_with_mutmut_settings(PYPROJECT.read_text(), settings))
+    session.install("-e", f"{copy}[dev]", "mutmut==3.8.1")
+    session.chdir(copy)
     session.run("mutmut", "run", *session.posargs)
     session.run("mutmut", "results")
 
