@@ -2,7 +2,8 @@
 make: within each forward_kernel and backward_kernel call, before the call itself, each tensor the
 op's spec declares required is passed as None (and, for a list, one entry as None), and each tensor
 the call gives is passed with dims it cannot have (one more axis). Each such call must raise
-ShapeError naming that tensor and leave every tensor the call writes as it was.
+ShapeError naming that tensor and leave every tensor the call writes as it was. After each backward,
+each gradient it wrote is skipped in turn (None) in a call that must write the others' bits again.
 
 The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rule
 over every argument of every op, so a check dropped from one op's argument list (a required flag
@@ -10,6 +11,7 @@ turned off, an optional tensor that is given but not looked at) fails here which
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import sys
@@ -36,6 +38,19 @@ def _host(stream: Any, array: Any) -> np.ndarray:
         return array.copy()
     stream.synchronize()
     return array.get()
+
+
+def _poisoned_like(stream: Any, array: Any) -> Any:
+    """A new tensor like `array` on its device, every byte 0x77, written on the stream."""
+    if isinstance(array, np.ndarray):
+        fresh = np.empty_like(array)
+    else:
+        cupy = sys.modules["cupy"]
+        with array.device, stream:
+            fresh = cupy.empty_like(array)
+    with contextlib.nullcontext() if isinstance(array, np.ndarray) else stream:
+        fresh.view(np.uint8).fill(0x77)
+    return fresh
 
 
 def _other_dims(array: Any) -> Any:
@@ -77,7 +92,31 @@ class _Probing:
 
     def backward_kernel(self, stream, handle, state, attrs, *tensors):
         self._probe("backward", self.module.backward_kernel, (stream, handle, state, attrs), tensors, {})
-        return self.module.backward_kernel(stream, handle, state, copy.copy(attrs), *tensors)
+        self.module.backward_kernel(stream, handle, state, copy.copy(attrs), *tensors)
+        self._skip_each_gradient(stream, handle, state, attrs, tensors)
+
+    def _skip_each_gradient(self, stream, handle, state, attrs, tensors: tuple) -> None:
+        """Backward again for each gradient the call wrote, with that gradient None (a list's first entry) and
+        the others written to fresh poisoned buffers: each must hold the bits the full call wrote, since None
+        skips its gradient and nothing else."""
+        grads = [(position, arg) for position, arg in enumerate(self.spec.args("backward")) if arg.role == "grad"]
+        for skipped, skipped_arg in grads:
+            value = tensors[skipped]
+            if (value[0] if value else None) is None if skipped_arg.many else value is None:
+                continue
+            call, pairs = list(tensors), []
+            for position, arg in grads:
+                entries = list(tensors[position]) if arg.many else [tensors[position]]
+                fresh = [None if entry is None or (position == skipped and index == 0) else _poisoned_like(stream, entry)
+                         for index, entry in enumerate(entries)]
+                pairs += [(entry, new) for entry, new in zip(entries, fresh) if new is not None]
+                call[position] = fresh if arg.many else fresh[0]
+            self.module.backward_kernel(stream, handle, state, attrs, *call)
+            what = f"{skipped_arg.name}[0] skipped" if skipped_arg.many else f"{skipped_arg.name} skipped"
+            for index, (full, new) in enumerate(pairs):
+                assert np.array_equal(_host(stream, full).view(np.uint8), _host(stream, new).view(np.uint8)), \
+                    f"{self.spec.name} backward, {what}: gradient {index} differs from the full call's"
+            self.probed.add(("backward", what))
 
     def _variants(self, direction: str, head: tuple, tensors: tuple) -> list[tuple[str, tuple, list, type, str]]:
         """(what, head, tensors, error, message pattern) for each wrong variant of the call. The patterns
@@ -162,9 +201,11 @@ class _ProbingBackend(KernelsBackend):
 
 
 def _expected_variants(spec: Any) -> set:
-    """The variants every op's cases must reach between them: in each direction, no stream and a state of
-    another op or none, no handle or a stream for it, attrs of another op; None for each required tensor, other dims for each tensor that is always given (required)."""
-    out = set()
+    """The variants every op's cases must reach between them: in each direction, no stream or handle, a stream
+    for the handle, no state, a state or attrs of another op; None for each required tensor, other dims for
+    each tensor that is always given (required); each gradient skipped."""
+    out = {("backward", f"{arg.name}[0] skipped" if arg.many else f"{arg.name} skipped")
+           for arg in spec.args("backward", "grad")}
     for direction in ("forward", "backward"):
         out |= {(direction, what) for what in ("stream None", "handle None", "a stream for the handle", "state None",
                                                "state of another op", "attrs of another op")}
