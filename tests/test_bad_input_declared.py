@@ -1,13 +1,15 @@
 """Every op's checks agree with its declaration (kernels.registry), in the calls its conformance cases
-make: within each forward_kernel and backward_kernel call, before the call itself, each tensor the
-op's spec declares required is passed as None (and, for a list, one entry as None), and each tensor
-the call gives is passed with dims it cannot have (one more axis). Each such call must raise
-ShapeError naming that tensor and leave every tensor the call writes as it was. After each backward,
-each gradient it wrote is skipped in turn (None) in a call that must write the others' bits again.
+make. Before each forward_kernel and backward_kernel call, the call is made wrong in each way the
+op's spec allows: no stream, no handle or a stream for it, no state, a state or attrs of another op;
+each tensor the spec declares required as None (and one entry of a required list); each tensor the
+call gives with one more axis. Each must raise the error docs/api.md names, with its whole message
+(the argument, what was expected, what was found), and leave every tensor the call writes as it was.
+After each backward, each gradient it wrote is skipped in turn (None) in a call that must write the
+others' bits again.
 
-The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rule
-over every argument of every op, so a check dropped from one op's argument list (a required flag
-turned off, an optional tensor that is given but not looked at) fails here whichever op it is."""
+The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rules
+over every argument of every op, so a check dropped from one op (a required flag turned off, an
+optional tensor given but not looked at, a state read before it is checked) fails here."""
 
 from __future__ import annotations
 
