@@ -2,7 +2,7 @@
 make. Before each forward_kernel and backward_kernel call, the call is made wrong in each way the
 op's spec allows: no stream, no handle or a stream for it, no state, a state or attrs of another op;
 each tensor the spec declares required as None (and one entry of a required list); each tensor the
-call gives with one more axis. Each must raise the error docs/api.md names, with its whole message
+call gives with one more axis; each list one entry short, or a tensor for the list. Each must raise the error docs/api.md names, with its whole message
 (the argument, what was expected, what was found), and leave every tensor the call writes as it was.
 After each backward, each gradient it wrote is skipped in turn (None) in a call that must write the
 others' bits again.
@@ -157,6 +157,11 @@ class _Probing:
                     rf"expected an array .*, found None"
                 out.append((f"{arg.name} None", head, replaced(position, None), ShapeError, rf"{name}: {found}"))
             if arg.many and value:
+                out.append((f"{arg.name} one short", head, replaced(position, list(value[:-1])), ShapeError,
+                            rf"{name}: expected a list of {len(value)}, found a list of {len(value) - 1}"))
+                if value[0] is not None:
+                    out.append((f"{arg.name} not a list", head, replaced(position, value[0]), ShapeError,
+                                rf"{name}: expected a list of {len(value)}, found {type(value[0]).__name__}"))
                 if arg.required:
                     out.append((f"{arg.name}[0] None", head, replaced(position, [None] + list(value[1:])), ShapeError,
                                 rf"{name}\[0\]: expected an array .*, found None"))
@@ -216,7 +221,7 @@ def _expected_variants(spec: Any) -> set:
                 out.add((direction, f"{arg.name} None"))
                 out.add((direction, f"{arg.name}[0] other dims" if arg.many else f"{arg.name} other dims"))
                 if arg.many:
-                    out.add((direction, f"{arg.name}[0] None"))
+                    out |= {(direction, f"{arg.name}{what}") for what in ("[0] None", " one short", " not a list")}
     return out
 
 
