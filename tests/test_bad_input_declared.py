@@ -2,10 +2,10 @@
 make. Before each forward_kernel and backward_kernel call, the call is made wrong in each way the
 op's spec allows: no stream, no handle or a stream for it, no state, a state or attrs of another op;
 each tensor the spec declares required as None (and one entry of a required list); each tensor the
-call gives with one more axis; each list one entry short, or a tensor for the list. Each must raise the error docs/api.md names, with its whole message
-(the argument, what was expected, what was found), and leave every tensor the call writes as it was.
-After each backward, each gradient it wrote is skipped in turn (None) in a call that must write the
-others' bits again.
+call gives with one more axis; each list one entry short, or a tensor where it goes. Each must raise
+the error docs/api.md names, with its whole message (the argument, what was expected, what was
+found), and leave every tensor the call writes as it was. After each backward, each gradient it
+wrote is skipped in turn (None) in a call that must write the others' bits again.
 
 The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rules
 over every argument of every op, so a check dropped from one op (a required flag turned off, an
