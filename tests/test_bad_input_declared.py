@@ -4,7 +4,8 @@ op's spec allows: no stream, no handle or a stream for it, no state, a state or 
 each tensor the spec declares required as None (and one entry of a required list); each tensor the
 call gives with one more axis; each list one entry short, or a tensor where it goes. Each must raise
 the error docs/api.md names, with its whole message (the argument, what was expected, what was
-found), and leave every tensor the call writes as it was. After each backward, each gradient it
+found), and leave every tensor the call writes as it was. init_kernel is given each shape with one
+more axis and with another dtype, and must refuse both. After each backward, each gradient it
 wrote is skipped in turn (None) in a call that must write the others' bits again.
 
 The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rules
@@ -26,7 +27,7 @@ from conformance.backends import KernelsBackend
 from conformance.cases import all_cases
 from conformance.runner import produce
 import kernels
-from kernels import AttrsError, DeviceError, ShapeError, StateError, TensorShape
+from kernels import AttrsError, DeviceError, DTypeError, ShapeError, StateError, TensorShape
 from kernels.registry import OPS
 
 from .conftest import DEVICE_PARAMS, require
@@ -86,6 +87,27 @@ class _Probing:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.module, name)
+
+    def init_kernel(self, handle, attrs, *shapes):
+        """Each shape (a list's first) with one more axis must be refused (ShapeError, or AttrsError where the
+        attrs no longer fit it: an axis counted from the end, k past the last dim), and with another dtype
+        (DTypeError), naming the op; which argument the message blames is the op's order of checks. A shape
+        of no elements is not given one more axis: reshape takes it (any dims of no elements fit)."""
+        for position, (name, shape) in enumerate(zip(self.spec.shapes, shapes)):
+            many = isinstance(shape, (list, tuple))
+            first = shape[0] if many else shape
+            other_dtype = np.float64 if first.dtype != np.float64 else np.float32
+            variants = [("another dtype", TensorShape(first.dims, other_dtype), (DTypeError,))]
+            if first.numel:
+                variants.append(("one more axis", TensorShape(first.dims + (2,), first.dtype), (ShapeError, AttrsError)))
+            for what, wrong, errors in variants:
+                call = list(shapes)
+                call[position] = [wrong] + list(shape[1:]) if many else wrong
+                with pytest.raises(errors, match=rf"^{self.spec.name}: ") as raised:
+                    self.module.init_kernel(handle, attrs, *call)
+                assert type(raised.value) in errors, f"{self.spec.name} init, {name} {what}: {raised.value!r}"
+                self.probed.add(("init", f"{name} {what}"))
+        return self.module.init_kernel(handle, attrs, *shapes)
 
     def forward_kernel(self, stream, handle, state, attrs, *tensors, **options):
         self._probe("forward", self.module.forward_kernel, (stream, handle, state, attrs), tensors, options)
@@ -213,6 +235,7 @@ def _expected_variants(spec: Any) -> set:
     each tensor that is always given (required); each gradient skipped."""
     out = {("backward", f"{arg.name}[0] skipped" if arg.many else f"{arg.name} skipped")
            for arg in spec.args("backward", "grad")}
+    out |= {("init", f"{name} {what}") for name in spec.shapes for what in ("one more axis", "another dtype")}
     for direction in ("forward", "backward"):
         out |= {(direction, what) for what in ("stream None", "handle None", "a stream for the handle", "state None",
                                                "state of another op", "attrs of another op")}
