@@ -6,7 +6,8 @@ call gives with one more axis; each list one entry short, or a tensor where it g
 the error docs/api.md names, with its whole message (the argument, what was expected, what was
 found), and leave every tensor the call writes as it was. init_kernel is given each shape with one
 more axis and with another dtype, and must refuse both. After each backward, each gradient it
-wrote is skipped in turn (None) in a call that must write the others' bits again.
+wrote is skipped in turn (None), and each forward result the spec declares optional is left out
+(None), in calls that must write the other gradients' bits again.
 
 The per-op tables (tests/test_bad_input_<op>.py) pick their rows by hand; this runs the same rules
 over every argument of every op, so a check dropped from one op (a required flag turned off, an
@@ -118,29 +119,47 @@ class _Probing:
         self._probe("backward", self.module.backward_kernel, (stream, handle, state, attrs), tensors, {})
         self.module.backward_kernel(stream, handle, state, copy.copy(attrs), *tensors)
         self._skip_each_gradient(stream, handle, state, attrs, tensors)
+        self._without_each_unread_output(stream, handle, state, attrs, tensors)
+
+    def _again(self, stream, handle, state, attrs, tensors: tuple, replace: dict, what: str) -> None:
+        """Backward again, every gradient written into a fresh poisoned buffer, which must then hold the full
+        call's bits. `replace` maps a position to what to pass there instead (a forward value), or for a
+        gradient to the indices of its entries to skip (None) instead (a single gradient's is 0)."""
+        call, pairs = list(tensors), []
+        for position, arg in enumerate(self.spec.args("backward")):
+            if position in replace and arg.role != "grad":
+                call[position] = replace[position]
+            elif arg.role == "grad":
+                entries = list(tensors[position]) if arg.many else [tensors[position]]
+                skip = replace.get(position, ())
+                fresh = [None if entry is None or index in skip else _poisoned_like(stream, entry)
+                         for index, entry in enumerate(entries)]
+                pairs += [(entry, new) for entry, new in zip(entries, fresh) if new is not None]
+                call[position] = fresh if arg.many else fresh[0]
+        self.module.backward_kernel(stream, handle, state, attrs, *call)
+        for index, (full, new) in enumerate(pairs):
+            assert np.array_equal(_host(stream, full).view(np.uint8), _host(stream, new).view(np.uint8)), \
+                f"{self.spec.name} backward, {what}: gradient {index} differs from the full call's"
+        self.probed.add(("backward", what))
+
+    def _without_each_unread_output(self, stream, handle, state, attrs, tensors: tuple) -> None:
+        """Backward again without each forward result the spec declares optional (those the gradients never
+        read: None, or for a list None for the whole list), which must change nothing."""
+        for position, arg in enumerate(self.spec.args("backward")):
+            if arg.role == "output" and not arg.required and tensors[position] is not None:
+                self._again(stream, handle, state, attrs, tensors, {position: None}, f"{arg.name} None accepted")
 
     def _skip_each_gradient(self, stream, handle, state, attrs, tensors: tuple) -> None:
         """Backward again for each gradient the call wrote, with that gradient None (a list's first entry) and
         the others written to fresh poisoned buffers: each must hold the bits the full call wrote, since None
         skips its gradient and nothing else."""
-        grads = [(position, arg) for position, arg in enumerate(self.spec.args("backward")) if arg.role == "grad"]
-        for skipped, skipped_arg in grads:
-            value = tensors[skipped]
-            if (value[0] if value else None) is None if skipped_arg.many else value is None:
+        for position, arg in enumerate(self.spec.args("backward")):
+            value = tensors[position]
+            first = (value[0] if value else None) if arg.many else value
+            if arg.role != "grad" or first is None:
                 continue
-            call, pairs = list(tensors), []
-            for position, arg in grads:
-                entries = list(tensors[position]) if arg.many else [tensors[position]]
-                fresh = [None if entry is None or (position == skipped and index == 0) else _poisoned_like(stream, entry)
-                         for index, entry in enumerate(entries)]
-                pairs += [(entry, new) for entry, new in zip(entries, fresh) if new is not None]
-                call[position] = fresh if arg.many else fresh[0]
-            self.module.backward_kernel(stream, handle, state, attrs, *call)
-            what = f"{skipped_arg.name}[0] skipped" if skipped_arg.many else f"{skipped_arg.name} skipped"
-            for index, (full, new) in enumerate(pairs):
-                assert np.array_equal(_host(stream, full).view(np.uint8), _host(stream, new).view(np.uint8)), \
-                    f"{self.spec.name} backward, {what}: gradient {index} differs from the full call's"
-            self.probed.add(("backward", what))
+            what = f"{arg.name}[0] skipped" if arg.many else f"{arg.name} skipped"
+            self._again(stream, handle, state, attrs, tensors, {position: (0,)}, what)
 
     def _variants(self, direction: str, head: tuple, tensors: tuple) -> list[tuple[str, tuple, list, type, str]]:
         """(what, head, tensors, error, message pattern) for each wrong variant of the call. The patterns
@@ -232,10 +251,11 @@ class _ProbingBackend(KernelsBackend):
 def _expected_variants(spec: Any) -> set:
     """The variants every op's cases must reach between them: in each direction, no stream or handle, a stream
     for the handle, no state, a state or attrs of another op; None for each required tensor, other dims for
-    each tensor that is always given (required); each gradient skipped."""
+    each tensor that is always given (required); each gradient skipped; each optional forward result left out."""
     out = {("backward", f"{arg.name}[0] skipped" if arg.many else f"{arg.name} skipped")
            for arg in spec.args("backward", "grad")}
     out |= {("init", f"{name} {what}") for name in spec.shapes for what in ("one more axis", "another dtype")}
+    out |= {("backward", f"{arg.name} None accepted") for arg in spec.args("backward", "output") if not arg.required}
     for direction in ("forward", "backward"):
         out |= {(direction, what) for what in ("stream None", "handle None", "a stream for the handle", "state None",
                                                "state of another op", "attrs of another op")}

@@ -4,6 +4,7 @@ entry_point's contract, the CPU stream and handle, and the version of a source t
 
 import os
 import sys
+import threading
 import types
 from importlib import metadata
 
@@ -115,4 +116,22 @@ def test_arrays_checked_skips_the_array_checks_only_inside_its_block():
             core.check_call("transpose", object(), handle, state, attrs, wrong)
     with pytest.raises(ShapeError, match=r"^transpose: input: expected dims \(2, 3\), found \(3, 2\)"):
         core.check_call("transpose", stream, handle, state, attrs, wrong)
+
+    def in_a_new_thread():  # the block is per thread: one that never entered it checks every array
+        raised = []
+
+        def run():
+            try:
+                core.check_call("transpose", stream, handle, state, attrs, wrong)
+            except ShapeError as error:
+                raised.append(str(error))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return raised
+
+    with core.arrays_checked():
+        assert in_a_new_thread() == ["transpose: input: expected dims (2, 3), found (3, 2)"]
+    assert in_a_new_thread() == ["transpose: input: expected dims (2, 3), found (3, 2)"]
     transpose.cleanup_kernel(handle, state)
