@@ -114,8 +114,9 @@ def test_bad_call(row, device):
     (dict(axis=0, num_inputs="3"), r"num_inputs: expected an integer"),
 ])
 def test_bad_attrs(kwargs, pattern):
-    with pytest.raises(AttrsError, match=r"concat: " + pattern):
+    with pytest.raises(AttrsError, match=r"concat: " + pattern) as raised:
         ConcatAttrs(**kwargs)
+    assert str(raised.value).startswith("concat: ")  # the message names the op
 
 
 @pytest.mark.parametrize("attrs, input_shapes, output_shape, error, pattern", [

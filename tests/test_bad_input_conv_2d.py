@@ -142,8 +142,9 @@ def test_bad_call(row, device):
 def test_bad_attrs(fields, pattern):
     values = dict(out_channels=6, kernel_h=3, kernel_w=3)
     values.update(fields)
-    with pytest.raises(AttrsError, match=r"conv_2d: " + pattern):
+    with pytest.raises(AttrsError, match=r"conv_2d: " + pattern) as raised:
         Conv2DAttrs(**values)
+    assert str(raised.value).startswith("conv_2d: ")  # the message names the op
 
 
 def test_init_refuses_shapes():

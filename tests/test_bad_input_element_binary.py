@@ -102,8 +102,9 @@ def test_bad_call(row, device):
     (kernels.UnaryOpType.RELU, r"op_type: expected a BinaryOpType"),
 ])
 def test_bad_attrs(op_type, pattern):
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         ElementBinaryAttrs(op_type)
+    assert str(raised.value).startswith("element_binary: ")  # the message names the op
 
 
 def test_attrs_accept_member_names():

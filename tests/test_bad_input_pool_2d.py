@@ -119,8 +119,9 @@ def test_bad_call(row, device):
 def test_bad_attrs(kwargs, pattern):
     fields = dict(kernel_h=3, kernel_w=3, stride_h=1, stride_w=1, padding_h=1, padding_w=1, pool_type=PoolOp.MAX)
     fields.update(kwargs)
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         Pool2DAttrs(**fields)
+    assert str(raised.value).startswith("pool_2d: ")  # the message names the op
 
 
 def test_attrs_accept_names():

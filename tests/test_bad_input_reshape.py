@@ -69,8 +69,9 @@ def test_bad_call(row, device):
     (6, r"shape: expected a sequence of integers"),
 ])
 def test_bad_attrs(shape, pattern):
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         ReshapeAttrs(shape)
+    assert str(raised.value).startswith("reshape: ")  # the message names the op
 
 
 @pytest.mark.parametrize("attrs, input_dims, output_dims, error, pattern", [

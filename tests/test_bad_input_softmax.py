@@ -80,8 +80,9 @@ def test_bad_call(row, device):
     (None, r"softmax: dim: expected an integer"),
 ])
 def test_bad_attrs(dim, pattern):
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         SoftmaxAttrs(dim)
+    assert str(raised.value).startswith("softmax: ")  # the message names the op
 
 
 @pytest.mark.parametrize("dim", [3, -4, 7])

@@ -104,8 +104,9 @@ def test_bad_call(row, device):
     (dict(splits=(1, 2), axis=None), r"axis: expected an integer"),
 ])
 def test_bad_attrs(kwargs, pattern):
-    with pytest.raises(AttrsError, match=r"split: " + pattern):
+    with pytest.raises(AttrsError, match=r"split: " + pattern) as raised:
         SplitAttrs(**kwargs)
+    assert str(raised.value).startswith("split: ")  # the message names the op
 
 
 @pytest.mark.parametrize("attrs, input_shape, output_shapes, error, pattern", [

@@ -86,8 +86,9 @@ def test_bad_call(row, device):
     (None, r"top_k: k: expected an integer"),
 ])
 def test_bad_attrs(k, pattern):
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         TopKAttrs(k)
+    assert str(raised.value).startswith("top_k: ")  # the message names the op
 
 
 def test_init_refuses_k_past_the_row():

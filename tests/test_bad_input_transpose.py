@@ -97,8 +97,9 @@ def test_bad_call(row, device):
     ((0, 1.5), r"permutation\[1\]: expected an integer"),
 ])
 def test_bad_attrs(permutation, pattern):
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         TransposeAttrs(permutation)
+    assert str(raised.value).startswith("transpose: ")  # the message names the op
 
 
 def test_init_refuses_rank_and_dims():

@@ -87,8 +87,9 @@ def test_bad_call(row, device):
     (2, None, r"mode: expected a UpsampleMode"),
 ])
 def test_bad_attrs(scale_factor, mode, pattern):
-    with pytest.raises(AttrsError, match=pattern):
+    with pytest.raises(AttrsError, match=pattern) as raised:
         UpsampleAttrs(scale_factor, mode)
+    assert str(raised.value).startswith("upsample: ")  # the message names the op
 
 
 def test_mode_by_name():
