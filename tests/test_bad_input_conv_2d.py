@@ -175,10 +175,9 @@ def test_init_refuses_shapes():
         conv_2d.output_dims(ATTRS, (4, 7, 5))
 
 
-def test_init_refuses_an_input_too_small_by_one_along_one_axis():
+def test_output_dims_refuse_an_input_too_small_by_one_along_one_axis():
     """The extent check at its boundary, with padding, along H alone and along W alone: a padded size one short
     of the dilated kernel is refused, naming the axis; one more row or column is taken (a 1-long output axis)."""
-    handle, f32 = cpu_handle(), np.float32
     along_h = Conv2DAttrs(1, 3, 1, padding_h=1, dilation_h=2)  # extent 5 along H: H + 2 >= 5
     along_w = Conv2DAttrs(1, 1, 3, padding_w=1, dilation_w=2)
     for attrs, short, fits, axis in ((along_h, (1, 1, 2, 9), (1, 1, 3, 9), "H"), (along_w, (1, 1, 9, 2), (1, 1, 9, 3), "W")):

@@ -15,7 +15,6 @@ optional tensor given but not looked at, a state read before it is checked) fail
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
 import sys
@@ -24,10 +23,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kernels
 from conformance.backends import KernelsBackend
 from conformance.cases import all_cases
 from conformance.runner import produce
-import kernels
 from kernels import AttrsError, DeviceError, DTypeError, ShapeError, StateError, TensorShape
 from kernels.registry import OPS
 
@@ -48,11 +47,10 @@ def _poisoned_like(stream: Any, array: Any) -> Any:
     """A new tensor like `array` on its device, every byte 0x77, written on the stream."""
     if isinstance(array, np.ndarray):
         fresh = np.empty_like(array)
-    else:
-        cupy = sys.modules["cupy"]
-        with array.device, stream:
-            fresh = cupy.empty_like(array)
-    with contextlib.nullcontext() if isinstance(array, np.ndarray) else stream:
+        fresh.view(np.uint8).fill(0x77)
+        return fresh
+    with array.device, stream:
+        fresh = sys.modules["cupy"].empty_like(array)
         fresh.view(np.uint8).fill(0x77)
     return fresh
 
@@ -195,7 +193,7 @@ class _Probing:
                 f"{op} {direction}: {arg.name} is declared required, yet a valid call passes None"
             if arg.required:
                 found = rf"expected a list of {len(value)}, found NoneType" if arg.many else \
-                    rf"expected an array .*, found None"
+                    r"expected an array .*, found None"
                 out.append((f"{arg.name} None", head, replaced(position, None), ShapeError, rf"{name}: {found}"))
             if arg.many and value:
                 out.append((f"{arg.name} one short", head, replaced(position, list(value[:-1])), ShapeError,
