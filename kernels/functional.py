@@ -1254,7 +1254,11 @@ def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int 
         length = x.shape[axis]
         sections = tuple(min(size, length - start) for start in range(0, length, size)) or (0,)
     else:
-        sections = tuple(split_size_or_sections)
+        try:
+            sections = tuple(split_size_or_sections)
+        except TypeError:  # neither an int nor a sequence (a float): refused in the caller's terms
+            raise fail(AttrsError, op, "split_size_or_sections", "an int or a sequence of ints",
+                       repr(split_size_or_sections)) from None
     attrs = SplitAttrs(splits=sections, axis=dim)
     out_dims = split_op.output_dims(attrs, tuple(x.shape))
     outputs = [env.empty(d, x.dtype) for d in out_dims]

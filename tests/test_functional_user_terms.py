@@ -38,6 +38,8 @@ ROWS = [
                                                        _ctx(F.split, np.zeros((4, 3)), 2)), kernels.ShapeError,
      "split_backward: grad_outputs[0]: expected dims (2, 3), found (1, 3)", "split: output_grads[0]:"),
     ("pow_scalar", lambda: F.pow(A, float("nan")), kernels.AttrsError, "pow: exponent: ", "element_unary: scalar:"),
+    ("split_sections_indexed", lambda: F.split(np.zeros((4, 3)), [1, 1.5]), kernels.AttrsError,
+     "split: split_size_or_sections[1]: expected an integer, found 1.5", "split: splits[1]:"),
     ("topk_k_past_the_row", lambda: F.topk(A, 4), kernels.AttrsError,
      "topk: k: expected at most the last dim of input (3), found 4", "top_k: k:"),
     ("topk_dtype", lambda: F.topk(A.astype(np.int32), 1), kernels.DTypeError,

@@ -169,7 +169,9 @@ def check_rank(op: str, argument: str, shape: TensorShape, rank: int | None = No
 
 
 def normalize_axis(op: str, argument: str, axis: int, rank: int) -> int:
-    """A negative axis counts from the end; anything outside [-rank, rank) is an AttrsError."""
+    """A negative axis counts from the end; anything but an integer (a bool, a float) or an integer outside
+    [-rank, rank) is an AttrsError."""
+    axis = attr_int(op, argument, axis)
     if not -rank <= axis < rank:
         raise fail(AttrsError, op, argument, f"an axis in [{-rank}, {rank})", axis)
     return axis % rank
