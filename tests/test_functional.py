@@ -469,6 +469,28 @@ def test_transpose(dev):
         lambda x: torch.transpose(x, -1, -2), [dyadic(2, 3, 4, 5)])
 
 
+SHAPE_ONLY = [
+    ("reshape", lambda x, **kw: F.reshape(x, (4, -1, 3), **kw), F.reshape_backward, lambda g: g.reshape(2, 6, 5)),
+    ("permute", lambda x, **kw: F.permute(x, (2, 0, 1), **kw), F.permute_backward, lambda g: g.transpose(1, 2, 0)),
+    ("transpose", lambda x, **kw: F.transpose(x, 0, -1, **kw), F.transpose_backward, lambda g: g.transpose(2, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("name, forward, backward, undo", SHAPE_ONLY, ids=[s[0] for s in SHAPE_ONLY])
+def test_shape_only_gradients_keep_the_dtype(dev, dtype, name, forward, backward, undo):
+    """reshape, permute and transpose move values: in every dtype the output and the input gradient have the
+    input's dtype and are its values moved, bit for bit (the float64 runs above cannot tell a wider dtype)."""
+    x = dyadic(2, 6, 5).astype(dtype)
+    ctx = F.Context()
+    output = dev.host(forward(dev.array(x), ctx=ctx, stream=dev.stream))
+    grad_output = dyadic(*output.shape, scale=0.5).astype(dtype)
+    grad = dev.host(backward(dev.array(grad_output), ctx, stream=dev.stream))
+    assert output.dtype == grad.dtype == np.dtype(dtype)
+    assert np.array_equal(np.ascontiguousarray(undo(output)).view(np.uint8), x.view(np.uint8))
+    assert np.array_equal(grad.view(np.uint8), np.ascontiguousarray(undo(grad_output)).view(np.uint8))
+
+
 def test_matmul(dev):
     run(dev, F.matmul, F.matmul_backward, torch.matmul, [dyadic(2, 3, 4, 5), dyadic(2, 3, 5, 6)])
 
