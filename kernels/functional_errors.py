@@ -18,9 +18,13 @@ _COMMON = {
     "input_shape": "input", "output_shape": "output", "output_grad": "grad_output",
     "output_grads[i]": "grad_outputs[i]",
 }
+# The kernels' per-axis attrs: one entry of the function's (H, W) pair.
+_PAIRS = {f"{name}_{axis}": f"{name}[{index}]" for name in ("stride", "padding", "dilation")
+          for index, axis in enumerate("hw")}
 # Per kernel op (its OP name), the arguments whose functional name differs.
 _PER_OP = {
-    "conv_2d": {"filter": "weight", "filter_shape": "weight", "filter_grad": "weight.grad"},
+    "conv_2d": {"filter": "weight", "filter_shape": "weight", "filter_grad": "weight.grad", **_PAIRS},
+    "pool_2d": {"kernel_h": "kernel_size[0]", "kernel_w": "kernel_size[1]", **_PAIRS},
     "batch_norm": {"gamma": "weight", "beta": "bias", "state.running_mean": "running_mean",
                    "state.running_var": "running_var"},
     "concat": {"input_shapes[i]": "tensors[i]", "inputs[i]": "tensors[i]", "axis": "dim"},
