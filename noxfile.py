@@ -95,6 +95,10 @@ def checks_mutants(session: nox.Session) -> None:
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".git", ".nox", ".venv", "mutants", "__pycache__",
                                                              "*.egg-info"))
     settings = tomllib.loads(PYPROJECT.read_text())["tool"]["kernels"]["checks-mutants"]
+    selection = settings["pytest_add_cli_args_test_selection"]
+    settings["pytest_add_cli_args_test_selection"] = [  # globs expanded here: pytest takes paths
+        path for entry in selection
+        for path in (sorted(str(p.relative_to(root)) for p in root.glob(entry)) if "*" in entry else [entry])]
     (copy / "pyproject.toml").write_text(_with_mutmut_settings(PYPROJECT.read_text(), settings))
     session.install("-e", f"{copy}[dev]", "mutmut==3.8.1")
     session.chdir(copy)

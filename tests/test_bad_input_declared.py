@@ -64,16 +64,15 @@ def _other_dims(array: Any) -> Any:
         return cupy.zeros(array.shape + (2,), dtype=array.dtype)
 
 
-def _other_state(op: str, handle: Any) -> Any:
-    """A live state of another op (element_unary's, or for element_unary itself reshape's), on the handle."""
+def _another_op(op: str, handle: Any) -> tuple[Any, Any, Any]:
+    """(module, live state, attrs) of another op than `op` on the handle: element_unary, or for element_unary
+    itself reshape."""
     shape = TensorShape((2, 3), np.float32)
     if op == "element_unary":
-        return kernels.reshape.init_kernel(handle, kernels.ReshapeAttrs((3, 2)), shape, TensorShape((3, 2), np.float32))
-    return kernels.element_unary.init_kernel(handle, kernels.ElementUnaryAttrs("RELU"), shape, shape)
-
-
-# Attrs of another op: element_unary's for reshape, reshape's for every other op.
-_OTHER_ATTRS = (kernels.ElementUnaryAttrs("RELU"), kernels.ReshapeAttrs((3, 2)))
+        attrs = kernels.ReshapeAttrs((3, 2))
+        return kernels.reshape, kernels.reshape.init_kernel(handle, attrs, shape, TensorShape((3, 2), np.float32)), attrs
+    attrs = kernels.ElementUnaryAttrs("RELU")
+    return kernels.element_unary, kernels.element_unary.init_kernel(handle, attrs, shape, shape), attrs
 
 
 class _Probing:
@@ -159,12 +158,12 @@ class _Probing:
             what = f"{arg.name}[0] skipped" if arg.many else f"{arg.name} skipped"
             self._again(stream, handle, state, attrs, tensors, {position: (0,)}, what)
 
-    def _variants(self, direction: str, head: tuple, tensors: tuple) -> list[tuple[str, tuple, list, type, str]]:
+    def _variants(self, direction: str, head: tuple, tensors: tuple, other_state: Any,
+                  other_attrs: Any) -> list[tuple[str, tuple, list, type, str]]:
         """(what, head, tensors, error, message pattern) for each wrong variant of the call. The patterns
         are whole messages after the op's name: what was expected, and what was found."""
         stream, handle, state, attrs = head
         op = self.spec.name
-        other_state, other_attrs = _other_state(op, handle), _OTHER_ATTRS[op != "reshape"]
         kind = r"\(cpu_{0}\(\) or gpu_{0}\(\)\)"
         out = [("stream None", (None, handle, state, attrs), list(tensors), DeviceError,
                 rf"stream: expected a kernels CPU or GPU stream {kind.format('stream')}, found NoneType"),
@@ -198,13 +197,12 @@ class _Probing:
             if arg.many and value:
                 out.append((f"{arg.name} one short", head, replaced(position, list(value[:-1])), ShapeError,
                             rf"{name}: expected a list of {len(value)}, found a list of {len(value) - 1}"))
-                if value[0] is not None:
-                    out.append((f"{arg.name} not a list", head, replaced(position, value[0]), ShapeError,
-                                rf"{name}: expected a list of {len(value)}, found {type(value[0]).__name__}"))
                 if arg.required:
                     out.append((f"{arg.name}[0] None", head, replaced(position, [None] + list(value[1:])), ShapeError,
                                 rf"{name}\[0\]: expected an array .*, found None"))
                 if value[0] is not None:
+                    out.append((f"{arg.name} not a list", head, replaced(position, value[0]), ShapeError,
+                                rf"{name}: expected a list of {len(value)}, found {type(value[0]).__name__}"))
                     out.append((f"{arg.name}[0] other dims", head,
                                 replaced(position, [_other_dims(value[0])] + list(value[1:])), ShapeError,
                                 other_dims(rf"{name}\[0\]", value[0])))
@@ -218,9 +216,11 @@ class _Probing:
         written_role = "output" if direction == "forward" else "grad"
         written = [t for arg, value in zip(args, tensors) if arg.role == written_role
                    for t in (value if arg.many else [value]) if t is not None]
-        stream = head[0]
+        stream, handle = head[0], head[1]
         before = [_host(stream, t) for t in written]
-        for what, call_head, call, error_type, pattern in self._variants(direction, head, tensors):
+        other_module, other_state, other_attrs = _another_op(self.spec.name, handle)
+        for what, call_head, call, error_type, pattern in self._variants(direction, head, tensors, other_state,
+                                                                         other_attrs):
             try:
                 function(*call_head, *call, **options)
             except error_type as error:
@@ -231,6 +231,7 @@ class _Probing:
                 assert np.array_equal(b.view(np.uint8), _host(stream, t).view(np.uint8)), \
                     f"{self.spec.name} {direction}, {what}: the refused call wrote written tensor {index}"
             self.probed.add((direction, what))
+        other_module.cleanup_kernel(handle, other_state)
 
 
 class _ProbingBackend(KernelsBackend):
