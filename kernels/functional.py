@@ -390,8 +390,7 @@ class _Env:
 
 
 # Whether this host thread is inside a public call: the outermost one puts a kernel's error in its terms.
-_OUTER = threading.local()
-_OUTER.inside = False
+_OUTER = core.thread_local(inside=False)
 
 
 def _public(function: Any) -> Any:
@@ -400,7 +399,7 @@ def _public(function: Any) -> Any:
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_OUTER, "inside", False):  # nested: the outermost call translates
+        if _OUTER.inside:  # nested: the outermost call translates
             return function(*args, **kwargs)
         _OUTER.inside = True
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from fractions import Fraction
 from typing import Any
 
@@ -135,14 +134,14 @@ def blockwise_plan(function: Any, count: int, threads: int) -> Any:
     return one_block
 
 
-_SCRATCH = threading.local()
+_SCRATCH = core.thread_local(buffers=None)
 
 
 def _scratch(like: np.ndarray, slot: int) -> np.ndarray:
     """A buffer shaped like `like` (a block: at most BLOCK_ELEMENTS, or PARALLEL_BLOCK_ELEMENTS in a part
     beside others, unless blockwise ran on a whole non-contiguous array), kept per thread and slot so
     that blocks allocate nothing."""
-    buffers = getattr(_SCRATCH, "buffers", None)
+    buffers = _SCRATCH.buffers
     if buffers is None:
         buffers = _SCRATCH.buffers = {}
     key = (slot, like.dtype)

@@ -10,7 +10,6 @@ activation differs: it is evaluated in float32 (activation_dtype), as the GPU do
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
@@ -18,7 +17,7 @@ import numpy as np
 from .. import activation as activations
 from ..runtime import cpu as cpu_runtime
 from ..runtime import cpu_paths
-from ..runtime.core import HALF_DTYPES
+from ..runtime.core import HALF_DTYPES, thread_local
 from .attrs import SavedForward
 from .plan import Layout
 
@@ -44,13 +43,13 @@ INNER_PARTS_PATH, STAT_GROUPS_PATH, THREADS_PATH = cpu_paths.declare("batch_norm
     "threads": "a pass's blocks shared out to the threads",
 })
 
-_SCRATCH = threading.local()
+_SCRATCH = thread_local(buffers=None)
 
 
 def _scratch(slot: int, shape: tuple[int, int]) -> np.ndarray:
     """A float64 (stats, inner) buffer of this thread (slot 0, 1 or 2), grown to the longest block it
     has held: blocks allocate nothing."""
-    buffers = getattr(_SCRATCH, "buffers", None)
+    buffers = _SCRATCH.buffers
     if buffers is None:
         buffers = _SCRATCH.buffers = [np.empty(CPU_BLOCK_ELEMENTS, np.float64) for _ in range(3)]
     size = shape[0] * shape[1]

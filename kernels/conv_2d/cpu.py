@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -38,7 +37,7 @@ FORWARD_WIDE_PATH, BACKWARD_WIDE_PATH, CHANNELS_THREADS_PATH, GROUPS_THREADS_PAT
 })
 
 
-_BUFFERS = threading.local()  # each thread's scratch buffers by name: {name: bytes}
+_BUFFERS = core.thread_local(buffers=None)  # each thread's scratch buffers by name: {name: bytes}
 
 
 def _buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -47,7 +46,7 @@ def _buffer(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     slowed the largest layers (docs/performance.md#convolution-scratch-buffers). An array
     lives for its call only; a call's names are distinct, so none overlaps another in use. The
     buffers of a thread hold about the largest layer's im2col matrix, like a GPU workspace."""
-    buffers = getattr(_BUFFERS, "buffers", None)
+    buffers = _BUFFERS.buffers
     if buffers is None:
         buffers = _BUFFERS.buffers = {}
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize

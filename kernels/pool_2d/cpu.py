@@ -3,7 +3,6 @@ handle's threads (kernels.runtime.cpu); the half dtypes computed in float32."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -220,13 +219,13 @@ CPU_BACKWARD_BLOCK = 1 << 16  # outputs a block of the CPU MAX backward handles 
 # A block of the CPU MAX backward costs about as much as copying 80 bytes an output, its add.at most of
 # it (docs/performance.md#pool-2d-max-backward): cpu_parallel weighs its parts by that, not by the bytes moved.
 CPU_BACKWARD_BYTES = 80
-_TARGETS = threading.local()  # each thread's buffer of a block's target offsets
+_TARGETS = core.thread_local(buffer=None)  # each thread's buffer of a block's target offsets
 
 
 def _targets(count: int) -> np.ndarray:
     """This thread's intp buffer of `count` elements: a new buffer per block cost its page faults
     (docs/performance.md#pool-2d-max-backward)."""
-    buffer = getattr(_TARGETS, "buffer", None)
+    buffer = _TARGETS.buffer
     if buffer is None or buffer.size < count:
         buffer = _TARGETS.buffer = np.empty(count, np.intp)
     return cpu.scratch(buffer[:count])

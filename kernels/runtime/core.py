@@ -20,6 +20,17 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import ml_dtypes
 import numpy as np
 
+# --------------------------------------------------------------------------- per-thread values
+
+
+def thread_local(**defaults: Any) -> threading.local:
+    """A threading.local whose attributes read as `defaults` in a thread that has not set them (immutable
+    values only: a default is shared by every thread). Reading one is a plain attribute lookup; the
+    getattr(local, name, default) it replaces raised and caught an AttributeError in every thread that had
+    not set the attribute, about 0.33 us a read, several times a GPU call (docs/performance.md#host-time-of-one-gpu-call)."""
+    return type("ThreadLocal", (threading.local,), dict(defaults))()
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -306,7 +317,7 @@ def check_tensor(op: str, name: str, array: Any, expected: TensorShape, device: 
         raise fail(ShapeError, op, name, "a C-contiguous array (no implicit copies)", f"strides {array.strides}")
 
 
-_ARRAYS_CHECKED = threading.local()
+_ARRAYS_CHECKED = thread_local(on=False)
 
 
 @contextlib.contextmanager
@@ -329,7 +340,7 @@ def arrays_checked() -> Iterator[None]:
 def arrays_are_checked() -> bool:
     """Whether this thread is inside arrays_checked(): an op's own checks of arrays outside check_call's
     rows (batch_norm's running statistics in its state) are skipped there too."""
-    return getattr(_ARRAYS_CHECKED, "on", False)
+    return _ARRAYS_CHECKED.on
 
 
 def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
@@ -363,7 +374,7 @@ def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
     return device
 
 
-_GPU_CALL_HOOKS = threading.local()
+_GPU_CALL_HOOKS = thread_local(hook=None, held=None)
 
 
 @contextlib.contextmanager
@@ -371,7 +382,7 @@ def before_gpu_call(hook: Callable[[Any], None] | None) -> Iterator[None]:
     """Within the block, call hook(stream) in this thread right before each GPU kernel call
     enqueues its work. The conformance harness enqueues a spin kernel there (the delayed-stream
     schedule), so work that a kernel puts on any other stream runs out of order and shows."""
-    previous = getattr(_GPU_CALL_HOOKS, "hook", None)
+    previous = _GPU_CALL_HOOKS.hook
     _GPU_CALL_HOOKS.hook = hook
     try:
         yield
@@ -395,7 +406,7 @@ def replaying(stream: Any) -> Iterator[None]:
         if not _is_gpu_stream(stream):
             yield
             return
-        previous = getattr(_GPU_CALL_HOOKS, "held", None)
+        previous = _GPU_CALL_HOOKS.held
         with stream:
             _GPU_CALL_HOOKS.held = stream
             try:
@@ -414,8 +425,8 @@ def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def call(stream: Any, *args: Any, **kwargs: Any) -> Any:
-        hook = getattr(_GPU_CALL_HOOKS, "hook", None)
-        if getattr(_GPU_CALL_HOOKS, "held", None) is stream:  # inside replaying(stream): entered once for all
+        hook = _GPU_CALL_HOOKS.hook
+        if _GPU_CALL_HOOKS.held is stream:  # inside replaying(stream): entered once for all
             if hook is not None:
                 hook(stream)
             return function(stream, *args, **kwargs)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import cpu_paths
-from .core import AttrsError, fail
+from .core import AttrsError, fail, thread_local
 
 # The size-gated paths of the runtime's passes (kernels.runtime.cpu_paths): the ops' own are declared beside them.
 PARTS_PATH, PIECES_PATH, PLANES_PATH, BESIDE_PATH = cpu_paths.declare("cpu", {
@@ -121,13 +121,13 @@ def scratch(array: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- threads
 
-_CPU_WORKER = threading.local()  # busy: this thread runs a part (a nested cpu_parallel runs inline)
-_CALL = threading.local()  # the thread count of the CPU kernel running in this thread
+_CPU_WORKER = thread_local(busy=False)  # busy: this thread runs a part (a nested cpu_parallel runs inline)
+_CALL = thread_local(threads=None)  # the thread count of the CPU kernel running in this thread
 
 
 def handle_threads() -> int:
     """The thread count of the CPU kernel running in this thread (its handle's), else the available cores."""
-    threads = getattr(_CALL, "threads", None)
+    threads = _CALL.threads
     return available_cores() if threads is None else threads
 
 
@@ -176,7 +176,7 @@ def with_threads(function: Callable[..., Any], threads: int) -> Callable[..., An
     decided once (the functional layer's plans: kernels/functional.py, _Plan)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        previous = getattr(_CALL, "threads", None)
+        previous = _CALL.threads
         _CALL.threads = threads
         try:
             return function(*args, **kwargs)
@@ -195,7 +195,7 @@ def cpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     def call(stream: Any, handle: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(handle, CpuHandle):
             return function(stream, handle, *args, **kwargs)
-        previous = getattr(_CALL, "threads", None)
+        previous = _CALL.threads
         _CALL.threads = handle.threads
         try:
             return function(stream, handle, *args, **kwargs)
@@ -326,7 +326,7 @@ def cpu_parallel(function: Callable[[int, int], None], count: int, nbytes: int |
     by the same arithmetic whatever the thread. Runs in the calling thread when nested, with one
     thread, or while another thread's call has the pool threads."""
     parts = min(parallel_parts(nbytes), count)
-    if parts <= 1 or getattr(_CPU_WORKER, "busy", False):
+    if parts <= 1 or _CPU_WORKER.busy:
         function(0, count)
         return
     pool = _POOL

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .core import BFLOAT16, CudaError, DeviceError, DTypeError, KernelError, ShapeError
+from .core import BFLOAT16, CudaError, DeviceError, DTypeError, KernelError, ShapeError, thread_local
 
 if TYPE_CHECKING:  # the ops' annotations name the handle; it lives above this module
     from .handle import GpuHandle  # noqa: F401
@@ -135,7 +135,7 @@ def _require_cupy() -> None:
         raise DeviceError(f"GPU kernels are unavailable: {reason}")
 
 
-_ENTERED = threading.local()  # per host thread: the devices current before each GpuStream entered
+_ENTERED = thread_local(devices=None)  # per host thread: the devices current before each GpuStream entered
 
 
 class GpuStream:
@@ -164,7 +164,7 @@ class GpuStream:
         previous = runtime.getDevice()
         if previous != self.device:
             runtime.setDevice(self.device)
-        stack = getattr(_ENTERED, "devices", None)
+        stack = _ENTERED.devices
         if stack is None:
             stack = _ENTERED.devices = []
         stack.append(previous)
