@@ -97,6 +97,16 @@ class Recorder:
     def launch(self, stream, kernel, grid, block, args, shared_mem=0):
         self.calls.append(("launch", kernel, grid, block, shared_mem, tuple(self.encode(a) for a in args)))
 
+    def packed_launch(self, kernel, grid, block, arguments, shared_mem=0):
+        """gpu.PackedLaunch's stand-in: a call records the launch gpu.launch would with the same arguments."""
+
+        def call(stream, *arrays):
+            assert len(arrays) == sum(a is gpu.ARRAY for a in arguments), "not one array a slot"
+            given = iter(arrays)
+            self.launch(stream, kernel, grid, block, tuple(next(given) if a is gpu.ARRAY else a for a in arguments),
+                        shared_mem)
+        return call
+
 
 @pytest.fixture
 def device(monkeypatch):
@@ -107,6 +117,7 @@ def device(monkeypatch):
         memsetAsync=lambda *args: recorder.calls.append(("memset",) + args),
         memcpyDeviceToDevice=3, CUDARuntimeError=RuntimeError)
     monkeypatch.setattr(gpu, "launch", recorder.launch)
+    monkeypatch.setattr(gpu, "PackedLaunch", recorder.packed_launch)
     monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(gpu, "device_empty", lambda dims, dtype, device: recorder.empty(tuple(dims), dtype))
     monkeypatch.setattr(gpu, "sm_count", lambda device: 132)  # an H200

@@ -148,9 +148,15 @@ def launch_parts():
     rows = [(name, array, st.shapes[shape], True) for name, array, shape in
             (("lhs", x, "lhs_shape"), ("rhs", y, "rhs_shape"), ("output", o, "output_shape"))]
     yield "  core.check_call, 3 arrays", lambda: core.check_call("element_binary", stream, handle, st, attrs, rows)
-    kernel, grid, tail, _ = st.gpu_forward
-    args = (x, y, o) + tail + (np.int32(1),)
+    # The kernel and arguments the state's launch was packed from (element_binary's _forward_launch, same shapes).
+    eb_gpu = k.element_binary.gpu
+    kernel = eb_gpu._function("binary_same", np.dtype(f32), "int")
+    grid = gpu.grid_for(x.size, per_thread=eb_gpu.VECTOR_BYTES // 4)
+    tail = (np.int32(x.size), np.int32(attrs.op_type.value))
+    args = (x, y, o) + tail + (np.int32(eb_gpu._vector_ok(x, y, o)),)
     yield "  CuPy Function call", lambda: kernel((grid,), (gpu.BLOCK,), args, 0, stream.cupy_stream)
+    packed = st.gpu_forward[1][eb_gpu._vector_ok(x, y, o)]
+    yield "  the state's PackedLaunch", lambda: packed(stream, x, y, o)
     # cuLaunchKernel through ctypes, its arguments packed once in one buffer (the arrays' slots
     # rewritten each call): what a launch from Python costs without CuPy's packing.
     cuda = ctypes.CDLL("libcuda.so.1")

@@ -38,8 +38,8 @@ gpu_paths.declare("activation", {
        for direction in ("forward", "backward")},
 })
 
-# Launch plans by (direction, activation, dtype, count, aligned, device, simulated device): (kernel, grid,
-# count argument, aligned flag, paths), made once, so that a call only looks one up. Bounded: cleared past
+# Launch plans by (direction, activation, dtype, count, aligned, device, simulated device): (PackedLaunch,
+# paths), made once, so that a call only looks one up. Bounded: cleared past
 # _PLANS_LIMIT. The simulated device (gpu.simulated_device) is in the key: its grids are not the device's.
 _PLANS: dict[tuple, tuple] = {}
 _PLANS_LIMIT = 4096
@@ -54,7 +54,8 @@ def _plan(stream: Any, direction: str, activation: Activation, dtype: np.dtype, 
         # 16-byte aligned arrays: the kernels move 16-byte packs, 16 // itemsize elements a thread.
         function = _gpu_function(direction, activation, dtype, stream.device)
         per_thread = 16 // dtype.itemsize if aligned else 1
-        plan = (function, gpu.grid_for(count, per_thread=per_thread), np.int64(count), np.int32(aligned),
+        plan = (gpu.packed(function, gpu.grid_for(count, per_thread=per_thread), gpu.BLOCK,
+                           2 if direction == "forward" else 3, (np.int64(count), np.int32(aligned))),
                 plan_paths(direction, activation, aligned))
         if len(_PLANS) >= _PLANS_LIMIT:
             _PLANS.clear()
@@ -67,19 +68,18 @@ def gpu_forward(stream: Any, activation: Activation, pre: Any, output: Any) -> N
     output may be pre itself."""
     count = pre.size
     if count:
-        kernel, grid, count_arg, aligned, paths = _plan(stream, "forward", activation, pre.dtype, count,
-                                                        (pre.data.ptr | output.data.ptr) & 15 == 0)
+        launch, paths = _plan(stream, "forward", activation, pre.dtype, count, (pre.data.ptr | output.data.ptr) & 15 == 0)
         gpu_paths.reach(paths[0])
         gpu_paths.reach(paths[1])
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output, count_arg, aligned))
+        launch(stream, pre, output)
 
 
 def gpu_backward(stream: Any, activation: Activation, pre: Any, output_grad: Any, pre_grad: Any) -> None:
     """pre_grad = output_grad * f'(pre), enqueued on the stream; output_grad is only read."""
     count = pre.size
     if count:
-        kernel, grid, count_arg, aligned, paths = _plan(stream, "backward", activation, pre.dtype, count,
-                                                        (pre.data.ptr | output_grad.data.ptr | pre_grad.data.ptr) & 15 == 0)
+        launch, paths = _plan(stream, "backward", activation, pre.dtype, count,
+                              (pre.data.ptr | output_grad.data.ptr | pre_grad.data.ptr) & 15 == 0)
         gpu_paths.reach(paths[0])
         gpu_paths.reach(paths[1])
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (pre, output_grad, pre_grad, count_arg, aligned))
+        launch(stream, pre, output_grad, pre_grad)

@@ -53,12 +53,12 @@ gpu_paths.declare(_P, {
 _FORWARD_SAME = (_P + ".forward.same.scalar", _P + ".forward.same.vector")  # by the alignment flag
 _BACKWARD_SAME = (_P + ".backward.same.scalar", _P + ".backward.same.vector")
 
-# (kernel, grid, scalar arguments, same) of a forward; `same`: the plain elementwise kernel,
-# whose last argument (the alignment flag) each call adds.
-ForwardLaunch = tuple[Any, Any, tuple, bool]
-# (kernel, grid, array slots, scalar arguments, whether the alignment flag of the arrays is added last,
-# the step's named GPU paths: for an aligned step, the vector path is taken by the flag at each call)
-BackwardStep = tuple[Any, Any, tuple[int, ...], tuple, bool, tuple[str, ...]]
+# (same, launches) of a forward: `same`, the plain elementwise kernel, whose last argument (the alignment
+# flag) each call picks: its two PackedLaunches by the flag; else the broadcast kernel's PackedLaunch.
+ForwardLaunch = tuple[bool, Any]
+# (launch, array slots, aligned, the step's named GPU paths): an aligned step's launch is the pair of
+# PackedLaunches by the alignment flag of its arrays (its vector path is taken by the flag at each call).
+BackwardStep = tuple[Any, tuple[int, ...], bool, tuple[str, ...]]
 
 
 def _function(kernel: str, dtype: np.dtype, index: str, destination: np.dtype | None = None) -> Any:
@@ -75,15 +75,12 @@ def _plan(state: ElementBinaryState) -> GpuPlan:
     return state.plan
 
 
-_FLAGS = (np.int32(0), np.int32(1))
-
-
-def _vector_ok(*arrays: Any) -> np.int32:
-    """Whether every array starts on a VECTOR_BYTES boundary, so vector loads and stores are legal."""
+def _vector_ok(*arrays: Any) -> int:
+    """1 where every array starts on a VECTOR_BYTES boundary, so vector loads and stores are legal; else 0."""
     bits = 0
     for a in arrays:
         bits |= a.data.ptr
-    return _FLAGS[bits & (VECTOR_BYTES - 1) == 0]
+    return int(bits & (VECTOR_BYTES - 1) == 0)
 
 
 def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBinaryAttrs, lhs: Any, rhs: Any,
@@ -94,14 +91,14 @@ def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBina
         launch = state.gpu_forward = _forward_launch(state, attrs, output.dtype)
     if launch is None:
         return
-    kernel, grid, tail, same = launch
+    same, launches = launch
     if same:
         flag = _vector_ok(lhs, rhs, output)
         gpu_paths.reach(_FORWARD_SAME[flag])
-        tail = tail + (flag,)
+        launches[flag](stream, lhs, rhs, output)
     else:
         gpu_paths.reach("element_binary.forward.broadcast")
-    gpu.launch(stream, kernel, grid, gpu.BLOCK, (lhs, rhs, output) + tail)
+        launches(stream, lhs, rhs, output)
 
 
 def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype: np.dtype) -> ForwardLaunch | None:
@@ -113,10 +110,10 @@ def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
     op = np.int32(attrs.op_type.value)
     if plan.same:
         per = VECTOR_BYTES // dtype.itemsize
-        return (_function("binary_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
-                (scalar(plan.count), op), True)
-    return (_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count),
-            (scalar(plan.count), op) + plan.space.args, False)
+        return True, gpu.packed_by_flag(_function("binary_same", dtype, plan.index),
+                                        gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK, 3, (scalar(plan.count), op))
+    return False, gpu.packed(_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count), gpu.BLOCK, 3,
+                             (scalar(plan.count), op) + plan.space.args)
 
 
 def _partials(state: ElementBinaryState, plan: GpuPlan, dtype: np.dtype) -> Any:
@@ -149,15 +146,15 @@ def backward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBin
                 gpu.cupy.cuda.runtime.memsetAsync(side_grad.data.ptr, 0, side_grad.nbytes, stream.ptr)
         return
     arrays = (lhs, rhs, output_grad, lhs_grad, rhs_grad, state.partials)
-    for kernel, grid, slots, tail, aligned, paths in steps:
-        launched = tuple([arrays[i] for i in slots])
-        flag = ()
+    for launch, slots, aligned, paths in steps:
+        launched = [arrays[i] for i in slots]
         if aligned:
-            flag = (_vector_ok(*launched),)
-            gpu_paths.reach(_BACKWARD_SAME[flag[0]])
+            flag = _vector_ok(*launched)
+            gpu_paths.reach(_BACKWARD_SAME[flag])
+            launch = launch[flag]
         for path in paths:
             gpu_paths.reach(path)
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, launched + tail + flag)
+        launch(stream, *launched)
 
 
 def grad_paths(grad_plan_: GradPlan) -> tuple[str, ...]:
@@ -188,10 +185,11 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
         per = VECTOR_BYTES // dtype.itemsize
         lhs_out = _LHS_GRAD if want[0] else _GRAD  # never written when not wanted
         rhs_out = _RHS_GRAD if want[1] else _GRAD
-        return [(_function("binary_backward_same", dtype, plan.index), gpu.grid_for(plan.count, per_thread=per),
-                 (lhs_slot, rhs_slot, _GRAD, lhs_out, rhs_out),
-                 (scalar(plan.count), np.int32(op.value), np.int32(want[0]), np.int32(want[1]),
-                  np.int32(need_lhs), np.int32(need_rhs)), True, ())]
+        slots = (lhs_slot, rhs_slot, _GRAD, lhs_out, rhs_out)
+        return [(gpu.packed_by_flag(_function("binary_backward_same", dtype, plan.index),
+                                    gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK, len(slots),
+                                    (scalar(plan.count), np.int32(op.value), np.int32(want[0]), np.int32(want[1]),
+                                     np.int32(need_lhs), np.int32(need_rhs))), slots, True, ())]
     steps: list[BackwardStep] = []
     for side in (0, 1):
         if not want[side]:
@@ -211,16 +209,18 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
         if grad_plan_.kind == "warps":
             warps = kept_count * grad_plan_.chunks
             grid = gpu.capped(-(-warps // (gpu.BLOCK // 32)), 65535)
-            steps.append((_function("binary_grad_warps", dtype, plan.index, written), grid, slots, tail, False, paths))
+            steps.append((gpu.packed(_function("binary_grad_warps", dtype, plan.index, written), grid, gpu.BLOCK,
+                                     len(slots), tail), slots, False, paths))
         else:
             grid = (gpu.grid_for(kept_count), gpu.capped(grad_plan_.chunks, 65535))  # the kernel strides over chunks
-            steps.append((_function("binary_grad_rows", dtype, plan.index, written), grid, slots, tail, False, paths))
+            steps.append((gpu.packed(_function("binary_grad_rows", dtype, plan.index, written), grid, gpu.BLOCK,
+                                     len(slots), tail), slots, False, paths))
         sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
         if grad_plan_.chunks > WARP_SUM_CHUNKS:
             grid = gpu.capped(-(-kept_count // (gpu.BLOCK // 32)), 65535)
-            steps.append((_function("binary_sum_partials_warps", dtype, plan.index), grid, (destination, grad),
-                          sum_tail, False, ()))
+            steps.append((gpu.packed(_function("binary_sum_partials_warps", dtype, plan.index), grid, gpu.BLOCK, 2,
+                                     sum_tail), (destination, grad), False, ()))
         elif grad_plan_.chunks > 1:
-            steps.append((_function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count),
-                          (destination, grad), sum_tail, False, ()))
+            steps.append((gpu.packed(_function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count),
+                                     gpu.BLOCK, 2, sum_tail), (destination, grad), False, ()))
     return steps

@@ -30,16 +30,17 @@ gpu_paths.declare(OP, {
 
 
 def _gpu_plan(state, direction: str, attrs: ElementUnaryAttrs, dtype: np.dtype, count: int, aligned: bool) -> tuple:
-    """(kernel, grid, count argument, scalar argument, aligned flag, paths) of one direction and alignment,
-    made on first use and kept in the state."""
+    """(the PackedLaunch, paths) of one direction and alignment, made on first use and kept in the state."""
     key = ("gpu", direction, aligned)
     plan = state.saved.get(key)
     if plan is None:
         kernel = _CUDA.function(f"element_unary_{direction}<{gpu.cuda_type(dtype)}, {attrs.op_type.value}>")
         scalar = core.compute_dtype(dtype).type(0.0 if attrs.scalar is None else attrs.scalar)  # float32 for halves
         per_thread = _PACK_BYTES // dtype.itemsize if aligned else 1
-        plan = state.saved[key] = (kernel, gpu.grid_for(count, per_thread=per_thread), np.int64(count), scalar,
-                                   np.int32(aligned), plan_paths(direction, attrs.op_type, aligned))
+        arrays = 2 if direction == "forward" else 3
+        plan = state.saved[key] = (gpu.packed(kernel, gpu.grid_for(count, per_thread=per_thread), gpu.BLOCK, arrays,
+                                              (np.int64(count), scalar, np.int32(aligned))),
+                                   plan_paths(direction, attrs.op_type, aligned))
     return plan
 
 
@@ -53,11 +54,11 @@ def forward(stream: gpu.GpuStream, state: core.KernelState, attrs: ElementUnaryA
         gpu_paths.reach("element_unary.copy")
         gpu.copy_async(stream, output, input)
         return
-    kernel, grid, count_arg, scalar, aligned, paths = _gpu_plan(state, "forward", attrs, output.dtype, count,
-                                                                (input.data.ptr | output.data.ptr) % _PACK_BYTES == 0)
+    launch, paths = _gpu_plan(state, "forward", attrs, output.dtype, count,
+                              (input.data.ptr | output.data.ptr) % _PACK_BYTES == 0)
     gpu_paths.reach(paths[0])
     gpu_paths.reach(paths[1])
-    gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output, count_arg, scalar, aligned))
+    launch(stream, input, output)
 
 
 def backward(stream: gpu.GpuStream, state: core.KernelState, attrs: ElementUnaryAttrs, output_grad: core.Array,
@@ -74,9 +75,8 @@ def backward(stream: gpu.GpuStream, state: core.KernelState, attrs: ElementUnary
         return
     # Constant derivatives never read input; output_grad stands in for it when it is None.
     source = output_grad if input is None else input
-    kernel, grid, count_arg, scalar, aligned, paths = _gpu_plan(
-        state, "backward", attrs, input_grad.dtype, count,
-        (source.data.ptr | output_grad.data.ptr | input_grad.data.ptr) % _PACK_BYTES == 0)
+    launch, paths = _gpu_plan(state, "backward", attrs, input_grad.dtype, count,
+                              (source.data.ptr | output_grad.data.ptr | input_grad.data.ptr) % _PACK_BYTES == 0)
     gpu_paths.reach(paths[0])
     gpu_paths.reach(paths[1])
-    gpu.launch(stream, kernel, grid, gpu.BLOCK, (source, output_grad, input_grad, count_arg, scalar, aligned))
+    launch(stream, source, output_grad, input_grad)

@@ -30,8 +30,9 @@ if TYPE_CHECKING:  # the ops' annotations name the handle; it lives above this m
 
 try:  # CuPy is the optional 'cuda' extra; its absence is reported when a GPU object is asked for.
     import cupy
+    from cupy_backends.cuda.api.driver import launchKernel as _launch_kernel
 except ImportError as error:  # pragma: no cover - depends on the machine
-    cupy = None
+    cupy = _launch_kernel = None
     _IMPORT_ERROR: Exception | None = error
 else:
     _IMPORT_ERROR = None
@@ -439,6 +440,80 @@ def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Seq
         kernel(grid, block, args, shared_mem, stream.cupy_stream)
     except cupy.cuda.driver.CUDADriverError as error:
         raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+
+
+# A parameter slot of PackedLaunch for an array's device address, given at each call.
+ARRAY = object()
+
+
+class PackedLaunch:
+    """One kernel's launch with its parameters packed once: `arguments` are the kernel's parameters in
+    order, each ARRAY (a slot for an array whose address the call gives) or a NumPy scalar or struct (an
+    int, float or `ints_arg`, whose bytes are packed now). A call, `launch(stream, *arrays)` (None for a
+    null pointer), writes the arrays' addresses into their slots and enqueues the kernel through CuPy's
+    binding of cuLaunchKernel: CuPy's Function call packs every argument again at each launch (a CArray
+    an array), about 3 us more a launch-bound call (docs/performance.md#host-time-of-one-gpu-call).
+    Made where the launch is planned, once per state; a lock keeps two threads' calls of one launch
+    from writing each other's addresses. A failed launch raises CudaError."""
+
+    __slots__ = ("_kernel", "_function", "_dims", "_shared_mem", "_words", "_slots", "_parameters",
+                 "_parameters_ptr", "_lock")
+
+    def __init__(self, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
+                 arguments: Sequence[Any], shared_mem: int = 0):
+        grid = (grid,) if isinstance(grid, int) else tuple(grid)
+        block = (block,) if isinstance(block, int) else tuple(block)
+        self._dims = tuple(int(d) for d in (grid + (1, 1))[:3] + (block + (1, 1))[:3])
+        if shared_mem and _LAUNCHABLE.get(kernel.ptr, 0) < shared_mem:
+            _let_launch(kernel, shared_mem)
+        self._kernel, self._function, self._shared_mem = kernel, kernel.ptr, int(shared_mem)
+        images, offsets, slots, size = [], [], [], 0
+        for i, argument in enumerate(arguments):
+            image = np.zeros(1, np.uint64).view(np.uint8) if argument is ARRAY else \
+                np.ascontiguousarray(np.asarray(argument)).reshape(-1).view(np.uint8)
+            if argument is not ARRAY and not isinstance(argument, (np.generic, np.ndarray)):
+                raise KernelError(f"PackedLaunch argument {i}: ARRAY or a NumPy scalar, found {type(argument).__name__}")
+            if argument is ARRAY:
+                slots.append(size // 8)
+            images.append(image)
+            offsets.append(size)
+            size += -(-image.nbytes // 16) * 16  # each parameter on a 16-byte boundary
+        self._words = np.zeros(max(size, 16) // 8, np.uint64)
+        raw = self._words.view(np.uint8)
+        for image, offset in zip(images, offsets):
+            raw[offset:offset + image.nbytes] = image
+        self._slots = tuple(slots)
+        self._parameters = np.array([self._words.ctypes.data + offset for offset in offsets] or [0], np.uint64)
+        self._parameters_ptr = self._parameters.ctypes.data
+        self._lock = threading.Lock()
+
+    def __call__(self, stream: GpuStream, *arrays: Any) -> None:
+        if len(arrays) != len(self._slots):
+            raise KernelError(f"PackedLaunch: {len(self._slots)} arrays, given {len(arrays)}")
+        words = self._words
+        gx, gy, gz, bx, by, bz = self._dims
+        with self._lock:
+            for slot, array in zip(self._slots, arrays):
+                words[slot] = 0 if array is None else array.data.ptr
+            try:
+                _launch_kernel(self._function, gx, gy, gz, bx, by, bz, self._shared_mem, stream.cupy_stream.ptr,
+                               self._parameters_ptr, 0)
+            except cupy.cuda.driver.CUDADriverError as error:
+                raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+
+
+def packed(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, arrays: int, scalars: Sequence[Any],
+           shared_mem: int = 0) -> PackedLaunch:
+    """The PackedLaunch of a kernel whose parameters are `arrays` arrays, then `scalars`."""
+    return PackedLaunch(kernel, grid, block, (ARRAY,) * arrays + tuple(scalars), shared_mem)
+
+
+def packed_by_flag(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, arrays: int,
+                   scalars: Sequence[Any], shared_mem: int = 0) -> tuple[PackedLaunch, PackedLaunch]:
+    """packed() twice, for a kernel whose last parameter is an int32 flag each call picks (the arrays'
+    alignment, say): the launch with flag 0, then the one with flag 1, to index by the flag."""
+    return tuple(packed(kernel, grid, block, arrays, tuple(scalars) + (np.int32(flag),), shared_mem)
+                 for flag in (0, 1))  # type: ignore[return-value]
 
 
 def grid_for(count: int, block: int = BLOCK, per_thread: int = 1) -> int:
