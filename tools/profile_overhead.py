@@ -88,6 +88,10 @@ print(f"{'stream.synchronize()':<32}{per_call(stream.synchronize)[0]:>14.1f}")
 x = cupy.empty(1024, f32)
 print(f"{'x.device.id':<32}{per_call(lambda: x.device.id)[0]:>14.1f}")
 print(f"{'x.flags.c_contiguous':<32}{per_call(lambda: x.flags.c_contiguous)[0]:>14.1f}")
+print(f"{'x.data.device_id':<32}{per_call(lambda: x.data.device_id)[0]:>14.1f}")
+print(f"{'x._c_contiguous':<32}{per_call(lambda: x._c_contiguous)[0]:>14.1f}")
+expected, check_tensor = S.of(x), kernels.runtime.core.check_tensor
+print(f"{'core.check_tensor':<32}{per_call(lambda: check_tensor('op', 'x', x, expected, stream.device))[0]:>14.1f}")
 print(f"{'with stream: pass':<32}{per_call(lambda: stream.__enter__() and stream.__exit__(None, None, None))[0]:>14.1f}")
 
 def cudnn_calls():
