@@ -38,17 +38,55 @@ def test_cpu_stream_and_handle():
 
 
 class _FakeCupyArray:
-    """What check_tensor reads of a CuPy array: its module (by isinstance) and its device."""
+    """What check_tensor reads of a CuPy array: its module (by isinstance); for its first test, the memory's
+    device, dims, dtype and _c_contiguous; for the checks that say what is wrong, also the public device,
+    flags and strides (left out where `public` is False, so that only the first test can pass the array)."""
 
-    def __init__(self, device_id):
-        self.device = types.SimpleNamespace(id=device_id)
+    def __init__(self, device_id, dims=(2,), dtype=np.float32, contiguous=True, public=True):
+        self.data = types.SimpleNamespace(device_id=device_id)
+        self.shape, self.dtype, self._c_contiguous = tuple(dims), np.dtype(dtype), contiguous
+        if public:
+            self.device = types.SimpleNamespace(id=device_id)
+            self.flags, self.strides = types.SimpleNamespace(c_contiguous=contiguous), (4,) * len(dims)
 
 
 @pytest.fixture
 def fake_cupy(monkeypatch):
     module = types.SimpleNamespace(ndarray=_FakeCupyArray)
     monkeypatch.setitem(sys.modules, "cupy", module)
+    monkeypatch.setattr(core, "_CUPY_ARRAY", None)  # check_tensor's CuPy type, as in a process that saw none yet
     return module
+
+
+def test_check_tensor_lets_a_matching_cupy_array_through_its_first_test(fake_cupy):
+    """Once a CuPy array has been seen, one that matches passes on its cheapest attributes alone (this one has
+    no public device or flags to read); each one that does not is refused with what is wrong."""
+    shape = TensorShape((2, 3), np.float32)
+    assert core._array_module(_FakeCupyArray(0)) == "cupy" and core._CUPY_ARRAY is _FakeCupyArray
+    core.check_tensor("op", "x", _FakeCupyArray(0, (2, 3), public=False), shape, 0)
+    core.check_tensor("op", "x", _FakeCupyArray(3, (2, 3), public=False), shape, 3)
+    for array, error, match in [
+        (_FakeCupyArray(1, (2, 3)), DeviceError, r"^op: x: expected an array on GPU 0, found GPU 1"),
+        (_FakeCupyArray(0, (3, 2)), ShapeError, r"^op: x: expected dims \(2, 3\), found \(3, 2\)"),
+        (_FakeCupyArray(0, (2, 3), np.float64), DTypeError, r"^op: x: expected dtype float32, found float64"),
+        (_FakeCupyArray(0, (2, 3), contiguous=False), ShapeError, r"^op: x: expected a C-contiguous array"),
+    ]:
+        with pytest.raises(error, match=match):
+            core.check_tensor("op", "x", array, shape, 0)
+    with pytest.raises(DeviceError, match=r"^op: x: expected a NumPy array \(CPU stream\), found .*_FakeCupyArray"):
+        core.check_tensor("op", "x", _FakeCupyArray(0, (2, 3)), shape, "cpu")
+
+
+def test_check_tensor_refuses_a_numpy_array_that_fails_its_first_test():
+    shape = TensorShape((2, 3), np.float32)
+    core.check_tensor("op", "x", np.zeros((2, 3), np.float32), shape, "cpu")
+    for array, error, match in [
+        (np.zeros((3, 2), np.float32), ShapeError, r"^op: x: expected dims \(2, 3\), found \(3, 2\)"),
+        (np.zeros((2, 3), np.float64), DTypeError, r"^op: x: expected dtype float32, found float64"),
+        (np.zeros((3, 2), np.float32).T, ShapeError, r"^op: x: expected a C-contiguous array"),
+    ]:
+        with pytest.raises(error, match=match):
+            core.check_tensor("op", "x", array, shape, "cpu")
 
 
 def test_check_tensor_on_a_gpu_stream_refuses_numpy_and_other_devices(fake_cupy):
