@@ -128,8 +128,7 @@ class FakeArray:
         self.device, self.ptr, self.shape, self.dtype = device, ptr, shape, np.dtype(dtype)
         self.size = int(np.prod(shape, dtype=np.int64))
         self.nbytes = self.size * self.dtype.itemsize
-        self.data = types.SimpleNamespace(ptr=ptr)
-        self.flags = types.SimpleNamespace(c_contiguous=True)
+        self.data, self._c_contiguous = types.SimpleNamespace(ptr=ptr, device_id=device.id), True
         self.strides = ()
 
     def host(self) -> np.ndarray:

@@ -46,8 +46,8 @@ class FakeArray:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.nbytes, self.ndim = self.size * self.dtype.itemsize, len(self.shape)
-        self.data, self.device = types.SimpleNamespace(ptr=ptr), types.SimpleNamespace(id=0)
-        self.flags, self.strides = types.SimpleNamespace(c_contiguous=True), ()
+        self.data, self._c_contiguous, self.strides = types.SimpleNamespace(ptr=ptr, device_id=0), True, ()
+        self.device = types.SimpleNamespace(id=0)  # what an op reads to allocate beside it (a carry buffer)
 
 
 class FakeStream:

@@ -56,11 +56,9 @@ def test_each_parameter_points_at_its_bytes(monkeypatch):
 
 
 def test_parameters_sit_on_16_byte_boundaries(monkeypatch):
-    driver = Driver([4, 8])
-    monkeypatch.setattr(gpu, "_launch_kernel", driver)
-    launch = gpu.PackedLaunch(KERNEL, 1, (32, 4), (np.int32(9), gpu.ARRAY))
     seen = []
     monkeypatch.setattr(gpu, "_launch_kernel", lambda *args: seen.append(args[9]))
+    launch = gpu.PackedLaunch(KERNEL, 1, (32, 4), (np.int32(9), gpu.ARRAY))
     launch(STREAM, _array(0x40))
     pointers = (ctypes.c_uint64 * 2).from_address(seen[0])
     assert [p % 16 for p in pointers] == [0, 0] and pointers[1] - pointers[0] == 16

@@ -94,7 +94,7 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
                 runtime.memcpy2DAsync(destination, destination_pitch, source, source_pitch, width, height,
                                       runtime.memcpyDeviceToDevice, stream.ptr)
             except runtime.CUDARuntimeError as error:
-                raise core.CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+                raise gpu.cuda_error(error) from error
         return
     for kernel, grid, batch, tail, last in steps:
         # The pointer argument of the addresses of the last call is kept (last[0]: (addresses, argument)):

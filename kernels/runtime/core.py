@@ -288,7 +288,7 @@ def cleanup_state(op: str, handle: Any, state: Any) -> None:
 # --------------------------------------------------------------------------- argument checks
 
 
-# cupy.ndarray, once _array_module has seen CuPy imported: check_tensor's test of a CuPy array in one line.
+# cupy.ndarray, once _array_module has seen CuPy imported: check_tensor tells a CuPy array by its type alone.
 _CUPY_ARRAY: Any = None
 
 
@@ -307,32 +307,26 @@ def _array_module(array: Any) -> str | None:
 def check_tensor(op: str, name: str, array: Any, expected: TensorShape, device: Any) -> None:
     """One tensor: an array of the stream's device, C-contiguous, with the expected dims and dtype.
 
-    An array that passes is let through by one test first, of the attributes that cost least: a CuPy
-    array's checks cost 1.0 us through its public `device` and `flags` objects, 0.4 us through the
-    memory's device_id and the array's `_c_contiguous` flag (docs/performance.md#host-time-of-one-gpu-call).
-    Anything else takes the checks below, which say what is wrong."""
+    Each check reads the attribute that costs least: the exact type before isinstance, and for a CuPy
+    array its memory's device_id and its _c_contiguous flag, not its public `device` and `flags` objects,
+    which made its checks 1.0 us against 0.4 (docs/performance.md#host-time-of-one-gpu-call)."""
     kind = type(array)
-    if kind is _CUPY_ARRAY:
-        if (array.data.device_id == device and array.shape == expected.dims and array.dtype == expected.dtype
-                and array._c_contiguous):
-            return
-    elif kind is np.ndarray and device == "cpu":
-        if array.shape == expected.dims and array.dtype == expected.dtype and array.flags.c_contiguous:
-            return
-    module = _array_module(array)
+    module = "numpy" if kind is np.ndarray else "cupy" if kind is _CUPY_ARRAY else _array_module(array)
     if device == "cpu":
         if module != "numpy":
             raise fail(DeviceError, op, name, "a NumPy array (CPU stream)", f"{type(array).__module__}.{type(array).__name__}")
+        contiguous = array.flags.c_contiguous
     else:
         if module != "cupy":
             raise fail(DeviceError, op, name, f"a CuPy array on GPU {device}", f"{type(array).__module__}.{type(array).__name__}")
-        if array.device.id != device:
-            raise fail(DeviceError, op, name, f"an array on GPU {device}", f"GPU {array.device.id}")
-    if tuple(array.shape) != expected.dims:
+        if array.data.device_id != device:
+            raise fail(DeviceError, op, name, f"an array on GPU {device}", f"GPU {array.data.device_id}")
+        contiguous = array._c_contiguous
+    if array.shape != expected.dims:
         raise fail(ShapeError, op, name, f"dims {expected.dims}", tuple(array.shape))
     if array.dtype != expected.dtype:
         raise fail(DTypeError, op, name, f"dtype {expected.dtype.name}", array.dtype.name)
-    if not array.flags.c_contiguous:
+    if not contiguous:
         raise fail(ShapeError, op, name, "a C-contiguous array (no implicit copies)", f"strides {array.strides}")
 
 

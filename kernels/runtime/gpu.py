@@ -439,7 +439,12 @@ def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Seq
             _let_launch(kernel, shared_mem)
         kernel(grid, block, args, shared_mem, stream.cupy_stream)
     except cupy.cuda.driver.CUDADriverError as error:
-        raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+        raise cuda_error(error) from error
+
+
+def cuda_error(error: Exception) -> CudaError:
+    """CudaError for a failed CUDA call CuPy reported (its message opens with the CUDA status name)."""
+    return CudaError("CUDA", str(error).split(":")[0], str(error))
 
 
 # A parameter slot of PackedLaunch for an array's device address, given at each call.
@@ -499,7 +504,7 @@ class PackedLaunch:
                 _launch_kernel(self._function, gx, gy, gz, bx, by, bz, self._shared_mem, stream.cupy_stream.ptr,
                                self._parameters_ptr, 0)
             except cupy.cuda.driver.CUDADriverError as error:
-                raise CudaError("CUDA", str(error).split(":")[0], str(error)) from error
+                raise cuda_error(error) from error
 
 
 def packed(kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, arrays: int, scalars: Sequence[Any],
