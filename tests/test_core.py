@@ -86,6 +86,10 @@ def test_check_tensor_reads_a_cupy_arrays_cheapest_attributes(fake_cupy):
 def test_check_tensor_refuses_a_numpy_array_that_does_not_match():
     shape = TensorShape((2, 3), np.float32)
     core.check_tensor("op", "x", np.zeros((2, 3), np.float32), shape, "cpu")
+    subclass = np.zeros((2, 3), np.float32).view(type("Sub", (np.ndarray,), {}))  # told by isinstance, not its type
+    core.check_tensor("op", "x", subclass, shape, "cpu")
+    with pytest.raises(ShapeError, match=r"^op: x: expected dims \(2, 3\), found \(6,\)"):
+        core.check_tensor("op", "x", subclass.reshape(6), shape, "cpu")
     for array, error, match in [
         (np.zeros((3, 2), np.float32), ShapeError, r"^op: x: expected dims \(2, 3\), found \(3, 2\)"),
         (np.zeros((2, 3), np.float64), DTypeError, r"^op: x: expected dtype float32, found float64"),
