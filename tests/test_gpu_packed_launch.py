@@ -55,6 +55,24 @@ def test_each_parameter_points_at_its_bytes(monkeypatch):
         assert [values[i] for i in (1, 3, 4, 6)] == expected_scalars
 
 
+def test_address_lists_fill_their_struct(monkeypatch):
+    """An Addresses slot holds the call's addresses in a `struct Ints` the size of ints_arg's, the arrays'
+    slots beside it their own; what one call wrote is replaced, not kept, by the next."""
+    ints = gpu.ints_arg([0] * gpu.MAX_RANK)
+    driver = Driver([8, ints.nbytes, 4, ints.nbytes])
+    monkeypatch.setattr(gpu, "_launch_kernel", driver)
+    launch = gpu.PackedLaunch(KERNEL, (3, 2), 64, (gpu.ARRAY, gpu.Addresses(2), np.int32(5), gpu.Addresses(12)))
+    many = [0x1000 * (k + 1) + 16 for k in range(12)]
+    launch(STREAM, _array(0xA0), (0xB0, 0xC0), many)
+    launch(STREAM, None, [0xD0, 0xE0], many[::-1])
+    for call, (array, pair, twelve) in zip(driver.calls, ((0xA0, (0xB0, 0xC0), many), (0, (0xD0, 0xE0), many[::-1]))):
+        values = call[5]
+        assert values[0] == np.uint64(array).tobytes()
+        assert values[1] == gpu.ints_arg(list(pair)).tobytes()
+        assert values[2] == np.int32(5).tobytes()
+        assert values[3] == gpu.ints_arg(twelve).tobytes()
+
+
 def test_parameters_sit_on_16_byte_boundaries(monkeypatch):
     seen = []
     monkeypatch.setattr(gpu, "_launch_kernel", lambda *args: seen.append(args[9]))
@@ -75,11 +93,18 @@ def test_shared_memory_past_the_limit_opts_the_kernel_in(monkeypatch):
 
 def test_wrong_arguments_are_refused(monkeypatch):
     monkeypatch.setattr(gpu, "_launch_kernel", Driver([8]))
-    with pytest.raises(KernelError, match="argument 1: ARRAY or a NumPy scalar, found int"):
+    with pytest.raises(KernelError, match="argument 1: ARRAY, Addresses or a NumPy scalar, found int"):
         gpu.PackedLaunch(KERNEL, 1, 32, (gpu.ARRAY, 3))
     launch = gpu.PackedLaunch(KERNEL, 1, 32, (gpu.ARRAY,))
-    with pytest.raises(KernelError, match="1 arrays, given 2"):
+    with pytest.raises(KernelError, match="1 arrays or address lists, given 2"):
         launch(STREAM, _array(1), _array(2))
+    for count in (0, gpu.MAX_RANK + 1):
+        with pytest.raises(KernelError, match=f"1 to {gpu.MAX_RANK} addresses in one struct Ints, asked for {count}"):
+            gpu.Addresses(count)
+    launch = gpu.PackedLaunch(KERNEL, 1, 32, (gpu.ARRAY, gpu.Addresses(3)))
+    for wrong in ((1, 2), (1, 2, 3, 4)):
+        with pytest.raises(KernelError, match=f"3 addresses in slot 2, given {len(wrong)}"):
+            launch(STREAM, _array(1), wrong)
 
 
 def test_a_failed_launch_raises_cuda_error(monkeypatch):

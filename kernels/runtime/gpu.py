@@ -451,17 +451,32 @@ def cuda_error(error: Exception) -> CudaError:
 ARRAY = object()
 
 
+class Addresses:
+    """A parameter slot of PackedLaunch for `count` device addresses in one `struct Ints` (common.cuh),
+    given at each call as a sequence of `count` ints: the pieces of concat's launch, the terms of
+    gradient_reduction's. Passed by value, so no pointer table is copied to the device."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int):
+        if not 1 <= count <= MAX_RANK:
+            raise KernelError(f"Addresses: 1 to {MAX_RANK} addresses in one struct Ints, asked for {count}")
+        self.count = count
+
+
 class PackedLaunch:
     """One kernel's launch with its parameters packed once: `arguments` are the kernel's parameters in
-    order, each ARRAY (a slot for an array whose address the call gives) or a NumPy scalar or struct (an
-    int, float or `ints_arg`, whose bytes are packed now). A call, `launch(stream, *arrays)` (None for a
-    null pointer), writes the arrays' addresses into their slots and enqueues the kernel through CuPy's
-    binding of cuLaunchKernel. CuPy's Function call packs every argument again at each launch (a struct
-    for each array): 1.5 us more for element_binary's broadcast launch (docs/performance.md#host-time-of-one-gpu-call).
+    order, each ARRAY (a slot for an array whose address the call gives), an Addresses (a slot for a
+    struct of addresses the call gives) or a NumPy scalar or struct (an int, float or `ints_arg`, whose
+    bytes are packed now). A call, `launch(stream, *given)`, one value a slot in order (an array or None
+    for a null pointer; a sequence of ints for an Addresses), writes the addresses into their slots and
+    enqueues the kernel through CuPy's binding of cuLaunchKernel. CuPy's Function call packs every
+    argument again at each launch (a struct for each array): 1.5 us more for element_binary's broadcast
+    launch (docs/performance.md#host-time-of-one-gpu-call).
     Made where the launch is planned, once per state; a lock keeps two threads' calls of one launch
     from writing each other's addresses. A failed launch raises CudaError."""
 
-    __slots__ = ("_kernel", "_function", "_dims", "_shared_mem", "_words", "_slots", "_parameters",
+    __slots__ = ("_kernel", "_function", "_dims", "_shared_mem", "_words", "_slots", "_counts", "_parameters",
                  "_parameters_ptr", "_lock")
 
     def __init__(self, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int,
@@ -472,14 +487,20 @@ class PackedLaunch:
         if shared_mem and _LAUNCHABLE.get(kernel.ptr, 0) < shared_mem:
             _let_launch(kernel, shared_mem)
         self._kernel, self._function, self._shared_mem = kernel, kernel.ptr, int(shared_mem)
-        images, offsets, slots, size = [], [], [], 0
+        images, offsets, slots, counts, size = [], [], [], [], 0
         for i, argument in enumerate(arguments):
-            image = np.zeros(1, np.uint64).view(np.uint8) if argument is ARRAY else \
-                np.ascontiguousarray(np.asarray(argument)).reshape(-1).view(np.uint8)
-            if argument is not ARRAY and not isinstance(argument, (np.generic, np.ndarray)):
-                raise KernelError(f"PackedLaunch argument {i}: ARRAY or a NumPy scalar, found {type(argument).__name__}")
             if argument is ARRAY:
+                image = np.zeros(1, np.uint64).view(np.uint8)
+            elif isinstance(argument, Addresses):
+                image = np.zeros((), _INTS).reshape(1).view(np.uint8)
+            elif isinstance(argument, (np.generic, np.ndarray)):
+                image = np.ascontiguousarray(np.asarray(argument)).reshape(-1).view(np.uint8)
+            else:
+                raise KernelError(f"PackedLaunch argument {i}: ARRAY, Addresses or a NumPy scalar, "
+                                  f"found {type(argument).__name__}")
+            if argument is ARRAY or isinstance(argument, Addresses):
                 slots.append(size // 8)
+                counts.append(argument.count if isinstance(argument, Addresses) else 0)
             images.append(image)
             offsets.append(size)
             size += -(-image.nbytes // 16) * 16  # each parameter on a 16-byte boundary
@@ -488,18 +509,29 @@ class PackedLaunch:
         for image, offset in zip(images, offsets):
             raw[offset:offset + image.nbytes] = image
         self._slots = tuple(slots)
+        # None where every slot is an array's: the call then writes one word a slot, nothing else to look at.
+        self._counts = tuple(zip(slots, counts)) if any(counts) else None
         self._parameters = np.array([self._words.ctypes.data + offset for offset in offsets] or [0], np.uint64)
         self._parameters_ptr = self._parameters.ctypes.data
         self._lock = threading.Lock()
 
-    def __call__(self, stream: GpuStream, *arrays: Any) -> None:
-        if len(arrays) != len(self._slots):
-            raise KernelError(f"PackedLaunch: {len(self._slots)} arrays, given {len(arrays)}")
+    def __call__(self, stream: GpuStream, *given: Any) -> None:
+        if len(given) != len(self._slots):
+            raise KernelError(f"PackedLaunch: {len(self._slots)} arrays or address lists, given {len(given)}")
         words = self._words
         gx, gy, gz, bx, by, bz = self._dims
         with self._lock:
-            for slot, array in zip(self._slots, arrays):
-                words[slot] = 0 if array is None else array.data.ptr
+            if self._counts is None:
+                for slot, array in zip(self._slots, given):
+                    words[slot] = 0 if array is None else array.data.ptr
+            else:
+                for (slot, count), value in zip(self._counts, given):
+                    if not count:
+                        words[slot] = 0 if value is None else value.data.ptr
+                    elif len(value) == count:
+                        words[slot:slot + count] = value
+                    else:
+                        raise KernelError(f"PackedLaunch: {count} addresses in slot {slot}, given {len(value)}")
             try:
                 _launch_kernel(self._function, gx, gy, gz, bx, by, bz, self._shared_mem, stream.cupy_stream.ptr,
                                self._parameters_ptr, 0)
