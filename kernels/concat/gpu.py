@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 # "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
 # value in one `struct Ints` argument (no pointer table in device memory, so no copy to the device
-# per call). "memcpy2d": one cudaMemcpy2DAsync per piece, each with its own host cost. "auto": per
-# shape class, chosen once per plan from the H200's timings (docs/performance.md#concat-kernel-or-memcpy2d):
+# per call): a gpu.PackedLaunch, its other parameters packed once per plan. "memcpy2d": one
+# cudaMemcpy2DAsync per piece, each with its own host cost. "auto": per shape class, chosen once per
+# plan from the H200's timings (docs/performance.md#concat-kernel-or-memcpy2d):
 # - small joins -> the kernel: the two tie on the device, and the kernel's host cost is one launch
 #   whatever the number of pieces;
 # - large one-row joins of at most MEMCPY2D_MAX_PIECES pieces are bound by the copy bandwidth, where
@@ -96,17 +97,8 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
             except runtime.CUDARuntimeError as error:
                 raise gpu.cuda_error(error) from error
         return
-    for kernel, grid, batch, tail, last in steps:
-        # The pointer argument of the addresses of the last call is kept (last[0]: (addresses, argument)):
-        # a model's buffers repeat from call to call, and comparing a tuple costs less than packing one.
-        addresses = tuple([ptrs[i] for i in batch])
-        kept = last[0]
-        if kept is not None and kept[0] == addresses:
-            pointers = kept[1]
-        else:
-            pointers = gpu.ints_arg(addresses)
-            last[0] = (addresses, pointers)
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (whole, tail[0], tail[1], pointers, tail[2], tail[3]))
+    for launch, batch in steps:
+        launch(stream, whole, [ptrs[i] for i in batch])
 
 
 def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int,
@@ -133,9 +125,10 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
         batch = tuple(active[start:start + MAX_PIECES])
         units = [widths[i] // unit for i in batch]
         grid = (_blocks(layout.outer * max(units), sm_count), len(batch))
-        tail = (scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.ints_arg(units),
-                gpu.ints_arg([offsets[i] // unit for i in batch]))
-        plan.append((kernel, grid, batch, tail, [None]))
+        launch = gpu.PackedLaunch(kernel, grid, gpu.BLOCK, (
+            gpu.ARRAY, scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.Addresses(len(batch)),
+            gpu.ints_arg(units), gpu.ints_arg([offsets[i] // unit for i in batch])))
+        plan.append((launch, batch))
     return method, plan, kernel_paths(layout, to_whole, unit, active, sm_count) if active else ()
 
 

@@ -1,7 +1,8 @@
 """gradient_reduction on the GPU (gradient_reduction.cu): the sum left to right, up to 12 terms a
 launch (the output the next launch's first term; half dtypes through a float32 carry), in 16-byte packs
-where every address allows; backward one read of output_grad and up to 12 writes a launch. The launch
-plans are kept in the state's "gpu_plans", by the addresses' alignment.
+where every address allows; backward one read of output_grad and up to 12 writes a launch. The launches
+(gpu.PackedLaunch, the addresses given at each call) are kept in the state's "gpu_plans", by the term
+count and the addresses' alignment.
 
 forward and backward run after the package's checks (gpu_forward_kernel, gpu_backward_kernel,
 which run inside their stream). Everything is enqueued on the given stream.
@@ -54,56 +55,49 @@ gpu_paths.declare(OP, {
 def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs (checked arrays of one shape).
 
-    `plans` (a state's) keeps the launch plan, by the addresses' alignment, across calls."""
+    `plans` (a state's) keeps the launches, by term count and the addresses' alignment, across calls."""
+    plans = {} if plans is None else plans
     bits = output.data.ptr
     for x in inputs:
         bits |= x.data.ptr
     key = ("sum", len(inputs), bits & 15 == 0)
-    plan = None if plans is None else plans.get(key)
+    plan = plans.get(key)
     if plan is None:
-        plan = _sum_plan(output, len(inputs), key[2])
-        if plans is not None:
-            plans[key] = plan
+        plan = plans[key] = _sum_plan(output, len(inputs), key[2])
     if plan is None:  # nothing to sum
         return
-    kernel, grid, count, paths = plan
+    launches, paths = plan
     for path in paths:
         gpu_paths.reach(path)
-    if len(inputs) > MAX_POINTERS:
-        gpu_paths.reach("gradient_reduction.sum.batches")
     if output.dtype in core.HALF_DTYPES:
-        _gpu_sum_wide(stream, inputs, output, plan, plans)
+        _gpu_sum_wide(stream, inputs, output, launches, plans)
         return
     pointers = [x.data.ptr for x in inputs]
-    while pointers:
+    for launch, count in launches:
         # After the first launch the output holds the sum so far: it is the next launch's first term.
-        batch, pointers = pointers[:MAX_POINTERS], pointers[MAX_POINTERS:]
-        gpu.launch(stream, kernel, grid, gpu.BLOCK, (output, count, _INT32[len(batch)], gpu.ints_arg(batch)))
+        batch, pointers = pointers[:count], pointers[count:]
+        launch(stream, output, batch)
         if pointers:
             pointers = [output.data.ptr] + pointers
 
 
-def _gpu_sum_wide(stream, inputs: list[Any], output: Any, plan: tuple, plans: dict | None) -> None:
+def _gpu_sum_wide(stream, inputs: list[Any], output: Any, launches: list, plans: dict) -> None:
     """The half-precision sum: float32 throughout, one launch per 12 inputs chained through a float32
     carry (made on first need, kept in `plans`), the output rounded once by the last launch."""
-    kernel, grid, count, _ = plan
-    batches = [inputs[i:i + MAX_POINTERS] for i in range(0, len(inputs), MAX_POINTERS)]
     carry = output  # never read nor written with a single launch
-    if len(batches) > 1:
+    if len(launches) > 1:
         gpu_paths.reach("gradient_reduction.sum.half_carry")
-        carry = None if plans is None else plans.get("carry")
+        carry = plans.get("carry")
         if carry is None or carry.size < output.size:
-            carry = gpu.device_empty((output.size,), np.float32, output.device.id)
-            if plans is not None:
-                plans["carry"] = carry
-    for i, batch in enumerate(batches):
-        gpu.launch(stream, kernel, grid, gpu.BLOCK,
-                   (output, carry, count, _INT32[len(batch)], _INT32[int(i > 0)], _INT32[int(i < len(batches) - 1)],
-                    gpu.ints_arg([x.data.ptr for x in batch])))
+            carry = plans["carry"] = gpu.device_empty((output.size,), np.float32, output.device.id)
+    for i, (launch, count) in enumerate(launches):
+        launch(stream, output, carry, [x.data.ptr for x in inputs[i * MAX_POINTERS:i * MAX_POINTERS + count]])
 
 
 def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
-    """(kernel, grid, count argument, paths) of the sum, or None for an empty tensor."""
+    """(launches, paths) of the sum, or None for an empty tensor: each launch a gpu.PackedLaunch with the
+    number of terms it takes. A float or integer sum's launches after the first take the output as their
+    first term; a half sum's take 12 inputs each and chain through a float32 carry."""
     count = output.size
     if not count:
         return None
@@ -111,50 +105,58 @@ def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
     pack = 16 // dtype.itemsize if aligned else 1
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
+    grid = gpu.grid_for(count // pack)
+    paths = (f"{OP}.sum.{'packs' if aligned else 'scalars'}",)
+    if terms > MAX_POINTERS:
+        paths += (f"{OP}.sum.batches",)
     if dtype in core.HALF_DTYPES:
         kernel = _CUDA.function(f"gradient_reduction_sum_wide<{gpu.cuda_type(dtype)}, {index}, {pack}>")
-        kind = "half"
-    else:
-        kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
-        kind = "float" if dtype.kind == "f" else "integer"
-    paths = (f"{OP}.sum.{'packs' if aligned else 'scalars'}", f"{OP}.sum.{kind}")
-    return kernel, gpu.grid_for(count // pack), scalar(count), paths
+        counts = [min(MAX_POINTERS, terms - start) for start in range(0, terms, MAX_POINTERS)]
+        launches = [(gpu.PackedLaunch(kernel, grid, gpu.BLOCK, (
+            gpu.ARRAY, gpu.ARRAY, scalar(count), _INT32[k], _INT32[int(i > 0)], _INT32[int(i < len(counts) - 1)],
+            gpu.Addresses(k))), k) for i, k in enumerate(counts)]
+        return launches, paths + (f"{OP}.sum.half",)
+    kernel = _CUDA.function(f"gradient_reduction_sum<{_sum_type(dtype)}, {index}, {pack}>")
+    counts, left = [], terms
+    while left:  # as gpu_sum takes them: the output is one more term of every launch after the first
+        counts.append(min(MAX_POINTERS, left))
+        left -= counts[-1]
+        left += 1 if left else 0
+    launches = [(gpu.PackedLaunch(kernel, grid, gpu.BLOCK, (gpu.ARRAY, scalar(count), _INT32[k], gpu.Addresses(k))), k)
+                for k in counts]
+    return launches, paths + (f"{OP}.sum.{'float' if dtype.kind == 'f' else 'integer'}",)
 
 
-# np.int32(k) for the pointer counts of a launch (1 to MAX_POINTERS), made once.
+# np.int32(k) for the pointer counts of a launch (0 to MAX_POINTERS), made once.
 _INT32 = tuple(np.int32(k) for k in range(MAX_POINTERS + 1))
 
 
 def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = None) -> None:
     """Each target = source: one read, up to 12 writes a launch, in the widest unit sizes and addresses allow.
 
-    `plans` (a state's) keeps the launch plan, by target count and address alignment, across calls."""
+    `plans` (a state's) keeps the launches, by target count and address alignment, across calls."""
     if not targets:
         return
+    plans = {} if plans is None else plans
     bits = source.data.ptr
     for t in targets:
         bits |= t.data.ptr
     key = ("fanout", len(targets), bits & 15)
-    plan = None if plans is None else plans.get(key)
+    plan = plans.get(key)
     if plan is None:
-        plan = _fanout_plan(source, key[2])
-        if plans is not None:
-            plans[key] = plan
+        plan = plans[key] = _fanout_plan(source, len(targets), key[2])
     if plan is None:  # an empty tensor
         return
-    kernel, grid, count, path = plan
-    gpu_paths.reach(path)
-    if len(targets) > MAX_POINTERS:
-        gpu_paths.reach("gradient_reduction.fanout.batches")
-    for start in range(0, len(targets), MAX_POINTERS):
-        batch = targets[start:start + MAX_POINTERS]
-        gpu.launch(stream, kernel, grid, gpu.BLOCK,
-                   (source, count, _INT32[len(batch)], gpu.ints_arg([t.data.ptr for t in batch])))
+    launches, paths = plan
+    for path in paths:
+        gpu_paths.reach(path)
+    for i, launch in enumerate(launches):
+        launch(stream, source, [t.data.ptr for t in targets[i * MAX_POINTERS:(i + 1) * MAX_POINTERS]])
 
 
-def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
-    """(kernel, grid, count argument, path) of the fanout, or None for an empty tensor. A unit divides
-    every address iff it divides their OR (units are powers of two up to 16)."""
+def _fanout_plan(source: Any, targets: int, misalignment: int) -> tuple | None:
+    """(launches, paths) of the fanout to `targets` arrays, one gpu.PackedLaunch per 12, or None for an empty
+    tensor. A unit divides every address iff it divides their OR (units are powers of two up to 16)."""
     if not source.size:
         return None
     unit = gpu.widest_unit(source.nbytes, misalignment)
@@ -162,7 +164,11 @@ def _fanout_plan(source: Any, misalignment: int) -> tuple | None:
     index = gpu.index_type(count + _GRID_SPAN)
     scalar = np.int32 if index == "int" else np.int64
     kernel = _CUDA.function(f"gradient_reduction_fanout<{gpu.unit_type(unit)}, {index}>")
-    return kernel, gpu.grid_for(count), scalar(count), f"{OP}.fanout.unit{unit}"
+    launches = [gpu.PackedLaunch(kernel, gpu.grid_for(count), gpu.BLOCK, (
+        gpu.ARRAY, scalar(count), _INT32[k], gpu.Addresses(k)))
+        for k in (min(MAX_POINTERS, targets - start) for start in range(0, targets, MAX_POINTERS))]
+    paths = (f"{OP}.fanout.unit{unit}",) + ((f"{OP}.fanout.batches",) if targets > MAX_POINTERS else ())
+    return launches, paths
 
 
 def forward(stream: Any, state: core.KernelState, inputs: list[Any], output: Any) -> None:
