@@ -36,9 +36,9 @@ gpu_paths.declare(OP, {
 
 def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[int, ...],
               output_dims: tuple[int, ...]) -> tuple:
-    """(kernel, grid, block, scalar arguments, shared bytes, paths) of one pool kernel, made once per state and
-    direction. Forward: a block per tile of outputs (MAX, where the tile fits shared memory) or a
-    thread per output; backward: a thread per input element."""
+    """(gpu.PackedLaunch, paths) of one pool kernel, made once per state and direction. Forward: a block
+    per tile of outputs (MAX, where the tile fits shared memory) or a thread per output; backward: a thread
+    per input element."""
     n, c, height, width = input_dims
     out_h, out_w = output_dims[2:]
     count = core.numel(output_dims if direction == "forward" else input_dims)
@@ -53,20 +53,22 @@ def _gpu_plan(attrs: Pool2DAttrs, direction: str, dtype: Any, input_dims: tuple[
         if tile is not None:
             tile_h, tile_w, tiles_h, tiles_w, shared = tile
             scalars = (scalar(n * c),) + geometry + (np.int32(tile_h), np.int32(tile_w), np.int32(tiles_w))
-            return (_CUDA.function(f"max_pool_forward_tiled{types}"), (tiles_h * tiles_w, gpu.capped(n * c, 65535)),
-                    gpu.BLOCK, scalars, shared, plan_paths(attrs, direction, True))
+            return (gpu.packed(_CUDA.function(f"max_pool_forward_tiled{types}"),
+                               (tiles_h * tiles_w, gpu.capped(n * c, 65535)), gpu.BLOCK, 3, scalars, shared),
+                    plan_paths(attrs, direction, True))
         name = f"max_pool_{direction}{types}"
         scalars = (scalar(count),) + geometry
     else:
         name = f"avg_pool_{direction}<{value}, {index}>"
         scalars = (scalar(count),) + geometry + (np.int32(attrs.count_include_pad),)
-    return _CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, scalars, 0, plan_paths(attrs, direction, False)
+    arrays = 3 if attrs.pool_type is PoolOp.MAX else 2  # MAX: the argmax taps too
+    return gpu.packed(_CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, arrays, scalars), \
+        plan_paths(attrs, direction, False)
 
 
 def _gpu_forward_setup(stream, state, attrs, output) -> tuple:
     """The forward's buffers (argmax taps, pre-activation; made on the stream's device, once)
-    and launch plan, kept in the state: (kernel, grid, block, scalars, shared, paths, taps, pooled), or
-    None for an empty output."""
+    and launch plan, kept in the state: (launch, paths, taps, pre), or None for an empty output."""
     taps = _saved(state, "taps", gpu.cupy, output.shape, tap_dtype(attrs)) if attrs.pool_type is PoolOp.MAX else None
     pre = None if attrs.activation is None else _saved(state, "pre", gpu.cupy, output.shape, output.dtype)
     if not output.size:
@@ -83,19 +85,21 @@ def forward(stream: gpu.GpuStream, state: core.KernelState, attrs: Pool2DAttrs, 
     plan = saved["gpu_forward"]
     if plan is None:
         return
-    kernel, grid, block, scalars, shared, paths, taps, pre = plan
+    launch, paths, taps, pre = plan
     for path in paths:
         gpu_paths.reach(path)
     pooled = output if pre is None else pre
-    arrays = (input, pooled) if taps is None else (input, pooled, taps)
-    gpu.launch(stream, kernel, grid, block, arrays + scalars, shared_mem=shared)
+    if taps is None:
+        launch(stream, input, pooled)
+    else:
+        launch(stream, input, pooled, taps)
     if pre is not None:
         activation.gpu_forward(stream, attrs.activation, pre, output)
 
 
 def _gpu_backward_setup(stream, state, attrs, output_grad) -> tuple:
     """The backward's buffer (the pre-activation gradient, made once) and launch plan, kept in the
-    state: (kernel, grid, block, scalars, shared, paths, pre_grad)."""
+    state: (launch, paths, pre_grad)."""
     pre_grad = None
     if attrs.activation is not None:
         pre_grad = _saved(state, "pre_grad", gpu.cupy, output_grad.shape, output_grad.dtype)
@@ -110,12 +114,14 @@ def backward(stream: gpu.GpuStream, state: core.KernelState, attrs: Pool2DAttrs,
     saved = state.saved
     if "gpu_backward" not in saved:
         saved["gpu_backward"] = _gpu_backward_setup(stream, state, attrs, output_grad)
-    kernel, grid, block, scalars, shared, paths, pre_grad = saved["gpu_backward"]
+    launch, paths, pre_grad = saved["gpu_backward"]
     for path in paths:
         gpu_paths.reach(path)
     grad = output_grad
     if pre_grad is not None:
         activation.gpu_backward(stream, attrs.activation, saved["pre"], output_grad, pre_grad)
         grad = pre_grad
-    arrays = (grad, input_grad) if attrs.pool_type is not PoolOp.MAX else (grad, saved["taps"], input_grad)
-    gpu.launch(stream, kernel, grid, block, arrays + scalars, shared_mem=shared)
+    if attrs.pool_type is PoolOp.MAX:
+        launch(stream, grad, saved["taps"], input_grad)
+    else:
+        launch(stream, grad, input_grad)

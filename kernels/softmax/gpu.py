@@ -40,12 +40,13 @@ def _gpu_plan(state: core.KernelState) -> tuple:
 
 
 def _gpu_launch(state: core.KernelState, direction: str) -> tuple:
-    """(kernel, grid, block, size arguments, paths) of one direction, made on first use and kept in the state."""
+    """(gpu.PackedLaunch, paths) of one direction, made on first use and kept in the state."""
     key = "gpu_" + direction
     launch = state.saved.get(key)
     if launch is None:
         kind, grid, block, sizes = _gpu_plan(state)
-        launch = state.saved[key] = (_CUDA.function(f"softmax_{direction}_{kind}"), grid, block, sizes,
+        launch = state.saved[key] = (gpu.packed(_CUDA.function(f"softmax_{direction}_{kind}"), grid, block,
+                                                2 if direction == "forward" else 3, sizes),
                                      (f"{OP}.{direction}", plan_path(kind)))
     return launch
 
@@ -54,10 +55,10 @@ def forward(stream: gpu.GpuStream, state: core.KernelState, input: core.Array, o
     """output = softmax(input) along dim, enqueued on the stream."""
     if input.size == 0:
         return
-    kernel, grid, block, sizes, paths = _gpu_launch(state, "forward")
+    launch, paths = _gpu_launch(state, "forward")
     gpu_paths.reach(paths[0])
     gpu_paths.reach(paths[1])
-    gpu.launch(stream, kernel, grid, block, (input, output) + sizes)
+    launch(stream, input, output)
 
 
 def backward(stream: gpu.GpuStream, state: core.KernelState, output: core.Array, output_grad: core.Array,
@@ -65,7 +66,7 @@ def backward(stream: gpu.GpuStream, state: core.KernelState, output: core.Array,
     """input_grad = output * (output_grad - sum(output_grad * output)) along dim, enqueued on the stream."""
     if input_grad is None or input_grad.size == 0:
         return
-    kernel, grid, block, sizes, paths = _gpu_launch(state, "backward")
+    launch, paths = _gpu_launch(state, "backward")
     gpu_paths.reach(paths[0])
     gpu_paths.reach(paths[1])
-    gpu.launch(stream, kernel, grid, block, (output, output_grad, input_grad) + sizes)
+    launch(stream, output, output_grad, input_grad)

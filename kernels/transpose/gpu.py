@@ -29,33 +29,40 @@ _CUDA = gpu.CudaModule("transpose.cu", [
 ], defines={"THREADS_X": THREADS_X, "THREADS_Y": THREADS_Y})
 
 
-def gpu_run_plan(stream, plan: tuple, source, destination) -> None:
-    """Enqueue a plan from gpu_plan on the stream."""
-    gpu_paths.reach(plan_path(plan))
+def _run(stream, launches: list, plan: tuple, source, destination) -> None:
+    """Enqueue a plan from gpu_plan on the stream: a device copy, or its launch, a gpu.PackedLaunch made on
+    the first call and kept in launches[0]."""
     if plan[0] == "copy":
+        gpu_paths.reach(plan_path(plan))
         gpu.copy_async(stream, destination, source)
         return
-    _, name, grid, block, args = plan
-    gpu.launch(stream, _CUDA.function(name), grid, block, (source, destination) + args)
+    if launches[0] is None:
+        _, name, grid, block, args = plan
+        launches[0] = gpu.packed(_CUDA.function(name), grid, block, 2, args)
+    gpu_paths.reach(plan_path(plan))
+    launches[0](stream, source, destination)
 
 
 def _gpu_plans(state: core.KernelState) -> tuple:
+    """((plan, [launch]) forward, (plan, [launch]) backward), made on the first call and kept in the state."""
     if "plans" not in state.saved:
         shape = state.shapes["input_shape"]
         output = state.shapes["output_shape"]
         sm_count = gpu.sm_count(state.device)
-        state.saved["plans"] = (gpu_plan(shape.dims, state.attrs.permutation, shape.dtype, sm_count),
-                                gpu_plan(output.dims, state.attrs.inverse, shape.dtype, sm_count))
+        state.saved["plans"] = ((gpu_plan(shape.dims, state.attrs.permutation, shape.dtype, sm_count), [None]),
+                                (gpu_plan(output.dims, state.attrs.inverse, shape.dtype, sm_count), [None]))
     return state.saved["plans"]
 
 
 def forward(stream: Any, state: core.KernelState, input: Any, output: Any) -> None:
     """output = input permuted, enqueued on the stream."""
     if input.size:
-        gpu_run_plan(stream, _gpu_plans(state)[0], input, output)
+        plan, launches = _gpu_plans(state)[0]
+        _run(stream, launches, plan, input, output)
 
 
 def backward(stream: Any, state: core.KernelState, output_grad: Any, input_grad: Any) -> None:
     """input_grad = output_grad permuted by the inverse permutation (None: skipped), enqueued on the stream."""
     if input_grad is not None and input_grad.size:
-        gpu_run_plan(stream, _gpu_plans(state)[1], output_grad, input_grad)
+        plan, launches = _gpu_plans(state)[1]
+        _run(stream, launches, plan, output_grad, input_grad)

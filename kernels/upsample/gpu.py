@@ -40,13 +40,14 @@ def _aligned_pair(array: Any) -> bool:
 
 
 def _gpu_plan(kind: str, type_name: str, count: int, total: int, args: tuple, scale: int, vector: bool) -> tuple:
-    """(kernel, grid, scalar arguments) of one launch."""
+    """(gpu.PackedLaunch,) of one launch: its two arrays, then its scalars."""
     index = gpu.index_type(total)
     scalar = np.int32 if index == "int" else np.int64
     suffix = "_x2" if vector else ""
     name = f"upsample_{kind}{suffix}<{type_name}, {index}>"
     scale_args = () if vector else (np.int32(scale),)
-    return _CUDA.function(name), gpu.grid_for(count), (scalar(count),) + tuple(scalar(a) for a in args) + scale_args
+    return (gpu.packed(_CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, 2,
+                       (scalar(count),) + tuple(scalar(a) for a in args) + scale_args),)
 
 
 def _forward_plan(attrs, input, output, vector: bool) -> tuple:
@@ -83,9 +84,9 @@ def forward(stream: gpu.GpuStream, state: core.KernelState, attrs: UpsampleAttrs
     plan = state.saved.get(key)
     if plan is None:
         plan = state.saved[key] = _forward_plan(attrs, input, output, vector) + (plan_path(attrs, "forward", vector),)
-    kernel, grid, scalars, path = plan
+    launch, path = plan
     gpu_paths.reach(path)
-    gpu.launch(stream, kernel, grid, gpu.BLOCK, (input, output) + scalars)
+    launch(stream, input, output)
 
 
 def backward(stream: gpu.GpuStream, state: core.KernelState, attrs: UpsampleAttrs, output_grad: core.Array,
@@ -98,6 +99,6 @@ def backward(stream: gpu.GpuStream, state: core.KernelState, attrs: UpsampleAttr
     plan = state.saved.get(key)
     if plan is None:
         plan = state.saved[key] = _backward_plan(attrs, output_grad, input_grad, vector) + (plan_path(attrs, "backward", vector),)
-    kernel, grid, scalars, path = plan
+    launch, path = plan
     gpu_paths.reach(path)
-    gpu.launch(stream, kernel, grid, gpu.BLOCK, (output_grad, input_grad) + scalars)
+    launch(stream, output_grad, input_grad)
