@@ -9,6 +9,7 @@ together pass the 48 KiB a block gets unasked."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 from kernels import (
     BinaryOpType,
     ConcatAttrs,
+    Conv2DAttrs,
     ElementBinaryAttrs,
     ElementUnaryAttrs,
     GradientReductionAttrs,
@@ -29,6 +31,7 @@ from kernels import (
     UpsampleMode,
     activation,
     concat,
+    conv_2d,
     element_binary,
     element_unary,
     gradient_reduction,
@@ -37,7 +40,7 @@ from kernels import (
     split,
     upsample,
 )
-from kernels.runtime import core, gpu
+from kernels.runtime import core, cublas, gpu
 from kernels.runtime.core import TensorShape
 
 
@@ -98,13 +101,16 @@ class Recorder:
         self.calls.append(("launch", kernel, grid, block, shared_mem, tuple(self.encode(a) for a in args)))
 
     def packed_launch(self, kernel, grid, block, arguments, shared_mem=0):
-        """gpu.PackedLaunch's stand-in: a call records the launch gpu.launch would with the same arguments."""
+        """gpu.PackedLaunch's stand-in: a call records the launch gpu.launch would with the same arguments (an
+        Addresses slot's addresses as the `struct Ints` the kernel reads)."""
 
-        def call(stream, *arrays):
-            assert len(arrays) == sum(a is gpu.ARRAY for a in arguments), "not one array a slot"
-            given = iter(arrays)
-            self.launch(stream, kernel, grid, block, tuple(next(given) if a is gpu.ARRAY else a for a in arguments),
-                        shared_mem)
+        def call(stream, *given):
+            assert len(given) == sum(a is gpu.ARRAY or isinstance(a, gpu.Addresses) for a in arguments), \
+                "not one value a slot"
+            values = iter(given)
+            self.launch(stream, kernel, grid, block, tuple(
+                next(values) if a is gpu.ARRAY else gpu.ints_arg(list(next(values))) if isinstance(a, gpu.Addresses)
+                else a for a in arguments), shared_mem)
         return call
 
 
@@ -251,6 +257,93 @@ def test_kept_plans_launch_what_a_fresh_state_does(device, name, dtype):
         expected = _call(device, module, attrs, fresh, forward_args, backward_args)
         assert got, "nothing launched"
         assert got == expected, f"misalign {misalign}, drop {drop}"
+
+
+# --------------------------------------------------------------------------- conv_2d
+
+
+class FakeHandle(FakeStream):
+    """A GPU handle of device 0 whose workspace is one buffer, the same at each call."""
+
+    def __init__(self, recorder):
+        self.recorder, self.buffer = recorder, None
+
+    def workspace(self, size):
+        if self.buffer is None:
+            self.buffer = self.recorder.array((max(size, 1),), np.uint8)
+        return self.buffer
+
+
+def _conv_init(handle, state):
+    """conv_2d.gpu.init without cuDNN: the paths and the depthwise plans (cuDNN's descriptors and algorithms
+    are never used by the paths these cases take)."""
+    conv_plan = conv_2d.plan
+    conv_plan.choose_paths(state)
+    if state.paths["forward"] == "depthwise":
+        state.rows = conv_plan.depthwise_rows(state)
+        state.filter_taps = conv_plan.depthwise_filter_taps(state, gpu.sm_count(state.device))
+        state.tile = conv_plan.depthwise_tile(state)
+
+
+# (attrs, input dims, dtypes): each of the depthwise forward's three kernels and the backward's, the epilogue
+# of a state without backward, and the half bias (conv_bias_activation without an activation) with bias_grad.
+CONV_CASES = {
+    "depthwise_rows_3x3_silu": (Conv2DAttrs(8, 3, 3, padding_h=1, padding_w=1, groups=8, use_bias=True,
+                                            activation="SILU"), (2, 8, 12, 12), (np.float32, np.float64)),
+    "depthwise_rows_3x3_s2_taps": (Conv2DAttrs(66, 3, 3, 2, 2, 1, 1, groups=66, use_bias=True), (1, 66, 9, 9),
+                                   (np.float32,)),
+    "depthwise_tiled_5x5_relu_inference": (Conv2DAttrs(8, 5, 5, padding_h=2, padding_w=2, groups=8, use_bias=True,
+                                                       activation="RELU", backward=False), (1, 8, 9, 9),
+                                           (np.float32, np.float64)),
+    "depthwise_untiled_dilation_55": (Conv2DAttrs(2, 3, 3, dilation_h=55, dilation_w=55, groups=2, use_bias=True),
+                                      (1, 2, 111, 112), (np.float32,)),
+    "pointwise_epilogue_silu": (Conv2DAttrs(16, 1, 1, use_bias=True, activation="SILU", backward=False), (2, 8, 6, 6),
+                                (np.float32, np.float64)),
+    "pointwise_half_bias": (Conv2DAttrs(16, 1, 1, use_bias=True), (1, 8, 6, 6), (np.float16,)),
+}
+
+
+@pytest.mark.parametrize("name, dtype", [(name, dtype) for name, (_, _, dtypes) in CONV_CASES.items()
+                                         for dtype in dtypes])
+def test_conv_2d_kept_launches_launch_what_a_fresh_state_does(device, monkeypatch, name, dtype):
+    """conv_2d keeps its launches in state.launches, keyed by the bias given and the activation fused: each
+    call through a kept state, with new arrays, misaligned or not, the bias given or not (inside
+    core.arrays_checked, where a use_bias state may be called without one), gradients dropped, launches
+    exactly what a fresh state launches for the same arrays."""
+    monkeypatch.setattr(conv_2d.gpu, "init", _conv_init)
+    monkeypatch.setattr(cublas, "gemm_strided_batched",
+                        lambda stream, handle, *args: device.calls.append(("gemm",) + args))
+    attrs, dims, _ = CONV_CASES[name]
+    out = conv_2d.output_dims(attrs, dims)
+    shapes = (TensorShape(dims, dtype), TensorShape(out, dtype))
+    handle = FakeHandle(device)
+    kept = conv_2d.init_kernel(handle, attrs, *shapes)
+    for misalign, with_bias, drop in ((0, True, False), (0, True, False), (4, False, False), (0, True, True),
+                                      (4, False, True), (0, True, False)):
+        x, w = device.array(dims, dtype, misalign), device.array(conv_2d.filter_dims(attrs, dims[1]), dtype)
+        bias = device.array((attrs.out_channels,), dtype, misalign) if with_bias else None
+        forward_args = (x, w, bias, device.array(out, dtype))
+        backward_args = (None, device.array(out, dtype), x, device.array(dims, dtype, misalign), w,
+                         None if drop else device.array(w.shape, dtype),
+                         None if drop or bias is None else device.array(bias.shape, dtype))
+        got = _conv_call(device, handle, kept, attrs, forward_args, backward_args)
+        fresh = conv_2d.init_kernel(handle, attrs, *shapes)
+        expected = _conv_call(device, handle, fresh, attrs, forward_args, backward_args)
+        assert got, "nothing launched"
+        assert got == expected, f"misalign {misalign}, bias {with_bias}, drop {drop}"
+    assert len(kept.launches) >= 2  # with the bias and without it, or the backward's too
+
+
+def _conv_call(device, handle, state, attrs, forward_args, backward_args):
+    """A forward (and, for a state made for one, a backward) of conv_2d; without a bias inside
+    core.arrays_checked, where a use_bias state takes None. The calls recorded."""
+    stream = FakeStream()
+    start = len(device.calls)
+    with core.arrays_checked() if forward_args[2] is None else contextlib.nullcontext():
+        conv_2d.forward_kernel(stream, handle, state, attrs, *forward_args)
+        if attrs.backward:
+            conv_2d.backward_kernel(stream, handle, state, attrs, *backward_args)
+    return device.calls[start:]
 
 
 # --------------------------------------------------------------------------- dynamic shared memory

@@ -107,11 +107,15 @@ class Conv2DState(core.KernelState):
     forward_plan: list[Gemm] | None = None
     backward_data_plan: list[Gemm | Fold] | None = None
     backward_filter_plan: list[Gemm | Fold] | None = None
+    # conv_2d.cu's launches (gpu.PackedLaunch), by what a call picks: the kernel and whether the bias is
+    # given and which activation is fused ("depthwise_forward" and "epilogue"), or the kernel alone.
+    launches: dict[tuple, Any] = field(default_factory=dict)
 
     def release(self) -> None:
         errors = self.descriptors.destroy()  # destroy them all, then report the first failure
         self.pre = self.pre_buffer = self.pre_grad_buffer = self.geometry = self.turned_geometry = None
         self.forward_plan = self.backward_data_plan = self.backward_filter_plan = None
+        self.launches.clear()
         self.algorithms.clear()
         self.paths.clear()
         super().release()

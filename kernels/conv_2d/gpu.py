@@ -332,63 +332,90 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
     """conv_depthwise_forward_rows where the state has rows, else conv_depthwise_forward_tiled
     (conv_depthwise_forward where the state has no tile; grad unused; the
     activation `fused` applied in it too, where not None) or conv_depthwise_{input,filter}_grad of conv_2d.cu
-    into target, enqueued on the stream."""
+    into target, enqueued on the stream. The launch is made once per state (and, for the forward, per bias
+    given and activation fused: _depthwise_launch) and kept in state.launches."""
+    launches = state.launches
+    if which == "forward":
+        if fused is not None:
+            gpu_paths.reach("conv_2d.depthwise.forward_activation")
+        gpu_paths.reach("conv_2d.depthwise.forward_rows" if state.rows is not None else
+                        "conv_2d.depthwise.forward_untiled" if state.tile is None else "conv_2d.depthwise.forward")
+        key = ("depthwise_forward", bias is not None, fused)
+        launch = launches.get(key)
+        if launch is None:
+            launch = launches[key] = _depthwise_launch(stream, state, which, bias is not None, fused)
+        # Without a bias the filter fills its slot: the kernel reads it only where the flag says.
+        launch(stream, input, filter, filter if bias is None else bias, target)
+        return
+    key = ("depthwise_" + which,)
+    launch = launches.get(key)
+    if launch is None:
+        launch = launches[key] = _depthwise_launch(stream, state, which, False, None)
+    if which == "input" and _turned(state):
+        gpu_paths.reach("conv_2d.depthwise.input_grad_rows")
+        launch(stream, grad, filter, filter, target)
+    elif which == "input":
+        gpu_paths.reach("conv_2d.depthwise.input_grad" + ("" if state.rows is None else "_fixed"))
+        launch(stream, grad, filter, target)
+    else:
+        gpu_paths.reach("conv_2d.depthwise.filter_grad_taps" if state.filter_taps else "conv_2d.depthwise.filter_grad")
+        launch(stream, grad, input, target)
+
+
+def _turned(state: Conv2DState) -> bool:
+    """Whether the depthwise input gradient is the forward's rows kernel with the filter turned (stride 1)."""
+    return state.rows is not None and state.rows[2] == 1
+
+
+def _depthwise_launch(stream: Any, state: Conv2DState, which: Literal["forward", "input", "filter"], has_bias: bool,
+                      fused: Any) -> gpu.PackedLaunch:
+    """The PackedLaunch of _run_depthwise's kernel for `which`: its arrays those _run_depthwise gives, then the
+    scalars (for the forward, the bias flag and the code of the activation `fused`), from the state alone."""
     attrs = state.attrs
     n, c, h, w = state.shapes["input_shape"].dims
     o = attrs.out_channels
     dtype = state.shapes["input_shape"].dtype
-    index = gpu.index_type(n * c * h * w + _GRID_SLACK, state.shapes["output_shape"].numel + _GRID_SLACK,
+    output_numel = state.shapes["output_shape"].numel
+    index = gpu.index_type(n * c * h * w + _GRID_SLACK, output_numel + _GRID_SLACK,
                            o * attrs.kernel_h * attrs.kernel_w + 65536)
     index_scalar = np.int32 if index == "int" else np.int64
     sizes = (index_scalar(n), index_scalar(o // c), _geometry(state))
+    t = gpu.cuda_type(dtype)
+
+    def function(name: str) -> Any:
+        return _CUDA.function(name, stream.device)
+
     if which == "forward":
-        if fused is not None:
-            gpu_paths.reach("conv_2d.depthwise.forward_activation")
-        arguments = (input, filter, filter if bias is None else bias, target, np.int32(bias is not None),
-                     activation.code(fused)) + sizes
-        if state.rows is not None:
-            gpu_paths.reach("conv_2d.depthwise.forward_rows")
-            kernel = _CUDA.function(_rows_kernel(gpu.cuda_type(dtype), index, state.rows, False))
-            out_h, out_w = state.shapes["output_shape"].dims[2:]
-            threads = n * o * -(-out_h // DEPTHWISE_ROWS) * -(-out_w // DEPTHWISE_COLUMNS)
-            gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, arguments)
-            return
-        if state.tile is None:
-            gpu_paths.reach("conv_2d.depthwise.forward_untiled")
-            kernel = _CUDA.function(f"conv_depthwise_forward<{gpu.cuda_type(dtype)}, {index}>")
-            gpu.launch(stream, kernel, gpu.grid_for(target.size), gpu.BLOCK, arguments)
-            return
-        gpu_paths.reach("conv_2d.depthwise.forward")
-        tile_h, tile_w, shared = state.tile
-        kernel = _CUDA.function(f"conv_depthwise_forward_tiled<{gpu.cuda_type(dtype)}, {index}>")
+        flags = (np.int32(has_bias), activation.code(fused))
         out_h, out_w = state.shapes["output_shape"].dims[2:]
-        gpu.launch(stream, kernel, (n * o, -(-out_h // tile_h), -(-out_w // tile_w)), DEPTHWISE_BLOCK,
-                   arguments + (np.int32(tile_h), np.int32(tile_w)), shared_mem=shared)
-        return
-    if which == "input" and state.rows is not None and state.rows[2] == 1:
-        gpu_paths.reach("conv_2d.depthwise.input_grad_rows")
+        if state.rows is not None:
+            threads = n * o * -(-out_h // DEPTHWISE_ROWS) * -(-out_w // DEPTHWISE_COLUMNS)
+            return gpu.packed(function(_rows_kernel(t, index, state.rows, False)), gpu.grid_for(threads), gpu.BLOCK,
+                              4, flags + sizes)
+        if state.tile is None:
+            return gpu.packed(function(f"conv_depthwise_forward<{t}, {index}>"), gpu.grid_for(output_numel),
+                              gpu.BLOCK, 4, flags + sizes)
+        tile_h, tile_w, shared = state.tile
+        return gpu.packed(function(f"conv_depthwise_forward_tiled<{t}, {index}>"),
+                          (n * o, -(-out_h // tile_h), -(-out_w // tile_w)), DEPTHWISE_BLOCK, 4,
+                          flags + sizes + (np.int32(tile_h), np.int32(tile_w)), shared_mem=shared)
+    if which == "input" and _turned(state):
         if state.turned_geometry is None:
             state.turned_geometry = _make_geometry(state, turned=True)
-        kernel = _CUDA.function(_rows_kernel(gpu.cuda_type(dtype), index, state.rows, True))
         threads = n * c * -(-h // DEPTHWISE_ROWS) * -(-w // DEPTHWISE_COLUMNS)
-        gpu.launch(stream, kernel, gpu.grid_for(threads), gpu.BLOCK, (grad, filter, filter, target, np.int32(0),
-                   activation.code(None), index_scalar(n), index_scalar(1), state.turned_geometry))
-    elif which == "input":
+        return gpu.packed(function(_rows_kernel(t, index, state.rows, True)), gpu.grid_for(threads), gpu.BLOCK, 4,
+                          (np.int32(0), activation.code(None), index_scalar(n), index_scalar(1),
+                           state.turned_geometry))
+    if which == "input":
         kh, kw, stride = (0, 0, 0) if state.rows is None else state.rows
-        gpu_paths.reach("conv_2d.depthwise.input_grad" + ("" if state.rows is None else "_fixed"))
-        kernel = _CUDA.function(f"conv_depthwise_input_grad<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
-        gpu.launch(stream, kernel, gpu.grid_for(n * c * h * w), gpu.BLOCK, (grad, filter, target) + sizes)
-    elif state.filter_taps:
-        gpu_paths.reach("conv_2d.depthwise.filter_grad_taps")
+        return gpu.packed(function(f"conv_depthwise_input_grad<{t}, {index}, {kh}, {kw}, {stride}>"),
+                          gpu.grid_for(n * c * h * w), gpu.BLOCK, 3, sizes)
+    if state.filter_taps:
         kh, kw, stride = state.rows
-        kernel = _CUDA.function(f"conv_depthwise_filter_grad_taps<{gpu.cuda_type(dtype)}, {index}, {kh}, {kw}, {stride}>")
-        gpu.launch(stream, kernel, gpu.capped(c, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
-                   (grad, input, target) + sizes)
-    else:
-        gpu_paths.reach("conv_2d.depthwise.filter_grad")
-        kernel = _CUDA.function(f"conv_depthwise_filter_grad<{gpu.cuda_type(dtype)}, {index}>")
-        gpu.launch(stream, kernel, gpu.capped(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK,
-                   (grad, input, target) + sizes)
+        return gpu.packed(function(f"conv_depthwise_filter_grad_taps<{t}, {index}, {kh}, {kw}, {stride}>"),
+                          gpu.capped(c, 65535), CONV_DEPTHWISE_FILTER_BLOCK, 3, sizes)
+    return gpu.packed(function(f"conv_depthwise_filter_grad<{t}, {index}>"),
+                      gpu.capped(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK, 3, sizes)
 
 
 def _run_plan(stream: Any, handle: Any, state: Conv2DState, steps: list[Gemm | Fold], arrays: dict[str, Any],
@@ -405,6 +432,19 @@ def _run_plan(stream: Any, handle: Any, state: Conv2DState, steps: list[Gemm | F
             _run_gemm(stream, handle, state, dtype, step, pointers)
         else:
             _run_fold(stream, state, step, arrays, workspace)
+
+
+def _epilogue_launch(stream: Any, state: Conv2DState, has_bias: bool, fused: Any) -> gpu.PackedLaunch:
+    """The PackedLaunch of conv_bias_activation over the output (target, then bias, the call's arrays): the
+    bias added where `has_bias`, the activation `fused` applied where not None."""
+    n, o, out_h, out_w = state.shapes["output_shape"].dims
+    count = n * o * out_h * out_w
+    index = gpu.index_type(count + _GRID_SLACK)
+    scalar = np.int32 if index == "int" else np.int64
+    dtype = state.shapes["output_shape"].dtype
+    return gpu.packed(_CUDA.function(f"conv_bias_activation<{gpu.cuda_type(dtype)}, {index}>", stream.device),
+                      gpu.grid_for(count), gpu.BLOCK, 2,
+                      (np.int32(has_bias), activation.code(fused), scalar(count), scalar(out_h * out_w), scalar(o)))
 
 
 def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any, filter: Any, bias: Any,
@@ -448,14 +488,12 @@ def forward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, input: Any
         half_bias = bias is not None and dtype in core.HALF_DTYPES
         if (epilogue or half_bias) and not depthwise:
             gpu_paths.reach("conv_2d.epilogue" if epilogue else "conv_2d.half.add_bias")
-            n, o, out_h, out_w = target.shape
-            index = gpu.index_type(target.size + _GRID_SLACK)
-            scalar = np.int32 if index == "int" else np.int64
-            gpu.launch(stream, _CUDA.function(f"conv_bias_activation<{gpu.cuda_type(dtype)}, {index}>"),
-                       gpu.grid_for(target.size), gpu.BLOCK,
-                       (target, target if bias is None else bias, np.int32(bias is not None),
-                        activation.code(attrs.activation if epilogue else None), scalar(target.size),
-                        scalar(out_h * out_w), scalar(o)))
+            fused = attrs.activation if epilogue else None
+            key = ("epilogue", bias is not None, fused)
+            launch = state.launches.get(key)
+            if launch is None:
+                launch = state.launches[key] = _epilogue_launch(stream, state, bias is not None, fused)
+            launch(stream, target, target if bias is None else bias)  # without a bias, target fills its slot
         elif bias is not None and not depthwise:
             gpu_paths.reach("conv_2d.cudnn.add_bias")
             cudnn.add_tensor(handle.cudnn(stream), cudnn.scalar(dtype, 1), state.descriptors.bias, bias.data.ptr,
@@ -478,9 +516,13 @@ def backward(stream: Any, handle: Any, state: Conv2DState, attrs: Any, output_gr
         activation.gpu_backward(stream, attrs.activation, state.pre, output_grad, grad)
     if bias_grad is not None and bias_grad.size:
         gpu_paths.reach("conv_2d.bias_grad")
-        n, o, out_h, out_w = grad.shape
-        gpu.launch(stream, _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>"), gpu.capped(o, 65535),
-                   CONV_BIAS_GRAD_BLOCK, (grad, bias_grad, np.int64(n), np.int64(o), np.int64(out_h * out_w)))
+        launch = state.launches.get(("bias_grad",))
+        if launch is None:
+            n, o, out_h, out_w = state.shapes["output_shape"].dims
+            launch = state.launches[("bias_grad",)] = gpu.packed(
+                _CUDA.function(f"conv_bias_grad<{gpu.cuda_type(dtype)}>", stream.device), gpu.capped(o, 65535),
+                CONV_BIAS_GRAD_BLOCK, 2, (np.int64(n), np.int64(o), np.int64(out_h * out_w)))
+        launch(stream, grad, bias_grad)
     wants_input = input_grad is not None and input_grad.size > 0
     wants_filter = filter_grad is not None and filter_grad.size > 0
     if not (wants_input or wants_filter):
