@@ -646,9 +646,10 @@ def _gpu_planned(op: str, stream: Any, arrays: Sequence[Any], values: tuple, kin
     if cupy is not None:  # pragma: no cover - GPU: CuPy arrays
         form: list[Any] = [op]
         for array in arrays:
-            if type(array) is not cupy.ndarray or not array.flags.c_contiguous:
+            # The cheapest reads of contiguity and device (docs/performance.md#host-time-of-one-gpu-call).
+            if type(array) is not cupy.ndarray or not array._c_contiguous:
                 return None, None
-            form += (array.shape, array.dtype, array.device.id)
+            form += (array.shape, array.dtype, array.data.device_id)
         form.append(values)
         form.append(kinds)
         key = tuple(form)
