@@ -104,6 +104,41 @@ def test_replaying_enters_its_gpu_stream_once_for_the_calls_on_it():
     assert log == ["enter", ("kernel", 4, False), "exit"]
 
 
+def test_replaying_restores_what_it_set_when_nested_or_when_its_stream_refuses_to_be_entered():
+    """Nested blocks on two streams: inside the inner one a call on the outer stream enters it again, and
+    leaving the inner block gives the outer stream back its hold. A stream whose entry raises leaves
+    neither the arrays' checks off nor itself held."""
+    log = []
+    outer, inner = RecordingStream(log), RecordingStream(log)
+
+    @core.gpu_kernel
+    def kernel(stream, value):
+        log.append(("kernel", value, core.arrays_are_checked()))
+
+    with core.replaying(outer):
+        with core.replaying(inner):
+            kernel(inner, 1)
+            kernel(outer, 2)
+        kernel(outer, 3)
+        assert core.arrays_are_checked()
+    assert log == ["enter", "enter", ("kernel", 1, True), "enter", ("kernel", 2, True), "exit", "exit",
+                   ("kernel", 3, True), "exit"]
+
+    class Refusing(RecordingStream):
+        def __enter__(self):
+            raise core.DeviceError("no such device")
+
+    refusing = Refusing(log)
+    log.clear()
+    with pytest.raises(core.DeviceError, match="no such device"):
+        with core.replaying(refusing):
+            log.append("inside")
+    assert log == [] and not core.arrays_are_checked()
+    with pytest.raises(core.DeviceError, match="no such device"):  # not held: a call on it enters it, and fails
+        kernel(refusing, 4)
+    assert log == []
+
+
 def test_gpu_kernel_passes_a_non_gpu_stream_to_the_kernels_checks():
     seen = []
 

@@ -333,8 +333,21 @@ def check_tensor(op: str, name: str, array: Any, expected: TensorShape, device: 
 _ARRAYS_CHECKED = thread_local(on=False)
 
 
-@contextlib.contextmanager
-def arrays_checked() -> Iterator[None]:
+class _ArraysChecked:
+    """arrays_checked()'s context manager: a class rather than a generator, as it is entered on every call
+    of a plan of the functional layer (a generator's context manager cost 1.1 us, this one 0.3)."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self) -> None:
+        self.previous = _ARRAYS_CHECKED.on
+        _ARRAYS_CHECKED.on = True
+
+    def __exit__(self, *exc: Any) -> None:
+        _ARRAYS_CHECKED.on = self.previous
+
+
+def arrays_checked() -> _ArraysChecked:
     """Within the block (in this thread), check_call skips its checks of each array (kind, device, dims,
     dtype, contiguity, presence; and so does batch_norm's of its state's running statistics) and keeps
     those of the stream, handle, state and attrs. For a caller that passes again arrays that an earlier
@@ -342,12 +355,7 @@ def arrays_checked() -> Iterator[None]:
     the network's parameters, which it never replaces (see Plan._run).
     A launch-bound GPU network pays the checks a few hundred times a forward, and they are more than half
     of check_call's time (docs/performance.md#array-checks-in-replays)."""
-    previous = arrays_are_checked()
-    _ARRAYS_CHECKED.on = True
-    try:
-        yield
-    finally:
-        _ARRAYS_CHECKED.on = previous
+    return _ArraysChecked()
 
 
 def arrays_are_checked() -> bool:
@@ -408,24 +416,44 @@ def _is_gpu_stream(stream: Any) -> bool:
     return isinstance(getattr(stream, "device", None), int) and hasattr(stream, "__enter__")
 
 
-@contextlib.contextmanager
-def replaying(stream: Any) -> Iterator[None]:
+class _Replaying:
+    """replaying()'s context manager, a class for the reason _ArraysChecked is: on leaving, the stream held
+    before, then the stream left, then the arrays' checks as they were, as entering set them in reverse."""
+
+    __slots__ = ("stream", "checked", "held", "entered")
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def __enter__(self) -> None:
+        self.checked = _ARRAYS_CHECKED.on
+        _ARRAYS_CHECKED.on = True
+        self.entered = _is_gpu_stream(self.stream)
+        if self.entered:
+            try:
+                self.stream.__enter__()
+            except BaseException:
+                _ARRAYS_CHECKED.on = self.checked
+                raise
+            self.held = _GPU_CALL_HOOKS.held
+            _GPU_CALL_HOOKS.held = self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.entered:
+                _GPU_CALL_HOOKS.held = self.held
+                self.stream.__exit__(*exc)
+        finally:
+            _ARRAYS_CHECKED.on = self.checked
+
+
+def replaying(stream: Any) -> _Replaying:
     """A run of calls that have all run before, on `stream`, with these very arguments (a model's plan):
     inside the block the calls' arrays are not checked again (arrays_checked), and a GPU stream is
     entered once for the run: a gpu_kernel call on it skips entering and leaving it (its device and
     CuPy's current stream are set already; the before_gpu_call hook still runs first). Nothing else may
     change the thread's current device or CuPy stream inside the block. A CPU stream is not entered."""
-    with arrays_checked():
-        if not _is_gpu_stream(stream):
-            yield
-            return
-        previous = _GPU_CALL_HOOKS.held
-        with stream:
-            _GPU_CALL_HOOKS.held = stream
-            try:
-                yield
-            finally:
-                _GPU_CALL_HOOKS.held = previous
+    return _Replaying(stream)
 
 
 def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
