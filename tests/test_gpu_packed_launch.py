@@ -117,6 +117,11 @@ def test_a_failed_launch_raises_cuda_error(monkeypatch):
     monkeypatch.setattr(gpu, "_launch_kernel", fail)
     with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
         gpu.PackedLaunch(KERNEL, 1, 32, (gpu.ARRAY,))(STREAM, _array(1))
+    # The opt-in to more shared memory, made when the launch is, fails as launch's does: a CudaError.
+    monkeypatch.setattr(gpu, "_LAUNCHABLE", {})
+    monkeypatch.setattr(gpu, "_let_launch", fail)
+    with pytest.raises(CudaError, match="CUDA_ERROR_INVALID_VALUE"):
+        gpu.PackedLaunch(KERNEL, 1, 32, (gpu.ARRAY,), shared_mem=gpu.SHARED_MEMORY_LIMIT + 1)
 
 
 def test_two_threads_launch_their_own_addresses(monkeypatch):

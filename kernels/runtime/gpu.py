@@ -426,6 +426,16 @@ def _let_launch(kernel: Any, shared_mem: int) -> None:
     _LAUNCHABLE[kernel.ptr] = int(shared_mem)
 
 
+def _opt_in(kernel: Any, shared_mem: int) -> None:
+    """_let_launch, where `kernel` has not been let use `shared_mem` bytes yet (launch and PackedLaunch
+    alike); a failed driver call raises CudaError."""
+    if shared_mem and _LAUNCHABLE.get(kernel.ptr, 0) < shared_mem:
+        try:
+            _let_launch(kernel, shared_mem)
+        except cupy.cuda.driver.CUDADriverError as error:
+            raise cuda_error(error) from error
+
+
 def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Sequence[int] | int, args: Sequence[Any],
            shared_mem: int = 0) -> None:
     """Enqueue `kernel` (from CudaModule.function) on `stream` with `shared_mem` bytes of dynamic shared
@@ -434,9 +444,8 @@ def launch(stream: GpuStream, kernel: Any, grid: Sequence[int] | int, block: Seq
     failed launch raises CudaError."""
     grid = (grid,) if isinstance(grid, int) else tuple(grid)
     block = (block,) if isinstance(block, int) else tuple(block)
+    _opt_in(kernel, shared_mem)
     try:
-        if shared_mem and _LAUNCHABLE.get(kernel.ptr, 0) < shared_mem:
-            _let_launch(kernel, shared_mem)
         kernel(grid, block, args, shared_mem, stream.cupy_stream)
     except cupy.cuda.driver.CUDADriverError as error:
         raise cuda_error(error) from error
@@ -473,8 +482,9 @@ class PackedLaunch:
     enqueues the kernel through CuPy's binding of cuLaunchKernel. CuPy's Function call packs every
     argument again at each launch (a struct for each array): 1.5 us more for element_binary's broadcast
     launch (docs/performance.md#host-time-of-one-gpu-call).
-    Made where the launch is planned, once per state; a lock keeps two threads' calls of one launch
-    from writing each other's addresses. A failed launch raises CudaError."""
+    Made where the launch is planned, once per state (the kernel let use `shared_mem` then, as launch
+    does); a lock keeps two threads' calls of one launch from writing each other's addresses. A failed
+    launch, or a failed opt-in, raises CudaError."""
 
     __slots__ = ("_kernel", "_function", "_dims", "_shared_mem", "_words", "_slots", "_counts", "_parameters",
                  "_parameters_ptr", "_lock")
@@ -484,8 +494,7 @@ class PackedLaunch:
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         block = (block,) if isinstance(block, int) else tuple(block)
         self._dims = tuple(int(d) for d in (grid + (1, 1))[:3] + (block + (1, 1))[:3])
-        if shared_mem and _LAUNCHABLE.get(kernel.ptr, 0) < shared_mem:
-            _let_launch(kernel, shared_mem)
+        _opt_in(kernel, shared_mem)
         self._kernel, self._function, self._shared_mem = kernel, kernel.ptr, int(shared_mem)
         images, offsets, slots, counts, size = [], [], [], [], 0
         for i, argument in enumerate(arguments):
