@@ -26,6 +26,7 @@ from kernels import (
     PoolOp,
     SoftmaxAttrs,
     SplitAttrs,
+    TransposeAttrs,
     UnaryOpType,
     UpsampleAttrs,
     UpsampleMode,
@@ -38,6 +39,7 @@ from kernels import (
     pool_2d,
     softmax,
     split,
+    transpose,
     upsample,
 )
 from kernels.runtime import core, cublas, gpu
@@ -218,6 +220,16 @@ def _upsample(mode, scale):
     return make
 
 
+def _transpose(permutation, dims):
+    def make(device, dtype, misalign, drop):
+        attrs = TransposeAttrs(permutation)
+        out = tuple(dims[p] for p in permutation)
+        shapes = (TensorShape(dims, dtype), TensorShape(out, dtype))
+        return (transpose, attrs, shapes, (device.array(dims, dtype, misalign), device.array(out, dtype)),
+                (None, device.array(out, dtype, misalign), None, None if drop else device.array(dims, dtype)))
+    return make
+
+
 CALLS = {
     "concat": _concat, "split": _split, "gradient_reduction": _gradient_reduction,
     "pool_max_sppf": _pool(Pool2DAttrs(5, 5, 1, 1, 2, 2, PoolOp.MAX), (1, 8, 20, 20)),
@@ -233,6 +245,8 @@ CALLS = {
     "unary_identity": _unary(UnaryOpType.IDENTITY), "unary_scalar_add": _unary(UnaryOpType.SCALAR_ADD, 2.5),
     "softmax_rows": _softmax((1, 5, 40, 40), -1), "softmax_columns": _softmax((2, 3000, 2), 1),
     "upsample_nearest_x2": _upsample(UpsampleMode.NEAREST, 2), "upsample_bilinear_x3": _upsample(UpsampleMode.BILINEAR, 3),
+    "transpose_tiled": _transpose((0, 2, 3, 1), (1, 5, 12, 40)), "transpose_gather": _transpose((1, 2, 0, 3), (3, 4, 5, 6)),
+    "transpose_copy": _transpose((0, 2, 1), (3, 1, 7)),
 }
 
 
@@ -257,6 +271,27 @@ def test_kept_plans_launch_what_a_fresh_state_does(device, name, dtype):
         expected = _call(device, module, attrs, fresh, forward_args, backward_args)
         assert got, "nothing launched"
         assert got == expected, f"misalign {misalign}, drop {drop}"
+
+
+@pytest.mark.parametrize("name", ["transpose_tiled", "transpose_gather", "transpose_copy"])
+def test_transpose_launches_its_plan(device, name):
+    """Each direction launches what transpose.plan.gpu_plan says (kernel, grid, block, source, destination,
+    then the plan's arguments), or copies where the plan is a copy: the packed launch keeps the plan's order."""
+    module, attrs, shapes, forward_args, backward_args = CALLS[name](device, np.float32, 0, False)
+    state = module.init_kernel(FakeStream(), attrs, *shapes)
+    calls = _call(device, module, attrs, state, forward_args, backward_args)
+    expected = []
+    for dims, permutation, (source, destination) in (
+            (shapes[0].dims, attrs.permutation, forward_args), (shapes[1].dims, attrs.inverse, backward_args[1::2])):
+        plan = transpose.plan.gpu_plan(dims, permutation, np.dtype(np.float32), 132)
+        if plan[0] == "copy":
+            assert calls[len(expected)][0] == "memcpy"
+            expected.append(calls[len(expected)])
+            continue
+        _, kernel, grid, block, args = plan
+        expected.append(("launch", kernel, grid, block, 0,
+                         tuple(device.encode(a) for a in (source, destination) + tuple(args))))
+    assert calls == expected
 
 
 # --------------------------------------------------------------------------- conv_2d

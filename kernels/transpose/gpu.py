@@ -1,6 +1,7 @@
-"""transpose on the GPU: the plans of plan.gpu_plan, one per direction, made on the first call and kept
-in the state: a device copy where the permutation collapses to the identity, transpose_gather where
-the innermost dim stays innermost, transpose_tiled (transpose.cu) through shared memory otherwise.
+"""transpose on the GPU: the plans of plan.gpu_plan, one per direction, made on its first call and kept
+in the state with their packed launch: a device copy where the permutation collapses to the identity,
+transpose_gather where the innermost dim stays innermost, transpose_tiled (transpose.cu) through shared
+memory otherwise.
 
 forward and backward run after the package's checks (gpu_forward_kernel, gpu_backward_kernel,
 which run inside their stream). Everything is enqueued on the given stream.
@@ -29,40 +30,37 @@ _CUDA = gpu.CudaModule("transpose.cu", [
 ], defines={"THREADS_X": THREADS_X, "THREADS_Y": THREADS_Y})
 
 
-def _run(stream, launches: list, plan: tuple, source, destination) -> None:
-    """Enqueue a plan from gpu_plan on the stream: a device copy, or its launch, a gpu.PackedLaunch made on
-    the first call and kept in launches[0]."""
-    if plan[0] == "copy":
-        gpu_paths.reach(plan_path(plan))
-        gpu.copy_async(stream, destination, source)
-        return
-    if launches[0] is None:
-        _, name, grid, block, args = plan
-        launches[0] = gpu.packed(_CUDA.function(name), grid, block, 2, args)
+def _gpu_launch(state: core.KernelState, direction: str) -> tuple:
+    """(plan, its gpu.PackedLaunch, None for a copy) of one direction, made on first use and kept in the state."""
+    key = "gpu_" + direction
+    launch = state.saved.get(key)
+    if launch is None:
+        forward = direction == "forward"
+        dims = state.shapes["input_shape" if forward else "output_shape"].dims
+        plan = gpu_plan(dims, state.attrs.permutation if forward else state.attrs.inverse,
+                        state.shapes["input_shape"].dtype, gpu.sm_count(state.device))
+        packed = None if plan[0] == "copy" else gpu.packed(_CUDA.function(plan[1]), plan[2], plan[3], 2, plan[4])
+        launch = state.saved[key] = (plan, packed)
+    return launch
+
+
+def _run(stream, state: core.KernelState, direction: str, source, destination) -> None:
+    """Enqueue one direction's plan on the stream: a device copy, or its launch."""
+    plan, launch = _gpu_launch(state, direction)
     gpu_paths.reach(plan_path(plan))
-    launches[0](stream, source, destination)
-
-
-def _gpu_plans(state: core.KernelState) -> tuple:
-    """((plan, [launch]) forward, (plan, [launch]) backward), made on the first call and kept in the state."""
-    if "plans" not in state.saved:
-        shape = state.shapes["input_shape"]
-        output = state.shapes["output_shape"]
-        sm_count = gpu.sm_count(state.device)
-        state.saved["plans"] = ((gpu_plan(shape.dims, state.attrs.permutation, shape.dtype, sm_count), [None]),
-                                (gpu_plan(output.dims, state.attrs.inverse, shape.dtype, sm_count), [None]))
-    return state.saved["plans"]
+    if launch is None:
+        gpu.copy_async(stream, destination, source)
+    else:
+        launch(stream, source, destination)
 
 
 def forward(stream: Any, state: core.KernelState, input: Any, output: Any) -> None:
     """output = input permuted, enqueued on the stream."""
     if input.size:
-        plan, launches = _gpu_plans(state)[0]
-        _run(stream, launches, plan, input, output)
+        _run(stream, state, "forward", input, output)
 
 
 def backward(stream: Any, state: core.KernelState, output_grad: Any, input_grad: Any) -> None:
     """input_grad = output_grad permuted by the inverse permutation (None: skipped), enqueued on the stream."""
     if input_grad is not None and input_grad.size:
-        plan, launches = _gpu_plans(state)[1]
-        _run(stream, launches, plan, output_grad, input_grad)
+        _run(stream, state, "backward", output_grad, input_grad)
