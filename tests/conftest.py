@@ -149,3 +149,29 @@ def gpu():
     dev = Device("gpu")
     yield dev
     dev.close()
+
+
+def packed_launch_through(launch):
+    """A stand-in for gpu.PackedLaunch on a fake device: each call of the launch it makes calls
+    launch(stream, kernel, grid, block, args, shared_mem) with the arguments gpu.launch would be given for
+    the same parameters (an Addresses slot's addresses as the `struct Ints` the kernel reads)."""
+    from kernels.runtime import gpu
+
+    def packed_launch(kernel, grid, block, arguments, shared_mem=0):
+        def call(stream, *given):
+            assert len(given) == sum(a is gpu.ARRAY or isinstance(a, gpu.Addresses) for a in arguments), \
+                "not one value a slot"
+            values = iter(given)
+            parameters = []
+            for argument in arguments:
+                if argument is gpu.ARRAY:
+                    parameters.append(next(values))
+                elif isinstance(argument, gpu.Addresses):
+                    addresses = list(next(values))
+                    assert len(addresses) == argument.count
+                    parameters.append(gpu.ints_arg(addresses))
+                else:
+                    parameters.append(argument)
+            launch(stream, kernel, grid, block, tuple(parameters), shared_mem)
+        return call
+    return packed_launch

@@ -22,7 +22,7 @@ from kernels import concat, gradient_reduction, split
 from kernels.runtime import core, gpu
 from kernels.runtime.core import BFLOAT16, TensorShape
 
-from .conftest import require
+from .conftest import packed_launch_through, require
 
 _TYPES = {"half_t": np.float16, "bfloat16_t": BFLOAT16,
           "float": np.float32, "double": np.float64, "unsigned char": np.uint8, "unsigned short": np.uint16,
@@ -135,31 +135,6 @@ class FakeArray:
         return self.device.view(self.ptr, self.size, self.dtype).reshape(self.shape)
 
 
-def _unpacked(device: FakeDevice):
-    """gpu.PackedLaunch's stand-in: a call carries out on the device the launch gpu.launch would make with
-    the same parameters, each Addresses slot's addresses as the `struct Ints` the kernel reads."""
-
-    def packed_launch(kernel, grid, block, arguments, shared_mem=0):
-        slots = [a for a in arguments if a is gpu.ARRAY or isinstance(a, gpu.Addresses)]
-
-        def call(stream, *given):
-            assert len(given) == len(slots), "not one value a slot"
-            values = iter(given)
-            parameters = []
-            for argument in arguments:
-                if argument is gpu.ARRAY:
-                    parameters.append(next(values))
-                elif isinstance(argument, gpu.Addresses):
-                    addresses = list(next(values))
-                    assert len(addresses) == argument.count
-                    parameters.append(gpu.ints_arg(addresses))
-                else:
-                    parameters.append(argument)
-            device.launch(stream, kernel, grid, block, tuple(parameters), shared_mem)
-        return call
-    return packed_launch
-
-
 @pytest.fixture
 def emulate(monkeypatch):
     """A FakeDevice factory with gpu.launch, kernel lookup and cudaMemcpy2DAsync routed to it."""
@@ -175,7 +150,7 @@ def emulate(monkeypatch):
         runtime = types.SimpleNamespace(memcpy2DAsync=device.memcpy2d, memcpyDeviceToDevice=3,
                                         CUDARuntimeError=RuntimeError)
         monkeypatch.setattr(gpu, "launch", device.launch)
-        monkeypatch.setattr(gpu, "PackedLaunch", _unpacked(device))
+        monkeypatch.setattr(gpu, "PackedLaunch", packed_launch_through(device.launch))
         monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
         monkeypatch.setattr(gpu.CudaModule, "function", function)
         monkeypatch.setattr(gpu, "sm_count", lambda device: 132)  # an H200

@@ -45,6 +45,8 @@ from kernels import (
 from kernels.runtime import core, cublas, gpu
 from kernels.runtime.core import TensorShape
 
+from .conftest import packed_launch_through
+
 
 class FakeArray:
     def __init__(self, ptr, shape, dtype):
@@ -102,19 +104,6 @@ class Recorder:
     def launch(self, stream, kernel, grid, block, args, shared_mem=0):
         self.calls.append(("launch", kernel, grid, block, shared_mem, tuple(self.encode(a) for a in args)))
 
-    def packed_launch(self, kernel, grid, block, arguments, shared_mem=0):
-        """gpu.PackedLaunch's stand-in: a call records the launch gpu.launch would with the same arguments (an
-        Addresses slot's addresses as the `struct Ints` the kernel reads)."""
-
-        def call(stream, *given):
-            assert len(given) == sum(a is gpu.ARRAY or isinstance(a, gpu.Addresses) for a in arguments), \
-                "not one value a slot"
-            values = iter(given)
-            self.launch(stream, kernel, grid, block, tuple(
-                next(values) if a is gpu.ARRAY else gpu.ints_arg(list(next(values))) if isinstance(a, gpu.Addresses)
-                else a for a in arguments), shared_mem)
-        return call
-
 
 @pytest.fixture
 def device(monkeypatch):
@@ -125,7 +114,7 @@ def device(monkeypatch):
         memsetAsync=lambda *args: recorder.calls.append(("memset",) + args),
         memcpyDeviceToDevice=3, CUDARuntimeError=RuntimeError)
     monkeypatch.setattr(gpu, "launch", recorder.launch)
-    monkeypatch.setattr(gpu, "PackedLaunch", recorder.packed_launch)
+    monkeypatch.setattr(gpu, "PackedLaunch", packed_launch_through(recorder.launch))
     monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(gpu, "device_empty", lambda dims, dtype, device: recorder.empty(tuple(dims), dtype))
     monkeypatch.setattr(gpu, "sm_count", lambda device: 132)  # an H200
