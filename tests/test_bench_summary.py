@@ -209,3 +209,121 @@ def test_bench_table_opens_with_the_threads_line(tmp_path, capsys):
     assert tool.main(["bench_table.py", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [threads_line(THREADS), "", *format_markdown(summarize(RECORDS[:4]))]
+
+
+PARTS = [
+    Record(SOFTMAX_F, "test_softmax[ours-gpu-psa-forward]", "ours", "gpu", 30e-6, 6_400_000, 0, 12e-6, 9e-6),
+    Record(SOFTMAX_F, "test_softmax[torch-gpu-psa-forward]", "torch", "gpu", 20e-6, 6_400_000, 0, 7e-6, 10e-6),
+    Record(SOFTMAX_B, "test_softmax[ours-gpu-psa-backward]", "ours", "gpu", 40e-6, 9_600_000, 0, 15e-6, None),
+    Record(SOFTMAX_B, "test_softmax[torch-gpu-psa-backward]", "torch", "gpu", 50e-6, 9_600_000),
+]
+
+
+def test_the_parts_of_a_call_show_where_a_run_measured_them():
+    (softmax,) = summarize(PARTS)
+    backward, forward = softmax.rows
+    assert (forward.ours_host_us, forward.torch_host_us, forward.ours_device_us, forward.torch_device_us) == \
+        (pytest.approx(12.0), pytest.approx(7.0), pytest.approx(9.0), pytest.approx(10.0))
+    assert (backward.ours_host_us, backward.torch_host_us, backward.ours_device_us, backward.torch_device_us) == \
+        (pytest.approx(15.0), None, None, None)
+    assert format_markdown([softmax])[2:6] == [
+        "| group | variant | device | ours µs | PyTorch µs | ours/PyTorch | GB/s | TFLOP/s | ours host µs "
+        "| PyTorch host µs | ours GPU µs | PyTorch GPU µs |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {SOFTMAX_B} | test_softmax[psa-backward] | gpu | 40.0 | 50.0 | 0.80 | 240.0 | - | 15.0 | - | - | - |",
+        f"| {SOFTMAX_F} | test_softmax[psa-forward] | gpu | 30.0 | 20.0 | 1.50 | 213.3 | - | 12.0 | 7.0 | 9.0 | 10.0 |",
+    ]
+    assert format_text([softmax])[0].endswith("ours host µs  PyTorch host µs  ours GPU µs  PyTorch GPU µs")
+    assert format_text([softmax])[2].split()[-4:] == ["12.0", "7.0", "9.0", "10.0"]
+    # the JSON keeps the parts, and pytest-benchmark's extra_info gives them in µs
+    assert records_from_json(json.loads(json.dumps(to_json(PARTS)))) == PARTS
+    info = {"impl": "ours", "device": "gpu", "bytes": 6_400_000, "flops": 0, "host_us": 12.0, "device_us": 9.0}
+    (record,) = records_from_benchmarks([{"group": SOFTMAX_F, "name": PARTS[0].name, "stats": {"median": 30e-6},
+                                          "extra_info": info}])
+    assert (record.host_s, record.device_s) == (pytest.approx(12e-6), pytest.approx(9e-6))
+    # a run without parts has no parts columns
+    assert "ours host µs" not in format_markdown(summarize(RECORDS))[2]
+
+
+class _FakeGpu:
+    """torch's events, streams and sleep kernel over a simulated GPU clock, and a host clock that a
+    timed call advances: what conftest.Bench.parts sees of a call costing `host` seconds on the host
+    and `work` on the GPU (`waits`: the call also waits for the GPU, as one that synchronizes would)."""
+
+    def __init__(self, host, work, waits=False):
+        self.host, self.work, self.waits, self.gpu, self.clock, self.sleeps = host, work, waits, 0.0, 0.0, []
+        self.slept, self.synced = 0.0, 0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+
+            def record(self, stream):
+                self.at = fake.gpu
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):  # ms, as torch's
+                return (other.at - self.at) * 1e3
+
+        class Cuda:
+            def __init__(self):
+                self.Event, self.streams = Event, []
+
+            def current_stream(self):
+                return "torch's stream"
+
+            def ExternalStream(self, pointer, device):  # noqa: N802
+                return ("external", pointer, device)
+
+            def stream(self, stream):
+                self.streams.append(stream)
+                import contextlib
+                return contextlib.nullcontext()
+
+            def _sleep(self, cycles):
+                fake.sleeps.append(cycles)
+                fake.slept = cycles / 2e9  # a 2 GHz clock
+                fake.gpu += fake.slept
+
+        self.cuda = Cuda()
+        self.device = lambda kind, index: (kind, index)
+
+    def call(self):
+        # behind a sleeping kernel the host takes twice as long (as seen on the H100 host); idle, `host`
+        self.clock += self.host * (2 if self.slept else 1) + (self.slept if self.waits else 0.0)
+        self.gpu += self.work
+
+    def sync(self):
+        self.synced += 1
+
+
+@pytest.mark.parametrize("impl", ["ours", "torch"])
+def test_bench_parts_times_the_host_and_the_gpu_apart(monkeypatch, impl):
+    from tests.bench import conftest
+
+    def run(host, work, waits=False):
+        fake = _FakeGpu(host, work, waits)
+        monkeypatch.setitem(__import__("sys").modules, "torch", fake)
+        monkeypatch.setattr(conftest.time, "perf_counter", lambda: fake.clock)
+        bench = object.__new__(conftest.Bench)
+        bench.impl, bench.device = impl, "gpu"
+        bench.stream = type("S", (), {"ptr": 0x1234, "device": 1})()
+        bench.sync = fake.sync
+        return bench.parts(fake.call, calls=5), fake
+
+    (host, device), fake = run(10e-6, 5e-6)
+    assert (host, device) == (pytest.approx(10e-6), pytest.approx(5e-6))  # the host time of the idle GPU's calls
+    assert fake.synced == 5, "each host-timed call waited for"
+    assert fake.sleeps == [conftest.SLEEP_CYCLES] * 5
+    assert fake.cuda.streams == (["torch's stream"] if impl == "torch" else [("external", 0x1234, ("cuda", 1))])
+    # a call whose host time (6 ms behind the sleep) the sleep does not outlast twice over: it doubles until it does
+    (host, device), fake = run(3e-3, 20e-6)
+    assert (host, device) == (pytest.approx(3e-3), pytest.approx(20e-6))
+    assert fake.sleeps == [conftest.SLEEP_CYCLES * 2**k for k in range(4) for _ in range(5)]
+    # a call that waits for the GPU outlasts every sleep: no GPU time
+    (host, device), fake = run(10e-6, 5e-6, waits=True)
+    assert device is None and host == pytest.approx(10e-6)
+    assert fake.sleeps[-1] == 64 * conftest.SLEEP_CYCLES

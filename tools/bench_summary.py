@@ -9,6 +9,11 @@ GPU method variants of concat and split) is compared with the group's PyTorch re
 device when there is exactly one. Rows are grouped by op (the group's first word); each op
 closes with the geometric mean of its ratios. The bandwidth file's op also shows each row's
 GB/s as a % of a plain device copy (its `bandwidth copy` group, the faster of the two copies).
+
+Where a run measured them (KERNELS_BENCH_PARTS=1, tests/bench/conftest.py), a GPU record also holds the
+parts of one call: its host time (the call alone, returning before its GPU work has run) and its GPU
+time (the call's work on the device, timed by two events with all of it queued beforehand). The rows
+then show both parts on both sides, so a ratio above 1 says whether the host or the kernels lose it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class Record:
     median_s: float
     bytes: int = 0  # bytes each call must move
     flops: int = 0  # 0: not known
+    host_s: float | None = None  # one call's host time (KERNELS_BENCH_PARTS runs only)
+    device_s: float | None = None  # one call's GPU time (KERNELS_BENCH_PARTS runs only)
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,10 @@ class Row:
     gbps: float | None  # ours
     tflops: float | None  # ours, where flops are known
     copy_pct: float | None = None  # ours GB/s as a % of the device copy's, where a copy row exists
+    ours_host_us: float | None = None  # the parts of one call, where the run measured them
+    torch_host_us: float | None = None
+    ours_device_us: float | None = None
+    torch_device_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,8 +75,11 @@ def records_from_benchmarks(benchmarks) -> list[Record]:
             group, name, info, median = bench.group, bench.name, bench.extra_info, stats.median
         if not median:
             continue
+        host, device = info.get("host_us"), info.get("device_us")
         records.append(Record(group or "", name, info.get("impl", "ours"), info.get("device", "cpu"), float(median),
-                              int(info.get("bytes", 0)), int(info.get("flops", 0))))
+                              int(info.get("bytes", 0)), int(info.get("flops", 0)),
+                              None if host is None else float(host) * 1e-6,
+                              None if device is None else float(device) * 1e-6))
     return records
 
 
@@ -91,6 +105,11 @@ def _is_copy(group: str) -> bool:
 
 def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _us(record: Record | None, part: str) -> float | None:
+    value = None if record is None else getattr(record, part)
+    return None if value is None else value * 1e6
 
 
 def summarize(records: list[Record]) -> list[OpSummary]:
@@ -122,7 +141,9 @@ def summarize(records: list[Record]) -> list[OpSummary]:
             ratio=ours.median_s / torch.median_s if ours and torch else None,
             gbps=gbps,
             tflops=ours.flops / ours.median_s / 1e12 if ours and ours.flops else None,
-            copy_pct=100 * gbps / copy if gbps is not None and copy else None))
+            copy_pct=100 * gbps / copy if gbps is not None and copy else None,
+            ours_host_us=_us(ours, "host_s"), torch_host_us=_us(torch, "host_s"),
+            ours_device_us=_us(ours, "device_s"), torch_device_us=_us(torch, "device_s")))
     summaries = []
     for op, rows in sorted(ops.items()):
         ratios = [row.ratio for row in rows if row.ratio is not None]
@@ -130,7 +151,9 @@ def summarize(records: list[Record]) -> list[OpSummary]:
     return summaries
 
 
-HEADER = ("group", "variant", "device", "ours µs", "PyTorch µs", "ours/PyTorch", "GB/s", "TFLOP/s", "% copy")
+HEADER = ("group", "variant", "device", "ours µs", "PyTorch µs", "ours/PyTorch", "GB/s", "TFLOP/s")
+COPY_HEADER = ("% copy",)
+PARTS_HEADER = ("ours host µs", "PyTorch host µs", "ours GPU µs", "PyTorch GPU µs")
 TITLE = "ours vs PyTorch: median µs, ratio ours/PyTorch (below 1: ours faster), our GB/s and TFLOP/s"
 
 
@@ -138,10 +161,27 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _cells(row: Row, with_copy: bool) -> list[str]:
+def _columns(summaries: list[OpSummary]) -> tuple[bool, bool]:
+    """Whether the table has the % copy column, and the parts columns: each only where a row has it."""
+    rows = [row for s in summaries for row in s.rows]
+    parts = ("ours_host_us", "torch_host_us", "ours_device_us", "torch_device_us")
+    return (any(row.copy_pct is not None for row in rows),
+            any(getattr(row, name) is not None for row in rows for name in parts))
+
+
+def _header(with_copy: bool, with_parts: bool) -> list[str]:
+    return list(HEADER) + list(COPY_HEADER if with_copy else ()) + list(PARTS_HEADER if with_parts else ())
+
+
+def _cells(row: Row, with_copy: bool, with_parts: bool = False) -> list[str]:
     cells = [row.group, row.variant, row.device, _fmt(row.ours_us, ".1f"), _fmt(row.torch_us, ".1f"),
              _fmt(row.ratio, ".2f"), _fmt(row.gbps, ".1f"), _fmt(row.tflops, ".2f")]
-    return cells + [_fmt(row.copy_pct, ".0f")] if with_copy else cells
+    if with_copy:
+        cells.append(_fmt(row.copy_pct, ".0f"))
+    if with_parts:
+        cells += [_fmt(value, ".1f") for value in (row.ours_host_us, row.torch_host_us, row.ours_device_us,
+                                                    row.torch_device_us)]
+    return cells
 
 
 def closing_line(summary: OpSummary) -> str:
@@ -155,9 +195,9 @@ def closing_line(summary: OpSummary) -> str:
 
 def format_text(summaries: list[OpSummary]) -> list[str]:
     """Plain columns sized to the longest names (never cut); a closing geomean line per op."""
-    with_copy = any(row.copy_pct is not None for s in summaries for row in s.rows)
-    header = list(HEADER if with_copy else HEADER[:-1])
-    table = [_cells(row, with_copy) for s in summaries for row in s.rows]
+    with_copy, with_parts = _columns(summaries)
+    header = _header(with_copy, with_parts)
+    table = [_cells(row, with_copy, with_parts) for s in summaries for row in s.rows]
     widths = [max(len(cells[i]) for cells in [header, *table]) for i in range(len(header))]
 
     def line(cells):
@@ -167,20 +207,20 @@ def format_text(summaries: list[OpSummary]) -> list[str]:
 
     lines = [line(header)]
     for s in summaries:
-        lines += [line(_cells(row, with_copy)) for row in s.rows]
+        lines += [line(_cells(row, with_copy, with_parts)) for row in s.rows]
         lines += [closing_line(s), ""]
     return lines[:-1]
 
 
 def format_markdown(summaries: list[OpSummary]) -> list[str]:
     """One Markdown table per op, closed by its geomean line."""
-    with_copy = any(row.copy_pct is not None for s in summaries for row in s.rows)
-    header = list(HEADER if with_copy else HEADER[:-1])
+    with_copy, with_parts = _columns(summaries)
+    header = _header(with_copy, with_parts)
     lines = []
     for s in summaries:
         lines += [f"### {s.op}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|"]
-        lines += ["| " + " | ".join(_cells(row, with_copy)) + " |" for row in s.rows]
+        lines += ["| " + " | ".join(_cells(row, with_copy, with_parts)) + " |" for row in s.rows]
         lines += ["", closing_line(s), ""]
     return lines[:-1]
 

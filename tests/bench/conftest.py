@@ -14,6 +14,12 @@ CPU rows take the median of 5 rounds, or of $KERNELS_BENCH_CPU_ROUNDS: on a shar
 round can take half again as long as the next, more rounds make the medians of two runs agree.
 The summary's header line says what each side used.
 
+$KERNELS_BENCH_PARTS=1 also splits each GPU row's call in two (Bench.parts): its host time, the call
+alone up to its return, and its GPU time, timed by two CUDA events with the whole call's work queued
+behind a sleeping kernel, so no launch gap counts. The summary then shows both parts of both sides. It needs torch on
+both sides (its events and its sleep kernel), and is left out of ordinary runs: the sleeping kernels add
+a few seconds, and a row's median is timed before them, unchanged.
+
 $KERNELS_BENCH_SET sets int constants of the kernels' modules for the run, for sweeps of the CPU's
 part counts and block lengths: "runtime.cpu.PIECE_BYTES=1,softmax.cpu.PARALLEL_BLOCK_ELEMENTS=262144" (each
 name a module under kernels and its constant; one part a thread where PIECE_BYTES is 1). The header
@@ -25,6 +31,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import statistics
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +47,12 @@ from tools import bench_summary as summary
 THREADS = int(os.environ["KERNELS_BENCH_THREADS"]) if os.environ.get("KERNELS_BENCH_THREADS") else None
 # The rounds of a CPU row ($KERNELS_BENCH_CPU_ROUNDS, default 5); a GPU row takes 20 rounds of 5 calls.
 CPU_ROUNDS = int(os.environ.get("KERNELS_BENCH_CPU_ROUNDS") or 5)
+# Whether GPU rows also time the host and GPU parts of one call ($KERNELS_BENCH_PARTS=1), and from how many calls.
+PARTS = os.environ.get("KERNELS_BENCH_PARTS") == "1"
+PARTS_CALLS = 21
+# The sleeping kernel queued before each call of a parts measurement: 4M GPU cycles, 2 ms at the
+# H100's and H200's 1.98 GHz, doubled until it outlasts the call's host time several times over.
+SLEEP_CYCLES = 4_000_000
 
 
 def set_constants(text: str) -> dict[str, int]:
@@ -191,6 +205,56 @@ class Bench:
         benchmark.extra_info.update(bytes=int(bytes_moved), flops=int(flops), impl=self.impl, device=self.device)
         benchmark.pedantic(call, rounds=20 if self.device == "gpu" else CPU_ROUNDS, iterations=5 if self.device == "gpu" else 1,
                            warmup_rounds=1)
+        if PARTS and self.device == "gpu":
+            host, device = self.parts(function)
+            benchmark.extra_info.update(host_us=host * 1e6)
+            if device is not None:
+                benchmark.extra_info.update(device_us=device * 1e6)
+
+    def parts(self, function, calls: int = PARTS_CALLS) -> tuple[float, float | None]:
+        """The medians of `calls` calls' host time and GPU time.
+
+        The host time is the call alone, up to its return, each call made with the GPU idle (synchronized
+        after each), as in the timed rounds. The GPU time is taken between CUDA events before and after the
+        call's work on its stream, with each call queued behind a kernel that sleeps longer than the call's
+        host time (torch.cuda._sleep), so all of the call's work is queued before any of it runs: the GPU
+        time holds no launch gap and no wait of the host's. A sleep the host outlasts is doubled and the
+        GPU time measured again, up to 64 times the first sleep; a call that outlasts even that (one that
+        waits for its own GPU work) has no GPU time (None). (Host times taken behind the sleeping kernel
+        come out longer, on both sides, than the same calls' with the GPU idle: they only size the sleep.)"""
+        torch = pytest.importorskip("torch", reason="KERNELS_BENCH_PARTS times with torch's events")
+        hosts = []
+        for _ in range(calls):
+            begin = time.perf_counter()
+            function()
+            hosts.append(time.perf_counter() - begin)
+            self.sync()
+        host = statistics.median(hosts)
+        if self.impl == "torch":
+            stream = torch.cuda.current_stream()
+        else:  # our stream, as torch sees it: the events and the sleep go where our kernels go
+            stream = torch.cuda.ExternalStream(self.stream.ptr, device=torch.device("cuda", self.stream.device))
+        cycles = SLEEP_CYCLES
+        with torch.cuda.stream(stream):
+            while True:
+                queued, devices, slept = [], [], []
+                for _ in range(calls):
+                    before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                    before.record(stream)
+                    torch.cuda._sleep(cycles)
+                    start.record(stream)
+                    begin = time.perf_counter()
+                    function()
+                    queued.append(time.perf_counter() - begin)
+                    end.record(stream)
+                    end.synchronize()
+                    slept.append(before.elapsed_time(start) * 1e-3)
+                    devices.append(start.elapsed_time(end) * 1e-3)
+                if max(queued) < 0.5 * min(slept):
+                    return host, statistics.median(devices)
+                if cycles >= 64 * SLEEP_CYCLES:
+                    return host, None
+                cycles *= 2
 
     def close(self):
         self.handle.close()
