@@ -147,6 +147,30 @@ _add("per_channel_split_mul", MUL, (1, 2, 24, 25), (1, 2, 1, 1),
 _add("rows_split_add", ADD, (3, 100, 4), (4,), description="rhs_grad sums 300 rows: a split thread-per-element reduction")
 _add("rows_split_max", MAX, (4,), (3, 100, 4), description="lhs_grad of a broadcast MAX with ties, split reduction")
 
+# The GPU's forward along rows (element_binary.plan: an innermost dim of ROWS_MIN_INNER elements or more,
+# each row's offsets found once): in 16-byte vectors where the row length allows them, one element at a
+# time where it does not, with either side broadcast along the rows, or both sides along different outer dims.
+# Periods 31 and 37 (primes dividing no row length or row count here), so no slice repeats another.
+def _rows_inputs(op, lhs_dims, rhs_dims):
+    inputs = {"lhs": pattern(lhs_dims, 31, 0.25, 0), "rhs": pattern(rhs_dims, 37, 0.5, 4),
+              "output_grad": pattern(_out_dims(lhs_dims, rhs_dims), 31, 0.25, 5)}
+    if op is DIV:
+        inputs["rhs"] = _cycle(rhs_dims, _POW2, 3)
+    return inputs
+
+
+_add("rows_vector_mul", MUL, (2, 3, 1040), (2, 3, 1), inputs=_rows_inputs(MUL, (2, 3, 1040), (2, 3, 1)),
+     description="rows of 1040 (a multiple of every dtype's vector), rhs one value a row: the vector path")
+_add("rows_scalar_add", ADD, (2, 1, 1037), (1, 3, 1037), inputs=_rows_inputs(ADD, (2, 1, 1037), (1, 3, 1037)),
+     description="rows of 1037 (no vectors), lhs broadcast along dim 1 and rhs along dim 0")
+_add("rows_lhs_broadcast_div", DIV, (3, 1), (3, 1100), inputs=_rows_inputs(DIV, (3, 1), (3, 1100)),
+     description="lhs one value a row divided by rows of 1100 (1100 = 4 * 275, 8 does not divide it)")
+_add("rows_nan_max", MAX, (2, 1024), (1, 1024),
+     inputs={"lhs": nonfinite(pattern((2, 1024), 5, 0.5, 0), [1, 700, 1030]),
+             "rhs": nonfinite(pattern((1, 1024), 9, 0.25, 2), [5, 700]),
+             "output_grad": pattern((2, 1024), 13, 0.25, 5)},
+     description="MAX along rows with NaN and infinities on either side: NaN propagates in the vector path")
+
 # Zero-size: nothing to compute, but a broadcast operand's gradient is an empty sum (zeros).
 _add("zero_size_mul", MUL, (2, 0, 3), (2, 1, 3), description="output (2, 0, 3): rhs_grad is all zeros")
 
@@ -188,6 +212,10 @@ for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
     _add(f"yolov10_per_channel_mul_{_suffix}", MUL, (1, 4, 5, 3), (1, 4, 1, 1), _dtype)
     _add(f"per_channel_split_mul_{_suffix}", MUL, (1, 2, 24, 25), (1, 2, 1, 1), _dtype,
          description="rhs_grad sums 600 positions a channel (a split warp reduction): float32 partial sums")
+    _add(f"rows_vector_mul_{_suffix}", MUL, (2, 3, 1040), (2, 3, 1), _dtype,
+         inputs=_rows_inputs(MUL, (2, 3, 1040), (2, 3, 1)), description=f"rows of 1040 in {_dtype.name} (130 vectors of 8): the rows' vector path")
+    _add(f"rows_scalar_add_{_suffix}", ADD, (2, 1, 1037), (1, 3, 1037), _dtype,
+         inputs=_rows_inputs(ADD, (2, 1, 1037), (1, 3, 1037)), description=f"rows of 1037 in {_dtype.name}: the rows' element path")
     _add(f"rows_split_add_{_suffix}", ADD, (3, 100, 4), (4,), _dtype,
          description="rhs_grad sums 300 rows (split thread-per-element reduction), float32 sums rounded once: "
                      "bfloat16 accumulation (8-bit mantissa) would lose the small terms")
