@@ -57,6 +57,14 @@ def emulate_forward(op, lhs, rhs, out_dims):
     l, r = lhs.reshape(-1), rhs.reshape(-1)
     if plan.same:
         return _apply(op, l, r).reshape(out_dims)
+    if plan.rows:  # binary_rows: each row's offsets through the outer dims, then the row with stride 1 or 0
+        o0, l0, r0 = _offsets(plan.outer, np.arange(plan.outer.count, dtype=np.int64))
+        within = np.arange(plan.inner, dtype=np.int64)
+        lo = (l0[:, None] + within * plan.sides_inner[0]).reshape(-1)
+        ro = (r0[:, None] + within * plan.sides_inner[1]).reshape(-1)
+        output = np.empty(plan.count, lhs.dtype)
+        output[(o0[:, None] + within).reshape(-1)] = _apply(op, l[lo], r[ro])
+        return output.reshape(out_dims)
     _, lo, ro = _offsets(plan.space, np.arange(plan.count, dtype=np.int64))
     return _apply(op, l[lo], r[ro]).reshape(out_dims)
 
@@ -143,6 +151,10 @@ def _shape_pairs():
             pairs.append((lhs, rhs))
     pairs += [((1, 80, 6, 7), (1, 80, 1, 1)), ((3, 100, 4), (4,)), ((1, 2, 24, 25), (1, 2, 1, 1)),
               ((2, 700), (2, 1)), ((700, 3), (1, 3)), ((5, 1, 40), (1, 7, 40)), ((1,), (1, 1)), ((2, 40), (2, 40))]
+    # along rows (ROWS_MIN_INNER elements or more): either side broadcast along the rows, outer dims
+    # broadcast on either side, one row (no outer dims), and the conformance cases' row lengths
+    pairs += [((2, 3, 1040), (2, 3, 1)), ((2, 1, 1037), (1, 3, 1037)), ((3, 1), (3, 1100)), ((1030,), (1,)),
+              ((2, 1, 2, 1024), (3, 1, 1024)), ((1, 1024), (4, 1))]
     return pairs
 
 
@@ -173,16 +185,34 @@ def test_plans_reach_every_reduction_path():
     for case in cases.TABLE:
         lhs, rhs = case.inputs["lhs"].shape, case.inputs["rhs"].shape
         plan = gpu_plan(lhs, rhs, element_binary.broadcast_dims(lhs, rhs))
-        kinds.add("same" if plan.same else "broadcast")
+        kinds.add("same" if plan.same else "rows" if plan.rows else "broadcast")
         if not plan.same:
             kinds.update(f"{g.kind}{'_split' if g.chunks > 1 else ''}" for g in plan.grads)
             kinds.update("warp_sum" for g in plan.grads if g.chunks > element_binary.plan.WARP_SUM_CHUNKS)
     assert kinds >= {"same", "broadcast", "rows", "rows_split", "warps", "warps_split", "warp_sum"}, kinds
 
 
+def test_rows_only_from_the_innermost_dims_length():
+    """binary_rows takes a broadcasting forward whose innermost collapsed dim is ROWS_MIN_INNER long or more,
+    never an unbroadcast one; the row count, row length and which sides have the innermost dim come from
+    the collapsed dims."""
+    limit = element_binary.plan.ROWS_MIN_INNER
+    assert not gpu_plan((2, limit - 1), (2, 1), (2, limit - 1)).rows
+    plan = gpu_plan((2, limit), (2, 1), (2, limit))
+    assert plan.rows and (plan.outer.count, plan.inner, plan.sides_inner) == (2, limit, (True, False))
+    assert not gpu_plan((2, limit), (2, limit), (2, limit)).rows  # same shapes: binary_same
+    plan = gpu_plan((5, 1), (1, limit), (5, limit))
+    assert plan.rows and (plan.outer.count, plan.sides_inner) == (5, (False, True))
+    assert (plan.outer.lhs_strides, plan.outer.rhs_strides, plan.outer.out_strides) == ((1,), (0,), (limit,))
+    plan = gpu_plan((limit + 3,), (1,), (limit + 3,))
+    assert plan.rows and plan.outer.sizes == () and plan.outer.count == 1
+
+
 def test_bench_shapes_plan():
     plan = gpu_plan((1, 80, 160, 160), (1, 80, 1, 1), (1, 80, 160, 160))
     assert plan.space.sizes == (80, 25600) and plan.space.rhs_strides == (1, 0)
+    assert plan.rows and plan.inner == 25600 and plan.sides_inner == (True, False)
+    assert plan.outer.sizes == (80,) and (plan.outer.lhs_strides, plan.outer.rhs_strides) == ((25600,), (1,))
     assert plan.grads[0].kind == "rows" and plan.grads[0].chunks == 1  # lhs_grad: an elementwise gather
     assert plan.grads[1].kind == "warps" and plan.grads[1].chunks == 50
     assert gpu_plan((1, 80, 160, 160), (1, 80, 160, 160), (1, 80, 160, 160)).same

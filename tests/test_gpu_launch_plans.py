@@ -228,6 +228,8 @@ CALLS = {
     "binary_add_same": _binary(BinaryOpType.ADD, (1, 8, 16, 16), (1, 8, 16, 16)),
     "binary_mul_channel": _binary(BinaryOpType.MUL, (1, 8, 16, 16), (1, 8, 1, 1)),
     "binary_div_rows": _binary(BinaryOpType.DIV, (2, 1, 64), (3, 1)),
+    "binary_mul_channel_rows": _binary(BinaryOpType.MUL, (1, 4, 32, 40), (1, 4, 1, 1)),
+    "binary_add_rows_no_vectors": _binary(BinaryOpType.ADD, (2, 1, 1037), (1, 3, 1037)),
     "binary_max_chunks": _binary(BinaryOpType.MAX, (4, 256, 40), (1,)),
     "binary_sub_empty": _binary(BinaryOpType.SUB, (0, 3), (1, 3)),
     "unary_silu": _unary(UnaryOpType.SILU), "unary_pow": _unary(UnaryOpType.POW, 3.0),

@@ -151,6 +151,50 @@ __global__ void binary_broadcast(const T* __restrict__ lhs, const T* __restrict_
     })
 }
 
+// Broadcasting along rows: the innermost collapsed dim (`inner` elements, contiguous in the output) is
+// read with stride 1 by a side that has it (lhs_inner, rhs_inner) and stride 0 by a side broadcast along
+// it; a row's offsets (the outer dims, through their strides) are found once per row, not per element.
+// blockIdx.y strides over the rows and the x blocks over a row's elements, in 16-byte vectors where
+// `vectorized` (the host found `inner` a multiple of the vector and every pointer aligned to it, so every
+// row of a side that has the inner dim starts aligned). The same arithmetic as binary_broadcast, so the
+// same bits.
+template <typename T, typename I>
+__global__ void binary_rows(const T* __restrict__ lhs, const T* __restrict__ rhs, T* __restrict__ output,
+                            I rows, I inner, int op, int lhs_inner, int rhs_inner, int rank, Ints sizes, Ints divs,
+                            Ints out_strides, Ints lhs_strides, Ints rhs_strides, int vectorized) {
+    using C = compute_t<T>;
+    constexpr int N = EB_VECTOR_BYTES / sizeof(T);
+    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    const I step = (I)gridDim.x * blockDim.x;
+    DISPATCH_OP(op, {
+        for (I row = blockIdx.y; row < rows; row += gridDim.y) {
+            I out0, lhs0, rhs0;
+            offsets<I>(row, rank, sizes, divs, out_strides, lhs_strides, rhs_strides, out0, lhs0, rhs0);
+            const T* l = lhs + lhs0;
+            const T* r = rhs + rhs0;
+            T* o = output + out0;
+            const C lone = lhs_inner ? C(0) : widen(l[0]);  // the value of a side broadcast along the row
+            const C rone = rhs_inner ? C(0) : widen(r[0]);
+            I done = 0;
+            if (vectorized) {
+                const I groups = inner / N;
+                for (I i = start; i < groups; i += step) {
+                    Vec<T> a = {}, b = {}, c;
+                    if (lhs_inner) a = reinterpret_cast<const Vec<T>*>(l)[i];
+                    if (rhs_inner) b = reinterpret_cast<const Vec<T>*>(r)[i];
+#pragma unroll
+                    for (int k = 0; k < N; ++k)
+                        c.v[k] = narrow<T>(apply<OPC>(lhs_inner ? widen(a.v[k]) : lone, rhs_inner ? widen(b.v[k]) : rone));
+                    reinterpret_cast<Vec<T>*>(o)[i] = c;
+                }
+                done = groups * N;
+            }
+            for (I i = done + start; i < inner; i += step)
+                o[i] = narrow<T>(apply<OPC>(lhs_inner ? widen(l[i]) : lone, rhs_inner ? widen(r[i]) : rone));
+        }
+    })
+}
+
 // --------------------------------------------------------------------------- backward
 
 // No broadcasting: both gradients in one pass over output_grad. Pointers of gradients
@@ -196,6 +240,54 @@ __global__ void binary_backward_same(const T* __restrict__ lhs, const T* __restr
             const C r = need_rhs ? widen(rhs[i]) : C(0);
             if (want_lhs) lhs_grad[i] = narrow<T>(grad_of<OPC>(0, l, r, g));
             if (want_rhs) rhs_grad[i] = narrow<T>(grad_of<OPC>(1, l, r, g));
+        }
+    })
+}
+
+// The gradient of a side that was broadcast along nothing (it has every output dim), along rows as
+// binary_rows: gradient[i] = grad_of(side) at output element i, whose output_grad and gradient offsets
+// are i itself; lhs and rhs are read with their row offsets and stride 1 or 0 along the row. Values not
+// needed (need_lhs, need_rhs) are never read. The same arithmetic as binary_grad_rows, so the same bits.
+template <typename T, typename I>
+__global__ void binary_grad_along_rows(const T* __restrict__ lhs, const T* __restrict__ rhs,
+                                       const T* __restrict__ output_grad, T* __restrict__ gradient, I rows, I inner,
+                                       int op, int side, int need_lhs, int need_rhs, int lhs_inner, int rhs_inner,
+                                       int rank, Ints sizes, Ints divs, Ints out_strides, Ints lhs_strides,
+                                       Ints rhs_strides, int vectorized) {
+    using C = compute_t<T>;
+    constexpr int N = EB_VECTOR_BYTES / sizeof(T);
+    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    const I step = (I)gridDim.x * blockDim.x;
+    DISPATCH_OP(op, {
+        for (I row = blockIdx.y; row < rows; row += gridDim.y) {
+            I out0, lhs0, rhs0;
+            offsets<I>(row, rank, sizes, divs, out_strides, lhs_strides, rhs_strides, out0, lhs0, rhs0);
+            const T* l = lhs + lhs0;
+            const T* r = rhs + rhs0;
+            const T* g = output_grad + out0;
+            T* d = gradient + out0;
+            const bool l_row = need_lhs && lhs_inner, r_row = need_rhs && rhs_inner;  // read along the row
+            const C lone = need_lhs && !lhs_inner ? widen(l[0]) : C(0);
+            const C rone = need_rhs && !rhs_inner ? widen(r[0]) : C(0);
+            I done = 0;
+            if (vectorized) {
+                const I groups = inner / N;
+                for (I i = start; i < groups; i += step) {
+                    const Vec<T> gv = reinterpret_cast<const Vec<T>*>(g)[i];
+                    Vec<T> a = {}, b = {}, out;
+                    if (l_row) a = reinterpret_cast<const Vec<T>*>(l)[i];
+                    if (r_row) b = reinterpret_cast<const Vec<T>*>(r)[i];
+#pragma unroll
+                    for (int k = 0; k < N; ++k)
+                        out.v[k] = narrow<T>(grad_of<OPC>(side, l_row ? widen(a.v[k]) : lone,
+                                                          r_row ? widen(b.v[k]) : rone, widen(gv.v[k])));
+                    reinterpret_cast<Vec<T>*>(d)[i] = out;
+                }
+                done = groups * N;
+            }
+            for (I i = done + start; i < inner; i += step)
+                d[i] = narrow<T>(grad_of<OPC>(side, l_row ? widen(l[i]) : lone, r_row ? widen(r[i]) : rone,
+                                              widen(g[i])));
         }
     })
 }

@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 # 16-byte loads and stores (`struct Vec` of element_binary.cu) where every pointer is aligned to them.
 VECTOR_BYTES = 16
 
-_KERNELS = ("binary_same", "binary_broadcast", "binary_backward_same", "binary_sum_partials",
-            "binary_sum_partials_warps")
+_KERNELS = ("binary_same", "binary_broadcast", "binary_rows", "binary_grad_along_rows", "binary_backward_same",
+            "binary_sum_partials", "binary_sum_partials_warps")
 # The gradient kernels also take the type they write: the gradient's own (T), or the compute type of
 # the partial sums of a split reduction (float for the half types, where it differs from T).
 _GRAD_KERNELS = ("binary_grad_rows", "binary_grad_warps")
+# binary_grad_along_rows writes a gradient itself, in its own dtype, like the kernels of _KERNELS.
 _DESTINATIONS = {t: sorted({t, "float" if t in gpu.HALF_TYPES else t}) for t in gpu.HALF_TYPES + gpu.FLOAT_TYPES}
 # The op codes are BinaryOpType's values, reaching the source as -D options; so is the vector width.
 DEFINES = {**{f"OP_{op.name}": op.value for op in BinaryOpType}, "EB_VECTOR_BYTES": VECTOR_BYTES}
@@ -40,10 +41,18 @@ gpu_paths.declare(_P, {
     "forward.same.vector": "binary_same, no broadcasting, every pointer 16-byte aligned: 16-byte vectors, then a tail",
     "forward.same.scalar": "binary_same, no broadcasting, some pointer not 16-byte aligned: one element at a time",
     "forward.broadcast": "binary_broadcast: a thread per output element, indices through the collapsed dims' strides",
+    "forward.rows.vector": "binary_rows: rows of the innermost dim (at least ROWS_MIN_INNER), a row's offsets found "
+                           "once, its elements in 16-byte vectors (row length a multiple of them, pointers aligned)",
+    "forward.rows.scalar": "binary_rows: rows of the innermost dim, one element at a time (a row length no vector "
+                           "divides, or some pointer not 16-byte aligned)",
     "backward.same.vector": "binary_backward_same, no broadcasting, every pointer 16-byte aligned: 16-byte vectors",
     "backward.same.scalar": "binary_backward_same, no broadcasting, some pointer not aligned: one element at a time",
     "backward.empty_sum": "an empty output: a broadcast operand's gradient is zeros (a memset on the stream)",
     "grad.rows": "binary_grad_rows: a thread per gradient element, looping over its broadcast positions",
+    "grad.along_rows.vector": "binary_grad_along_rows: the gradient of a side broadcast along nothing, in rows of a "
+                              "rows plan's innermost dim, in 16-byte vectors",
+    "grad.along_rows.scalar": "binary_grad_along_rows: the same, one element at a time (no vector divides the row "
+                              "length, or some pointer is not 16-byte aligned)",
     "grad.warps": "binary_grad_warps: a warp per gradient element (the innermost dim is reduced)",
     "grad.one_chunk": "the reduced positions in one chunk: the gradient written directly, no second pass",
     "grad.chunks": "the reduced positions split into chunks: partial sums, then a second pass",
@@ -51,14 +60,18 @@ gpu_paths.declare(_P, {
     "sum_partials.warps": f"binary_sum_partials_warps: a warp per gradient element (more than {WARP_SUM_CHUNKS} chunks)",
 })
 _FORWARD_SAME = (_P + ".forward.same.scalar", _P + ".forward.same.vector")  # by the alignment flag
+_FORWARD_ROWS = (_P + ".forward.rows.scalar", _P + ".forward.rows.vector")
 _BACKWARD_SAME = (_P + ".backward.same.scalar", _P + ".backward.same.vector")
+_GRAD_ALONG_ROWS = (_P + ".grad.along_rows.scalar", _P + ".grad.along_rows.vector")
 
-# (same, launches) of a forward: `same`, the plain elementwise kernel, whose last argument (the alignment
-# flag) each call picks: its two PackedLaunches by the flag; else the broadcast kernel's PackedLaunch.
-ForwardLaunch = tuple[bool, Any]
-# (launch, array slots, aligned, the step's named GPU paths): an aligned step's launch is the pair of
-# PackedLaunches by the alignment flag of its arrays (its vector path is taken by the flag at each call).
-BackwardStep = tuple[Any, tuple[int, ...], bool, tuple[str, ...]]
+# (flag paths, launches) of a forward. The plain elementwise kernel and binary_rows take as their last argument
+# the alignment flag each call picks: their flag paths (scalar, vector) and two PackedLaunches by the flag (a
+# rows plan whose row length no vector divides has its flag-0 launch twice). binary_broadcast: (None, its launch).
+ForwardLaunch = tuple[tuple[str, str] | None, Any]
+# (launch, array slots, flag paths, the step's named GPU paths): a step with flag paths (its scalar and vector
+# paths) has as its launch the pair of PackedLaunches by the alignment flag of its arrays, which each call
+# takes (a pair whose two launches are one: flag 0 always, its scalar path).
+BackwardStep = tuple[Any, tuple[int, ...], tuple[str, str] | None, tuple[str, ...]]
 
 
 def _function(kernel: str, dtype: np.dtype, index: str, destination: np.dtype | None = None) -> Any:
@@ -91,14 +104,14 @@ def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBina
         launch = state.gpu_forward = _forward_launch(state, attrs, output.dtype)
     if launch is None:
         return
-    same, launches = launch
-    if same:
-        flag = _vector_ok(lhs, rhs, output)
-        gpu_paths.reach(_FORWARD_SAME[flag])
-        launches[flag](stream, lhs, rhs, output)
-    else:
+    flag_paths, launches = launch
+    if flag_paths is None:
         gpu_paths.reach("element_binary.forward.broadcast")
         launches(stream, lhs, rhs, output)
+        return
+    flag = _vector_ok(lhs, rhs, output)
+    gpu_paths.reach(flag_paths[0 if launches[1] is launches[0] else flag])
+    launches[flag](stream, lhs, rhs, output)
 
 
 def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype: np.dtype) -> ForwardLaunch | None:
@@ -110,10 +123,17 @@ def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
     op = np.int32(attrs.op_type.value)
     if plan.same:
         per = VECTOR_BYTES // dtype.itemsize
-        return True, gpu.packed_by_flag(_function("binary_same", dtype, plan.index),
-                                        gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK, 3, (scalar(plan.count), op))
-    return False, gpu.packed(_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count), gpu.BLOCK, 3,
-                             (scalar(plan.count), op) + plan.space.args)
+        return _FORWARD_SAME, gpu.packed_by_flag(_function("binary_same", dtype, plan.index),
+                                                 gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK, 3,
+                                                 (scalar(plan.count), op))
+    if plan.rows:
+        grid, vectors = _rows_grid(plan, dtype)
+        tail = (scalar(plan.outer.count), scalar(plan.inner), op, np.int32(plan.sides_inner[0]),
+                np.int32(plan.sides_inner[1])) + plan.outer.args
+        launches = gpu.packed_by_flag(_function("binary_rows", dtype, plan.index), grid, gpu.BLOCK, 3, tail)
+        return _FORWARD_ROWS, (launches if vectors else (launches[0], launches[0]))
+    return None, gpu.packed(_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count), gpu.BLOCK, 3,
+                            (scalar(plan.count), op) + plan.space.args)
 
 
 def _partials(state: ElementBinaryState, plan: GpuPlan, dtype: np.dtype) -> Any:
@@ -146,11 +166,11 @@ def backward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBin
                 gpu.cupy.cuda.runtime.memsetAsync(side_grad.data.ptr, 0, side_grad.nbytes, stream.ptr)
         return
     arrays = (lhs, rhs, output_grad, lhs_grad, rhs_grad, state.partials)
-    for launch, slots, aligned, paths in steps:
+    for launch, slots, flag_paths, paths in steps:
         launched = [arrays[i] for i in slots]
-        if aligned:
+        if flag_paths is not None:
             flag = _vector_ok(*launched)
-            gpu_paths.reach(_BACKWARD_SAME[flag])
+            gpu_paths.reach(flag_paths[0 if launch[1] is launch[0] else flag])
             launch = launch[flag]
         for path in paths:
             gpu_paths.reach(path)
@@ -189,13 +209,17 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
         return [(gpu.packed_by_flag(_function("binary_backward_same", dtype, plan.index),
                                     gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK, len(slots),
                                     (scalar(plan.count), np.int32(op.value), np.int32(want[0]), np.int32(want[1]),
-                                     np.int32(need_lhs), np.int32(need_rhs))), slots, True, ())]
+                                     np.int32(need_lhs), np.int32(need_rhs))), slots, _BACKWARD_SAME, ())]
     steps: list[BackwardStep] = []
     for side in (0, 1):
         if not want[side]:
             continue
         grad = _LHS_GRAD if side == 0 else _RHS_GRAD
         grad_plan_ = plan.grads[side]
+        if plan.rows and not grad_plan_.reduced.sizes:  # broadcast along nothing: along rows, as the forward
+            steps.append(_grad_along_rows(plan, dtype, scalar, op, side, need_lhs, need_rhs,
+                                          (lhs_slot, rhs_slot, _GRAD, grad)))
+            continue
         destination, written = grad, dtype
         if grad_plan_.chunks > 1:
             _partials(state, plan, dtype)
@@ -210,17 +234,37 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
             warps = kept_count * grad_plan_.chunks
             grid = gpu.capped(-(-warps // (gpu.BLOCK // 32)), 65535)
             steps.append((gpu.packed(_function("binary_grad_warps", dtype, plan.index, written), grid, gpu.BLOCK,
-                                     len(slots), tail), slots, False, paths))
+                                     len(slots), tail), slots, None, paths))
         else:
             grid = (gpu.grid_for(kept_count), gpu.capped(grad_plan_.chunks, 65535))  # the kernel strides over chunks
             steps.append((gpu.packed(_function("binary_grad_rows", dtype, plan.index, written), grid, gpu.BLOCK,
-                                     len(slots), tail), slots, False, paths))
+                                     len(slots), tail), slots, None, paths))
         sum_tail = (scalar(kept_count), scalar(grad_plan_.chunks))
         if grad_plan_.chunks > WARP_SUM_CHUNKS:
             grid = gpu.capped(-(-kept_count // (gpu.BLOCK // 32)), 65535)
             steps.append((gpu.packed(_function("binary_sum_partials_warps", dtype, plan.index), grid, gpu.BLOCK, 2,
-                                     sum_tail), (destination, grad), False, ()))
+                                     sum_tail), (destination, grad), None, ()))
         elif grad_plan_.chunks > 1:
             steps.append((gpu.packed(_function("binary_sum_partials", dtype, plan.index), gpu.grid_for(kept_count),
-                                     gpu.BLOCK, 2, sum_tail), (destination, grad), False, ()))
+                                     gpu.BLOCK, 2, sum_tail), (destination, grad), None, ()))
     return steps
+
+
+def _rows_grid(plan: GpuPlan, dtype: np.dtype) -> tuple[tuple[int, int], bool]:
+    """The grid of a kernel along a rows plan's rows (x over a row's elements, or its vectors where the row
+    length is a multiple of them; y over the rows), and whether vectors are possible at all."""
+    per = VECTOR_BYTES // dtype.itemsize
+    vectors = plan.inner % per == 0  # else every row's vectors would start misaligned: elements only
+    return (gpu.grid_for(plan.inner, per_thread=per if vectors else 1),
+            gpu.capped(plan.outer.count, gpu.MAX_GRID_YZ)), vectors
+
+
+def _grad_along_rows(plan: GpuPlan, dtype: np.dtype, scalar: Any, op: BinaryOpType, side: int, need_lhs: bool,
+                     need_rhs: bool, slots: tuple[int, ...]) -> BackwardStep:
+    """The step of binary_grad_along_rows: the gradient of a side broadcast along nothing, in a rows plan."""
+    grid, vectors = _rows_grid(plan, dtype)
+    tail = (scalar(plan.outer.count), scalar(plan.inner), np.int32(op.value), np.int32(side), np.int32(need_lhs),
+            np.int32(need_rhs), np.int32(plan.sides_inner[0]), np.int32(plan.sides_inner[1])) + plan.outer.args
+    launches = gpu.packed_by_flag(_function("binary_grad_along_rows", dtype, plan.index), grid, gpu.BLOCK, len(slots),
+                                  tail)
+    return (launches if vectors else (launches[0], launches[0])), slots, _GRAD_ALONG_ROWS, ()

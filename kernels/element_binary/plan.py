@@ -22,6 +22,11 @@ MIN_PER_THREAD = 32       # reduced positions one thread sums at least, per chun
 MIN_PER_WARP = 32 * 16    # reduced positions one warp sums at least, per chunk ('warps')
 MAX_CHUNKS = 1024
 WARP_SUM_CHUNKS = 8       # more chunks than this: the second pass takes a warp per gradient element
+# A broadcasting forward whose innermost collapsed dim has this many elements or more runs along rows
+# (binary_rows): a row's offsets are found once, and its elements are read in vectors. Below it, rows
+# would leave most of a block idle, and the kernel that finds every element's offsets (binary_broadcast)
+# runs instead. 1024: one 256-thread block's vectors of float32.
+ROWS_MIN_INNER = 1024
 
 
 def collapse(out_dims: tuple[int, ...], lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...]
@@ -109,6 +114,10 @@ class GpuPlan:
     index: str                      # 'int' or 'long long'
     space: Space                    # the whole output (forward)
     grads: tuple[GradPlan, GradPlan]
+    rows: bool = False              # a broadcasting forward along rows of the innermost dim (binary_rows)
+    outer: Space | None = None      # the rows: every collapsed dim but the innermost
+    inner: int = 0                  # the innermost collapsed dim's size: a row's elements
+    sides_inner: tuple[bool, bool] = (False, False)  # whether lhs, rhs have the innermost dim (stride 1, else 0)
 
 
 def grad_plan(space: Space, side: int, threads: int) -> GradPlan:
@@ -150,4 +159,11 @@ def gpu_plan(lhs_dims: tuple[int, ...], rhs_dims: tuple[int, ...], out_dims: tup
     threads = REDUCTION_THREADS
     # The partial sums index chunks * kept elements: bounded by the output count plus the target threads.
     index = gpu.index_type(count + threads)
-    return GpuPlan(same, count, index, space, (grad_plan(space, 0, threads), grad_plan(space, 1, threads)))
+    grads = (grad_plan(space, 0, threads), grad_plan(space, 1, threads))
+    inner = space.sizes[-1]
+    if same or inner < ROWS_MIN_INNER:
+        return GpuPlan(same, count, index, space, grads)
+    # The innermost dim's stride is 1 on a side that has it, 0 on one broadcast along it (collapse).
+    outer = Space(space.sizes[:-1], space.out_strides[:-1], space.lhs_strides[:-1], space.rhs_strides[:-1])
+    return GpuPlan(same, count, index, space, grads, rows=True, outer=outer, inner=inner,
+                   sides_inner=(space.lhs_strides[-1] == 1, space.rhs_strides[-1] == 1))
