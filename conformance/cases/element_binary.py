@@ -213,9 +213,11 @@ for _suffix, _dtype in (("f16", F16), ("bf16", BF16)):
     _add(f"per_channel_split_mul_{_suffix}", MUL, (1, 2, 24, 25), (1, 2, 1, 1), _dtype,
          description="rhs_grad sums 600 positions a channel (a split warp reduction): float32 partial sums")
     _add(f"rows_vector_mul_{_suffix}", MUL, (2, 3, 1040), (2, 3, 1), _dtype,
-         inputs=_rows_inputs(MUL, (2, 3, 1040), (2, 3, 1)), description=f"rows of 1040 in {_dtype.name} (130 vectors of 8): the rows' vector path")
+         inputs=_rows_inputs(MUL, (2, 3, 1040), (2, 3, 1)),
+         description=f"rows of 1040 in {_dtype.name} (130 vectors of 8): the rows' vector path")
     _add(f"rows_scalar_add_{_suffix}", ADD, (2, 1, 1037), (1, 3, 1037), _dtype,
-         inputs=_rows_inputs(ADD, (2, 1, 1037), (1, 3, 1037)), description=f"rows of 1037 in {_dtype.name}: the rows' element path")
+         inputs=_rows_inputs(ADD, (2, 1, 1037), (1, 3, 1037)),
+         description=f"rows of 1037 in {_dtype.name}: the rows' element path")
     _add(f"rows_split_add_{_suffix}", ADD, (3, 100, 4), (4,), _dtype,
          description="rhs_grad sums 300 rows (split thread-per-element reduction), float32 sums rounded once: "
                      "bfloat16 accumulation (8-bit mantissa) would lose the small terms")
