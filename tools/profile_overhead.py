@@ -64,6 +64,17 @@ def setups():
     ab = k.ElementBinaryAttrs(op_type="ADD")
     sb = k.element_binary.init_kernel(handle, ab, S.of(l), S.of(r), S.of(ob))
     yield "element_binary add", lambda: k.element_binary.forward_kernel(stream, handle, sb, ab, l, r, ob)
+    q, kv = rnd(1, 5, 64, 400), rnd(1, 5, 400, 400)
+    om = cupy.empty((1, 5, 64, 400), f32)
+    am = k.BatchMatmulAttrs()
+    sm = k.batch_matmul.init_kernel(handle, am, S.of(q), S.of(kv), S.of(om))
+    yield "batch_matmul psa values", lambda: k.batch_matmul.forward_kernel(stream, handle, sm, am, q, kv, om)
+    import torch
+
+    tq, tkv = torch.from_numpy(cupy.asnumpy(q)).cuda(), torch.from_numpy(cupy.asnumpy(kv)).cuda()
+    tom = torch.empty((1, 5, 64, 400), device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield "torch.matmul psa values out=", lambda: torch.matmul(tq, tkv, out=tom)
     t = rnd(1, 5, 128, 400)
     ot = cupy.empty((1, 5, 400, 128), f32)
     at = k.TransposeAttrs((0, 1, 3, 2))
@@ -72,15 +83,31 @@ def setups():
 
 
 def per_call(function, count=300):
+    """Host us a call and us a call with the GPU's work, back to back; the device synchronized (every
+    stream: PyTorch's rows run on its own) before and after."""
+    device = cupy.cuda.Device()
     function()
-    stream.synchronize()
+    device.synchronize()
     start = time.perf_counter()
     for _ in range(count):
         function()
     host = (time.perf_counter() - start) / count
-    stream.synchronize()
+    device.synchronize()
     total = (time.perf_counter() - start) / count
     return host * 1e6, total * 1e6
+
+
+def synced(function, count=300):
+    """us a call, each call followed by a device synchronize (as the benchmarks time a row): median."""
+    device, times = cupy.cuda.Device(), []
+    function()
+    device.synchronize()
+    for _ in range(count):
+        start = time.perf_counter()
+        function()
+        device.synchronize()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e6
 
 
 print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}")
@@ -248,9 +275,10 @@ for name, function in cudnn_calls():
     host, total = per_call(function)
     print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
 profiles = []
+print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}{'synced us/call':>16}")
 for name, function in setups():
     host, total = per_call(function)
-    print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}{synced(function):>16.1f}")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(200):
