@@ -88,10 +88,14 @@ def main() -> None:
                     fs = conv_2d.init_kernel(handle, forward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
                     bs = conv_2d.init_kernel(handle, backward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
                     forward = timed(lambda: conv_2d.forward_kernel(stream, handle, fs, forward_attrs, x, w, b, y))
-                    grad = timed(lambda: conv_2d.backward_kernel(stream, handle, bs, backward_attrs, y, g, x, dx, w,
-                                                                 None, None))
+                    # At stride 2 the input gradient is the compiled gather, which no share changes (and which a
+                    # variant's module, the rows kernels alone, does not hold): the library's share times it.
+                    grad = None
+                    if s == 1 or share == library:
+                        grad = timed(lambda: conv_2d.backward_kernel(stream, handle, bs, backward_attrs, y, g, x, dx,
+                                                                     w, None, None))
                     stream.synchronize()
-                    got = (cupy.asnumpy(y), cupy.asnumpy(dx))
+                    got = (cupy.asnumpy(y), cupy.asnumpy(dx)) if grad is not None else (cupy.asnumpy(y),)
                     if mine is None:
                         mine = got
                         bs.rows = None  # the general gather: its own launch, not the rows' kept one
@@ -99,7 +103,8 @@ def main() -> None:
                         general = timed(lambda: conv_2d.backward_kernel(stream, handle, bs, backward_attrs, y, g, x, dx,
                                                                         w, None, None))
                     same = all(np.array_equal(a.view(np.uint8), b_.view(np.uint8)) for a, b_ in zip(mine, got))
-                    cells.append(f"{share[0]}x{share[1]} {forward:7.1f} / {grad:7.1f} {'same' if same else 'DIFFERENT'}")
+                    grad_cell = "      -" if grad is None else f"{grad:7.1f}"
+                    cells.append(f"{share[0]}x{share[1]} {forward:7.1f} / {grad_cell} {'same' if same else 'DIFFERENT'}")
                     conv_2d.cleanup_kernel(handle, fs)
                     conv_2d.cleanup_kernel(handle, bs)
                 finally:
