@@ -52,18 +52,25 @@ def _apply(op, l, r):
             else np.where((l < r if op is BinaryOpType.MAX else l > r) | np.isnan(r), r, l)
 
 
+def _row_offsets(plan):
+    """binary_rows and binary_grad_along_rows: each row's offsets through the outer dims (offsets()), then
+    the row's elements with stride 1 on a side that has the innermost dim, 0 on one broadcast along it;
+    the lhs, rhs and output offsets of every element, row by row."""
+    o0, l0, r0 = _offsets(plan.outer, np.arange(plan.outer.count, dtype=np.int64))
+    within = np.arange(plan.inner, dtype=np.int64)
+    return ((l0[:, None] + within * plan.sides_inner[0]).reshape(-1),
+            (r0[:, None] + within * plan.sides_inner[1]).reshape(-1), (o0[:, None] + within).reshape(-1))
+
+
 def emulate_forward(op, lhs, rhs, out_dims):
     plan = gpu_plan(lhs.shape, rhs.shape, out_dims)
     l, r = lhs.reshape(-1), rhs.reshape(-1)
     if plan.same:
         return _apply(op, l, r).reshape(out_dims)
-    if plan.rows:  # binary_rows: each row's offsets through the outer dims, then the row with stride 1 or 0
-        o0, l0, r0 = _offsets(plan.outer, np.arange(plan.outer.count, dtype=np.int64))
-        within = np.arange(plan.inner, dtype=np.int64)
-        lo = (l0[:, None] + within * plan.sides_inner[0]).reshape(-1)
-        ro = (r0[:, None] + within * plan.sides_inner[1]).reshape(-1)
+    if plan.rows:
+        lo, ro, oo = _row_offsets(plan)
         output = np.empty(plan.count, lhs.dtype)
-        output[(o0[:, None] + within).reshape(-1)] = _apply(op, l[lo], r[ro])
+        output[oo] = _apply(op, l[lo], r[ro])
         return output.reshape(out_dims)
     _, lo, ro = _offsets(plan.space, np.arange(plan.count, dtype=np.int64))
     return _apply(op, l[lo], r[ro]).reshape(out_dims)
@@ -96,6 +103,12 @@ def emulate_backward(op, lhs, rhs, output_grad):
             results.append(_grad_values(op, side, l, r, g).reshape(operand.shape))
             continue
         grad = plan.grads[side]
+        if plan.rows and not grad.reduced.sizes:  # binary_grad_along_rows: no sum, the rows' offsets
+            lo, ro, go = _row_offsets(plan)
+            gradient = np.empty(plan.count, g.dtype)
+            gradient[go] = _grad_values(op, side, l[lo], r[ro], g[go])  # the side has every dim: the output's layout
+            results.append(gradient.reshape(operand.shape))
+            continue
         kept_count, reduced_count = grad.kept.count, grad.reduced.count
         go0, lo0, ro0 = _offsets(grad.kept, np.arange(kept_count, dtype=np.int64))
         go1, lo1, ro1 = _offsets(grad.reduced, np.arange(reduced_count, dtype=np.int64))
