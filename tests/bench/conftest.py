@@ -16,9 +16,9 @@ The summary's header line says what each side used.
 
 $KERNELS_BENCH_PARTS=1 also splits each GPU row's call in two (Bench.parts): its host time, the call
 alone up to its return, and its GPU time, timed by two CUDA events with the whole call's work queued
-behind a sleeping kernel, so no launch gap counts. The summary then shows both parts of both sides. It needs torch on
-both sides (its events and its sleep kernel), and is left out of ordinary runs: the sleeping kernels add
-a few seconds, and a row's median is timed before them, unchanged.
+behind a sleeping kernel, so no launch gap counts. The summary then shows both parts of both sides. It
+needs torch on both sides (its events and its sleep kernel), and is left out of ordinary runs: the
+sleeping kernels add a few seconds, and a row's median is timed before them, unchanged.
 
 $KERNELS_BENCH_SET sets int constants of the kernels' modules for the run, for sweeps of the CPU's
 part counts and block lengths: "runtime.cpu.PIECE_BYTES=1,softmax.cpu.PARALLEL_BLOCK_ELEMENTS=262144" (each
@@ -51,7 +51,7 @@ CPU_ROUNDS = int(os.environ.get("KERNELS_BENCH_CPU_ROUNDS") or 5)
 PARTS = os.environ.get("KERNELS_BENCH_PARTS") == "1"
 PARTS_CALLS = 21
 # The sleeping kernel queued before each call of a parts measurement: 4M GPU cycles, 2 ms at the
-# H100's and H200's 1.98 GHz, doubled until it outlasts the call's host time several times over.
+# H100's and H200's 1.98 GHz, doubled until it lasts more than twice the longest call's host time.
 SLEEP_CYCLES = 4_000_000
 
 
