@@ -400,10 +400,10 @@ def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(cas
         dev.handle.close()
 
 
-# (rows, columns) a thread of conv_depthwise_forward_rows other than plan.DEPTHWISE_ROWS and DEPTHWISE_COLUMNS:
-# each output's sum is the same operations in the same order whatever a thread's share, so the constants can be
-# tuned without changing a bit (docs/performance.md#depthwise-rows).
-_ROWS_VARIANTS = [(1, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 4)]
+# (rows, columns) a thread of conv_depthwise_forward_rows, compared with the library's share of each dtype
+# (plan.DEPTHWISE_SHARES): each output's sum is the same operations in the same order whatever a thread's
+# share, so the shares can be tuned without changing a bit (docs/performance.md#depthwise-rows).
+_ROWS_VARIANTS = [(1, 1), (4, 1), (8, 1), (2, 2), (4, 2), (8, 2), (2, 4)]
 
 
 @pytest.fixture(scope="module")
@@ -412,7 +412,7 @@ def rows_variants():
     require("gpu")
     from kernels.conv_2d import gpu as conv_gpu
 
-    assert (conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS) not in _ROWS_VARIANTS  # compared with these
+    assert set(conv_gpu.DEPTHWISE_SHARES.values()) <= set(_ROWS_VARIANTS)  # each library share has another
     return {variant: conv_gpu.rows_variant(*variant) for variant in _ROWS_VARIANTS}
 
 
@@ -421,7 +421,7 @@ def rows_variants():
 def test_gpu_depthwise_rows_write_the_same_bits_for_any_share_of_a_thread(dtype, rows_variants, monkeypatch):
     """The rows forward (plain; bias and SILU in the kernel) and the stride-1 input gradient (the turned filter) of
     every _ROWS_CASES shape, with each (rows, columns) a thread of _ROWS_VARIANTS: the bits of the library's own
-    constants. NaN and an infinite corner tap among the values, as in the forward's test."""
+    share for the dtype. NaN and an infinite corner tap among the values, as in the forward's test."""
     from kernels.conv_2d import gpu as conv_gpu
     from kernels.runtime import gpu_paths
 
@@ -446,8 +446,7 @@ def test_gpu_depthwise_rows_write_the_same_bits_for_any_share_of_a_thread(dtype,
                 for variant in [None] + _ROWS_VARIANTS:
                     if variant is not None:
                         monkeypatch.setattr(conv_gpu, "_CUDA", rows_variants[variant])
-                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_ROWS", variant[0])
-                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_COLUMNS", variant[1])
+                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_SHARES", dict.fromkeys((2, 4, 8), variant))
                     state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype),
                                                 TensorShape(out_dims, dtype))
                     output = dev.array(np.full(out_dims, np.nan, dtype))

@@ -315,7 +315,8 @@ def _conv_init(handle, state):
 # of a state without backward, and the half bias (conv_bias_activation without an activation) with bias_grad.
 CONV_CASES = {
     "depthwise_rows_3x3_silu": (Conv2DAttrs(8, 3, 3, padding_h=1, padding_w=1, groups=8, use_bias=True,
-                                            activation="SILU"), (2, 8, 12, 12), (np.float32, np.float64)),
+                                            activation="SILU"), (2, 8, 12, 12),
+                                (np.float32, np.float64, np.float16)),
     "depthwise_rows_3x3_s2_taps": (Conv2DAttrs(66, 3, 3, 2, 2, 1, 1, groups=66, use_bias=True), (1, 66, 9, 9),
                                    (np.float32,)),
     "depthwise_tiled_5x5_relu_inference": (Conv2DAttrs(8, 5, 5, padding_h=2, padding_w=2, groups=8, use_bias=True,

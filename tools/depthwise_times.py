@@ -1,6 +1,6 @@
 # ruff: noqa: B023  (each lambda is timed at once, inside the iteration that made it)
 """Device time of the depthwise rows kernels on YOLOv10's depthwise shapes, for several shares of a thread
-(DEPTHWISE_ROWS x DEPTHWISE_COLUMNS), beside the general gather and PyTorch. Run on the GPU machine:
+(R rows x Q columns of outputs), beside the general gather and PyTorch. Run on the GPU machine:
 
     python3 tools/depthwise_times.py [--variants 4x1,8x1,4x2,8x2,2x4] [--dtype float16 --dtype float32]
                                      [--count N]
@@ -11,9 +11,10 @@ device's time, not the host's pace):
 - input gradient: at stride 1 the turned forward (path conv_2d.depthwise.input_grad_rows), at stride 2 the
   compiled gather; "general" is conv_depthwise_input_grad's general form (the state's rows taken away);
 - PyTorch: F.silu(F.conv2d(x, w, b, groups=C)), and aten.convolution_backward for the input gradient alone.
-The library's own share comes first; each other share's outputs are compared with it bit for bit ("same" or
-"DIFFERENT"; tests/test_conv_2d.py asserts it). The variants are compiled with NVRTC first (seconds each):
-kernels/conv_2d/gpu.py's rows_variant. docs/performance.md#depthwise-rows has the results."""
+The library's own share for the dtype (plan.DEPTHWISE_SHARES) comes first; each other share's outputs are
+compared with it bit for bit ("same" or "DIFFERENT"; tests/test_conv_2d.py asserts it). The variants are
+compiled with NVRTC first (seconds each): kernels/conv_2d/gpu.py's rows_variant.
+docs/performance.md#depthwise-rows has the results."""
 
 import argparse
 import sys
@@ -45,9 +46,8 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20)
     arguments = parser.parse_args()
     shares = [tuple(int(v) for v in share.split("x")) for share in arguments.variants.split(",")]
-    library = (conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS)
     begun = time.perf_counter()
-    modules = {library: conv_gpu._CUDA} | {share: conv_gpu.rows_variant(*share) for share in shares if share != library}
+    variants = {share: conv_gpu.rows_variant(*share) for share in shares}
     stream, handle = kernels.gpu_stream(), kernels.gpu_handle()
     cupy_stream = stream.cupy_stream
 
@@ -69,6 +69,8 @@ def main() -> None:
     first = True
     for name in arguments.dtype or ["float16", "float32"]:
         dtype = DTYPES[name]
+        library = conv_gpu.DEPTHWISE_SHARES[np.dtype(dtype).itemsize]
+        modules = {library: conv_gpu._CUDA} | {share: module for share, module in variants.items() if share != library}
         for dims, k, s in SHAPES:
             c = dims[1]
             forward_attrs = Conv2DAttrs(c, k, k, s, s, k // 2, k // 2, groups=c, use_bias=True,
@@ -82,8 +84,8 @@ def main() -> None:
                 y, dx = cupy.empty(out_dims, dtype), cupy.empty(dims, dtype)
             cells, mine = [], None
             for share, module in modules.items():
-                saved = conv_gpu._CUDA, conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS
-                conv_gpu._CUDA, (conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS) = module, share
+                saved = conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES
+                conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES = module, dict.fromkeys((2, 4, 8), share)
                 try:
                     fs = conv_2d.init_kernel(handle, forward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
                     bs = conv_2d.init_kernel(handle, backward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
@@ -108,7 +110,7 @@ def main() -> None:
                     conv_2d.cleanup_kernel(handle, fs)
                     conv_2d.cleanup_kernel(handle, bs)
                 finally:
-                    conv_gpu._CUDA, conv_gpu.DEPTHWISE_ROWS, conv_gpu.DEPTHWISE_COLUMNS = saved
+                    conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES = saved
             tx, tw, tb, tg = (torch.as_tensor(a, device="cuda") for a in (x, w, b, g))
             torch_forward = torch_device(lambda: torch.nn.functional.silu(
                 torch.nn.functional.conv2d(tx, tw, tb, s, k // 2, 1, c)))
@@ -116,7 +118,7 @@ def main() -> None:
                 tg, tx, tw, None, [s, s], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, False, False]))
             if first:
                 print(f"variants compiled and first states made in {time.perf_counter() - begun:.1f} s; "
-                      f"us a call, forward / input gradient, library's share ({library[0]}x{library[1]}) first")
+                      "us a call, forward / input gradient, the dtype's library share first")
                 first = False
             print(f"{name:8} {str(dims):20} {k}x{k} s{s}: " + " | ".join(cells)
                   + f" | general gather {general:7.1f} | PyTorch {torch_forward:7.1f} / {torch_grad:7.1f}", flush=True)

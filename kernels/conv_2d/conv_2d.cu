@@ -385,8 +385,8 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
 
 // The same forward for the kernels YOLOv10 has (conv_2d/plan.py's DEPTHWISE_ROWS_SHAPES: one filter a
 // channel, dilation 1, a KH x KW kernel, stride S both ways; KH, KW and S compile-time): a thread computes
-// CONV_DEPTHWISE_ROWS rows of CONV_DEPTHWISE_COLUMNS consecutive outputs, with the plane's taps in
-// registers. It reads the input rows those outputs reach once each, top to bottom, the values of the
+// R rows of Q consecutive outputs (conv_2d/plan.py's DEPTHWISE_SHARES by element size), with the plane's
+// taps in registers. It reads the input rows those outputs reach once each, top to bottom, the values of the
 // row they reach into registers, and adds each value to every output whose taps cover it: an output's taps arrive in its
 // row-major order, so each sum has conv_depthwise_forward's operations in its order (taps outside
 // the input skipped, not added as zeros), then the same bias and activation: the same bits. Threads
@@ -399,14 +399,13 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
 // and the rows bottom to top and each row's values right to left, so that each sum takes its taps in
 // the original filter's row-major order, as conv_depthwise_input_grad does: the same operations in the
 // same order (grad times tap, taps outside the gradient skipped), the same bits. No bias, no activation.
-template <typename T, typename I, int KH, int KW, int S, bool FLIP>
+template <typename T, typename I, int KH, int KW, int S, bool FLIP, int R, int Q>
 __global__ void conv_depthwise_forward_rows(const T* __restrict__ input, const T* __restrict__ filter,
                                             const T* __restrict__ bias, T* __restrict__ output, int has_bias,
                                             int activation, I images, I /* multiplier: 1 */, ConvGeometry g) {
     static_assert(!FLIP || S == 1, "the turned filter is the input gradient of a stride-1 convolution only");
     CONV_GEOMETRY_LOCALS(g);
     using C = compute_t<T>;
-    constexpr int R = CONV_DEPTHWISE_ROWS, Q = CONV_DEPTHWISE_COLUMNS;
     constexpr int ROWS_READ = (R - 1) * S + KH;  // the input rows a thread's R x Q outputs reach
     constexpr int READ = (Q - 1) * S + KW;       // and the values of each such row
     const I groups = (out_h + R - 1) / R, column_groups = (out_w + Q - 1) / Q;

@@ -29,9 +29,8 @@ from .. import activation
 from ..runtime import core, cublas, cudnn, gpu, gpu_paths
 from .plan import (
     DEPTHWISE_BLOCK,
-    DEPTHWISE_COLUMNS,
-    DEPTHWISE_ROWS,
     DEPTHWISE_ROWS_SHAPES,
+    DEPTHWISE_SHARES,
     IMPLICIT_GEMM_BELOW_FLOPS,
     Fold,
     Gemm,
@@ -62,16 +61,30 @@ CONV_GEOMETRY_FIELDS = 13
 _ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
 
 
-def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned: bool) -> str:
+def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned: bool,
+                 share: tuple[int, int]) -> str:
     """The name of conv_depthwise_forward_rows for a (kernel_h, kernel_w, stride) of DEPTHWISE_ROWS_SHAPES;
-    `turned`: the stride-1 input gradient (the forward of the filter turned by 180 degrees)."""
+    `turned`: the stride-1 input gradient (the forward of the filter turned by 180 degrees); `share`: a
+    thread's (rows, columns) of outputs."""
     kh, kw, stride = shape
-    return f"conv_depthwise_forward_rows<{cuda_type}, {index}, {kh}, {kw}, {stride}, {'true' if turned else 'false'}>"
+    return (f"conv_depthwise_forward_rows<{cuda_type}, {index}, {kh}, {kw}, {stride}, "
+            f"{'true' if turned else 'false'}, {share[0]}, {share[1]}>")
+
+
+def _rows_kernels(shares: dict[str, tuple[int, int]]) -> list[str]:
+    """Every instantiation of conv_depthwise_forward_rows, each CUDA type's at its share of a thread."""
+    return [_rows_kernel(t, i, shape, turned, share) for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True)
+            if shape[2] == 1 or not turned for t, share in shares.items() for i in gpu.INDEX_TYPES]
+
+
+def _share(dtype: Any) -> tuple[int, int]:
+    """(rows, columns) of outputs a thread of the rows kernel computes for this dtype (plan.DEPTHWISE_SHARES)."""
+    return DEPTHWISE_SHARES[np.dtype(dtype).itemsize]
 
 
 _DEFINES = {"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
-            "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS, "CONV_DEPTHWISE_ROWS": DEPTHWISE_ROWS,
-            "CONV_DEPTHWISE_COLUMNS": DEPTHWISE_COLUMNS}
+            "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS}
+_ROWS_DTYPES = (np.float16, core.BFLOAT16, np.float32, np.float64)  # _ALL_TYPES' dtypes
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
@@ -82,20 +95,18 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
                                          "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_filter_grad_taps<{t}, {i}, {kh}, {kw}, {stride}>"
-    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
-    _rows_kernel(t, i, shape, turned) for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True)
-    if shape[2] == 1 or not turned for t in _ALL_TYPES for i in gpu.INDEX_TYPES],
+    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + _rows_kernels(
+    {gpu.cuda_type(d): _share(d) for d in _ROWS_DTYPES}),
     defines=_DEFINES)
 
 
 def rows_variant(rows: int, columns: int) -> gpu.CudaModule:
-    """conv_2d.cu's rows kernels alone (conv_depthwise_forward_rows, every instantiation of _CUDA), compiled with
-    CONV_DEPTHWISE_ROWS and CONV_DEPTHWISE_COLUMNS set to another share of a thread than the library's, for the
-    test that every share writes the same bits and for tools/depthwise_times.py; not in gpu.MODULES (the
-    library's own modules). Set it as this module's _CUDA, DEPTHWISE_ROWS and DEPTHWISE_COLUMNS to use it."""
-    names = [name for name in _CUDA.name_expressions if name.startswith("conv_depthwise_forward_rows")]
-    module = gpu.CudaModule("conv_2d.cu", names, defines={**_DEFINES, "CONV_DEPTHWISE_ROWS": rows,
-                                                          "CONV_DEPTHWISE_COLUMNS": columns})
+    """conv_2d.cu's rows kernels alone (conv_depthwise_forward_rows), every dtype's at one share of a thread,
+    (rows, columns), for the test that every share writes the same bits and for tools/depthwise_times.py; not
+    in gpu.MODULES (the library's own modules). Set it as this module's _CUDA, and DEPTHWISE_SHARES to map
+    every element size to (rows, columns), to use it."""
+    module = gpu.CudaModule("conv_2d.cu", _rows_kernels({gpu.cuda_type(d): (rows, columns) for d in _ROWS_DTYPES}),
+                            defines=_DEFINES)
     gpu.MODULES.remove(module)
     return module
 
@@ -115,8 +126,8 @@ gpu_paths.declare("conv_2d", {
     "filter_grad.per_image": "filter_grad one image a GEMM (chunk 1), beta 0 then 1: the sum in image order",
     "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
     "depthwise.forward_rows": "depthwise, one filter a channel, 3x3 (stride 1 or 2) or 7x7 (stride 1), dilation 1: "
-                              "conv_depthwise_forward_rows, a thread computing DEPTHWISE_ROWS rows of "
-                              "DEPTHWISE_COLUMNS consecutive outputs",
+                              "conv_depthwise_forward_rows, a thread computing R rows of Q consecutive "
+                              "outputs (plan.DEPTHWISE_SHARES by element size)",
     "depthwise.forward": "groups == channels > 1: conv_depthwise_forward_tiled (a tile of an output plane a "
                          "block, its input region staged in shared memory), the bias added in the kernel",
     "depthwise.forward_untiled": "depthwise, no tile's input region fits shared memory (a large dilation): "
@@ -389,9 +400,10 @@ def _depthwise_launch(stream: Any, state: Conv2DState, which: Literal["forward",
         flags = (np.int32(has_bias), activation.code(fused))
         out_h, out_w = state.shapes["output_shape"].dims[2:]
         if state.rows is not None:
-            threads = n * o * -(-out_h // DEPTHWISE_ROWS) * -(-out_w // DEPTHWISE_COLUMNS)
-            return gpu.packed(function(_rows_kernel(t, index, state.rows, False)), gpu.grid_for(threads), gpu.BLOCK,
-                              4, flags + sizes)
+            rows, columns = _share(dtype)
+            threads = n * o * -(-out_h // rows) * -(-out_w // columns)
+            return gpu.packed(function(_rows_kernel(t, index, state.rows, False, (rows, columns))),
+                              gpu.grid_for(threads), gpu.BLOCK, 4, flags + sizes)
         if state.tile is None:
             return gpu.packed(function(f"conv_depthwise_forward<{t}, {index}>"), gpu.grid_for(output_numel),
                               gpu.BLOCK, 4, flags + sizes)
@@ -402,8 +414,10 @@ def _depthwise_launch(stream: Any, state: Conv2DState, which: Literal["forward",
     if which == "input" and _turned(state):
         if state.turned_geometry is None:
             state.turned_geometry = _make_geometry(state, turned=True)
-        threads = n * c * -(-h // DEPTHWISE_ROWS) * -(-w // DEPTHWISE_COLUMNS)
-        return gpu.packed(function(_rows_kernel(t, index, state.rows, True)), gpu.grid_for(threads), gpu.BLOCK, 4,
+        rows, columns = _share(dtype)
+        threads = n * c * -(-h // rows) * -(-w // columns)
+        return gpu.packed(function(_rows_kernel(t, index, state.rows, True, (rows, columns))),
+                          gpu.grid_for(threads), gpu.BLOCK, 4,
                           (np.int32(0), activation.code(None), index_scalar(n), index_scalar(1),
                            state.turned_geometry))
     if which == "input":

@@ -130,11 +130,16 @@ DEPTHWISE_TILE_WIDTH = 128
 # The depthwise forwards with a kernel of their own (conv_depthwise_forward_rows), as (kernel_h, kernel_w,
 # stride), with one filter a channel, dilation 1 and the same stride both ways: YOLOv10's 3x3 (C2fCIB,
 # PSA's positional conv, the head), SCDown's stride-2 3x3 and the n and s variants' 7x7 (RepVGGDW, folded
-# or not). A thread computes DEPTHWISE_ROWS rows of DEPTHWISE_COLUMNS consecutive outputs; every share gives the same
-# bits (a GPU test compiles several), these are not tuned yet (docs/performance.md#depthwise-rows).
+# or not).
 DEPTHWISE_ROWS_SHAPES = ((3, 3, 1), (3, 3, 2), (7, 7, 1))
-DEPTHWISE_ROWS = 4
-DEPTHWISE_COLUMNS = 1
+
+# A thread of the rows kernel computes R rows of Q consecutive outputs: (R, Q) by element size. Every
+# share gives the same bits (a GPU test compiles several); each is the fastest of tools/depthwise_times.py's
+# on YOLOv10's batch-16 shapes (docs/performance.md#depthwise-rows): two columns for the two-byte types,
+# whose kernel is bound by its instructions, not its bytes (4x2 took 13% off float16's forward and 30% off
+# its input gradient at 16x640x40x40 on an H100); one for float32, where two were slower at 1280 channels,
+# and for float64.
+DEPTHWISE_SHARES = {2: (4, 2), 4: (4, 1), 8: (4, 1)}
 
 
 def depthwise_rows(state: Conv2DState) -> tuple[int, int, int] | None:
