@@ -212,10 +212,11 @@ def test_gradient_reduction_host_side(case, misalign, emulate, store):
     count = sum(1 for name in golden.inputs if name.startswith("inputs."))
     inputs = [device.array(golden.inputs[f"inputs.{i}"]) for i in range(count)]
     output = device.array(dims=inputs[0].shape, dtype=case.dtype)
-    gradient_reduction.gpu.gpu_sum(None, inputs, output)
+    gradient_reduction.gpu.gpu_sum(None, inputs, output, {})
     grads = [None if i in case.extra["none_grads"] else device.array(dims=output.shape, dtype=case.dtype)
              for i in range(count)]
-    gradient_reduction.gpu.gpu_fanout(None, device.array(golden.inputs["output_grad"]), [g for g in grads if g is not None])
+    gradient_reduction.gpu.gpu_fanout(None, device.array(golden.inputs["output_grad"]),
+                                      [g for g in grads if g is not None], {})
     _check(device, golden, {"output": output, **{f"input_grads.{i}": g for i, g in enumerate(grads) if g is not None}})
 
 

@@ -52,11 +52,10 @@ gpu_paths.declare(OP, {
 })
 
 
-def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict | None = None) -> None:
+def gpu_sum(stream, inputs: list[Any], output: Any, plans: dict) -> None:
     """output = inputs[0] + inputs[1] + ..., left to right, one launch per 12 inputs (checked arrays of one shape).
 
     `plans` (a state's) keeps the launches, by term count and the addresses' alignment, across calls."""
-    plans = {} if plans is None else plans
     bits = output.data.ptr
     for x in inputs:
         bits |= x.data.ptr
@@ -131,13 +130,12 @@ def _sum_plan(output: Any, terms: int, aligned: bool) -> tuple | None:
 _INT32 = tuple(np.int32(k) for k in range(MAX_POINTERS + 1))
 
 
-def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict | None = None) -> None:
+def gpu_fanout(stream, source: Any, targets: list[Any], plans: dict) -> None:
     """Each target = source: one read, up to 12 writes a launch, in the widest unit sizes and addresses allow.
 
     `plans` (a state's) keeps the launches, by target count and address alignment, across calls."""
     if not targets:
         return
-    plans = {} if plans is None else plans
     bits = source.data.ptr
     for t in targets:
         bits |= t.data.ptr
