@@ -96,6 +96,14 @@ def _vector_ok(*arrays: Any) -> int:
     return int(bits & (VECTOR_BYTES - 1) == 0)
 
 
+def _by_flag(flag_paths: tuple[str, str], launches: tuple[Any, Any], *arrays: Any) -> Any:
+    """Of a pair of launches by the alignment flag, the one for `arrays`, its flag path reached (a pair whose
+    two launches are one: flag 0, the scalar path, without looking at the addresses)."""
+    flag = 0 if launches[1] is launches[0] else _vector_ok(*arrays)
+    gpu_paths.reach(flag_paths[flag])
+    return launches[flag]
+
+
 def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBinaryAttrs, lhs: Any, rhs: Any,
             output: Any) -> None:
     """output = lhs (op) rhs, one kernel enqueued on the stream."""
@@ -109,9 +117,7 @@ def forward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBina
         gpu_paths.reach("element_binary.forward.broadcast")
         launches(stream, lhs, rhs, output)
         return
-    flag = _vector_ok(lhs, rhs, output)
-    gpu_paths.reach(flag_paths[0 if launches[1] is launches[0] else flag])
-    launches[flag](stream, lhs, rhs, output)
+    _by_flag(flag_paths, launches, lhs, rhs, output)(stream, lhs, rhs, output)
 
 
 def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype: np.dtype) -> ForwardLaunch | None:
@@ -169,9 +175,7 @@ def backward(stream: gpu.GpuStream, state: ElementBinaryState, attrs: ElementBin
     for launch, slots, flag_paths, paths in steps:
         launched = [arrays[i] for i in slots]
         if flag_paths is not None:
-            flag = _vector_ok(*launched)
-            gpu_paths.reach(flag_paths[0 if launch[1] is launch[0] else flag])
-            launch = launch[flag]
+            launch = _by_flag(flag_paths, launch, *launched)
         for path in paths:
             gpu_paths.reach(path)
         launch(stream, *launched)
