@@ -446,7 +446,7 @@ def test_gpu_depthwise_rows_write_the_same_bits_for_any_share_of_a_thread(dtype,
                 for variant in [None] + _ROWS_VARIANTS:
                     if variant is not None:
                         monkeypatch.setattr(conv_gpu, "_CUDA", rows_variants[variant])
-                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_SHARES", dict.fromkeys((2, 4, 8), variant))
+                        monkeypatch.setattr(conv_gpu, "DEPTHWISE_SHARES", conv_gpu.variant_shares(*variant))
                     state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype),
                                                 TensorShape(out_dims, dtype))
                     output = dev.array(np.full(out_dims, np.nan, dtype))

@@ -317,6 +317,8 @@ CONV_CASES = {
     "depthwise_rows_3x3_silu": (Conv2DAttrs(8, 3, 3, padding_h=1, padding_w=1, groups=8, use_bias=True,
                                             activation="SILU"), (2, 8, 12, 12),
                                 (np.float32, np.float64, np.float16)),
+    "depthwise_rows_7x7": (Conv2DAttrs(6, 7, 7, padding_h=3, padding_w=3, groups=6, use_bias=True), (2, 6, 9, 10),
+                           (np.float32, np.float16)),
     "depthwise_rows_3x3_s2_taps": (Conv2DAttrs(66, 3, 3, 2, 2, 1, 1, groups=66, use_bias=True), (1, 66, 9, 9),
                                    (np.float32,)),
     "depthwise_tiled_5x5_relu_inference": (Conv2DAttrs(8, 5, 5, padding_h=2, padding_w=2, groups=8, use_bias=True,

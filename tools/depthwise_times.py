@@ -69,10 +69,11 @@ def main() -> None:
     first = True
     for name in arguments.dtype or ["float16", "float32"]:
         dtype = DTYPES[name]
-        library = conv_gpu.DEPTHWISE_SHARES[np.dtype(dtype).itemsize]
-        modules = {library: conv_gpu._CUDA} | {share: module for share, module in variants.items() if share != library}
         for dims, k, s in SHAPES:
             c = dims[1]
+            library = conv_gpu.DEPTHWISE_SHARES[(np.dtype(dtype).itemsize, k)]
+            modules = {library: conv_gpu._CUDA} | {share: module for share, module in variants.items()
+                                                   if share != library}
             forward_attrs = Conv2DAttrs(c, k, k, s, s, k // 2, k // 2, groups=c, use_bias=True,
                                         activation=Activation.SILU, backward=False)
             backward_attrs = Conv2DAttrs(c, k, k, s, s, k // 2, k // 2, groups=c)
@@ -85,7 +86,7 @@ def main() -> None:
             cells, mine = [], None
             for share, module in modules.items():
                 saved = conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES
-                conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES = module, dict.fromkeys((2, 4, 8), share)
+                conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES = module, conv_gpu.variant_shares(*share)
                 try:
                     fs = conv_2d.init_kernel(handle, forward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
                     bs = conv_2d.init_kernel(handle, backward_attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))

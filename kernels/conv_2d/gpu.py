@@ -21,6 +21,7 @@ gpu_backward_kernel, which run inside their stream). Everything is enqueued on t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -59,6 +60,7 @@ CONV_GEOMETRY_FIELDS = 13
 # The bias gradient and the depthwise kernels in every float type (the half ones too); the column
 # kernels only in float and double (half convolutions other than depthwise run in cuDNN).
 _ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
+_ROWS_DTYPES = (np.float16, core.BFLOAT16, np.float32, np.float64)  # _ALL_TYPES' dtypes
 
 
 def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned: bool,
@@ -71,20 +73,21 @@ def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned
             f"{'true' if turned else 'false'}, {share[0]}, {share[1]}>")
 
 
-def _rows_kernels(shares: dict[str, tuple[int, int]]) -> list[str]:
-    """Every instantiation of conv_depthwise_forward_rows, each CUDA type's at its share of a thread."""
-    return [_rows_kernel(t, i, shape, turned, share) for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True)
-            if shape[2] == 1 or not turned for t, share in shares.items() for i in gpu.INDEX_TYPES]
+def _rows_kernels(share: Callable[[Any, tuple[int, int, int]], tuple[int, int]]) -> list[str]:
+    """Every instantiation of conv_depthwise_forward_rows, each at the share of a thread share(dtype, shape)."""
+    return [_rows_kernel(gpu.cuda_type(dtype), i, shape, turned, share(dtype, shape))
+            for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True) if shape[2] == 1 or not turned
+            for dtype in _ROWS_DTYPES for i in gpu.INDEX_TYPES]
 
 
-def _share(dtype: Any) -> tuple[int, int]:
-    """(rows, columns) of outputs a thread of the rows kernel computes for this dtype (plan.DEPTHWISE_SHARES)."""
-    return DEPTHWISE_SHARES[np.dtype(dtype).itemsize]
+def _share(dtype: Any, shape: tuple[int, int, int]) -> tuple[int, int]:
+    """(rows, columns) of outputs a thread of the rows kernel computes for this dtype and (kernel_h, kernel_w,
+    stride) of DEPTHWISE_ROWS_SHAPES (plan.DEPTHWISE_SHARES)."""
+    return DEPTHWISE_SHARES[(np.dtype(dtype).itemsize, shape[0])]
 
 
 _DEFINES = {"CONV_BIAS_GRAD_BLOCK": CONV_BIAS_GRAD_BLOCK, "CONV_DEPTHWISE_FILTER_BLOCK": CONV_DEPTHWISE_FILTER_BLOCK,
             "CONV_GEOMETRY_FIELDS": CONV_GEOMETRY_FIELDS}
-_ROWS_DTYPES = (np.float16, core.BFLOAT16, np.float32, np.float64)  # _ALL_TYPES' dtypes
 _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_im2col", "conv_col2im") for t in gpu.FLOAT_TYPES
     for i in gpu.INDEX_TYPES] + [
@@ -95,20 +98,23 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
                                          "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
     f"conv_depthwise_filter_grad_taps<{t}, {i}, {kh}, {kw}, {stride}>"
-    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + _rows_kernels(
-    {gpu.cuda_type(d): _share(d) for d in _ROWS_DTYPES}),
+    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + _rows_kernels(_share),
     defines=_DEFINES)
 
 
 def rows_variant(rows: int, columns: int) -> gpu.CudaModule:
-    """conv_2d.cu's rows kernels alone (conv_depthwise_forward_rows), every dtype's at one share of a thread,
-    (rows, columns), for the test that every share writes the same bits and for tools/depthwise_times.py; not
-    in gpu.MODULES (the library's own modules). Set it as this module's _CUDA, and DEPTHWISE_SHARES to map
-    every element size to (rows, columns), to use it."""
-    module = gpu.CudaModule("conv_2d.cu", _rows_kernels({gpu.cuda_type(d): (rows, columns) for d in _ROWS_DTYPES}),
-                            defines=_DEFINES)
+    """conv_2d.cu's rows kernels alone (conv_depthwise_forward_rows), every instantiation at one share of a
+    thread, (rows, columns), for the test that every share writes the same bits and for
+    tools/depthwise_times.py; not in gpu.MODULES (the library's own modules). To use it, set it as this
+    module's _CUDA, and DEPTHWISE_SHARES to map each of its keys to (rows, columns): variant_shares."""
+    module = gpu.CudaModule("conv_2d.cu", _rows_kernels(lambda dtype, shape: (rows, columns)), defines=_DEFINES)
     gpu.MODULES.remove(module)
     return module
+
+
+def variant_shares(rows: int, columns: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """DEPTHWISE_SHARES with every dtype and kernel at one share: that of rows_variant(rows, columns)."""
+    return dict.fromkeys(DEPTHWISE_SHARES, (rows, columns))
 
 
 gpu_paths.declare("conv_2d", {
@@ -400,7 +406,7 @@ def _depthwise_launch(stream: Any, state: Conv2DState, which: Literal["forward",
         flags = (np.int32(has_bias), activation.code(fused))
         out_h, out_w = state.shapes["output_shape"].dims[2:]
         if state.rows is not None:
-            rows, columns = _share(dtype)
+            rows, columns = _share(dtype, state.rows)
             threads = n * o * -(-out_h // rows) * -(-out_w // columns)
             return gpu.packed(function(_rows_kernel(t, index, state.rows, False, (rows, columns))),
                               gpu.grid_for(threads), gpu.BLOCK, 4, flags + sizes)
@@ -414,7 +420,7 @@ def _depthwise_launch(stream: Any, state: Conv2DState, which: Literal["forward",
     if which == "input" and _turned(state):
         if state.turned_geometry is None:
             state.turned_geometry = _make_geometry(state, turned=True)
-        rows, columns = _share(dtype)
+        rows, columns = _share(dtype, state.rows)
         threads = n * c * -(-h // rows) * -(-w // columns)
         return gpu.packed(function(_rows_kernel(t, index, state.rows, True, (rows, columns))),
                           gpu.grid_for(threads), gpu.BLOCK, 4,
