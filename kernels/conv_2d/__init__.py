@@ -30,8 +30,9 @@ math (no TF32, no FFT, no Winograd, no atomics), chosen at init from the shapes:
 - depthwise (groups == C > 1, any filters per channel): conv_2d.cu's own kernels:
   the forward (for YOLOv10's 3x3 and 7x7 kernels with one filter a channel, a thread
   computes 4 rows of 1 or 2 outputs (plan.DEPTHWISE_SHARES) from the input rows they
-  reach; else a tile of an output plane a block, from its input region staged in shared memory; one thread an
-  output where no tile fits; the same bits on each; the bias added after the
+  reach; else a tile of an output plane a block, from its input region staged in
+  shared memory; one thread an output where no tile fits; the same bits on each;
+  the bias added after the
   taps), a per-element gather for the input gradient (where the forward has rows: at
   stride 1 the rows forward of the output gradient with the filter turned, taking
   each sum's taps in the gather's order; at stride 2 the gather compiled for the
