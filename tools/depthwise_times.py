@@ -10,7 +10,10 @@ device's time, not the host's pace):
 - forward: conv_depthwise_forward_rows with bias and SiLU in the kernel (a state without backward);
 - input gradient: at stride 1 the turned forward (path conv_2d.depthwise.input_grad_rows), at stride 2 the
   compiled gather; "general" is conv_depthwise_input_grad's general form (the state's rows taken away);
-- PyTorch: F.silu(F.conv2d(x, w, b, groups=C)), and aten.convolution_backward for the input gradient alone.
+- PyTorch: F.silu(F.conv2d(x, w, b, groups=C)), and aten.convolution_backward for the input gradient alone;
+- the filter gradient alone (no share changes it): the state's kernel (conv_depthwise_filter_grad_taps, a block
+  a channel, where the state has filter_taps), a block a tap (conv_depthwise_filter_grad), their bits compared,
+  and PyTorch's (aten.convolution_backward for the filter gradient alone).
 The library's own share for the dtype (plan.DEPTHWISE_SHARES) comes first; each other share's outputs are
 compared with it bit for bit ("same" or "DIFFERENT"; tests/test_conv_2d.py asserts it). The variants are
 compiled with NVRTC first (seconds each): kernels/conv_2d/gpu.py's rows_variant.
@@ -82,8 +85,8 @@ def main() -> None:
             with stream:
                 x, w, b, g = (cupy.asarray(rng.standard_normal(d).astype(np.float32).astype(dtype))
                               for d in (dims, (c, 1, k, k), (c,), out_dims))
-                y, dx = cupy.empty(out_dims, dtype), cupy.empty(dims, dtype)
-            cells, mine = [], None
+                y, dx, dw = cupy.empty(out_dims, dtype), cupy.empty(dims, dtype), cupy.empty((c, 1, k, k), dtype)
+            cells, mine, dws = [], None, []
             for share, module in modules.items():
                 saved = conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES
                 conv_gpu._CUDA, conv_gpu.DEPTHWISE_SHARES = module, conv_gpu.variant_shares(*share)
@@ -101,6 +104,16 @@ def main() -> None:
                     got = (cupy.asnumpy(y), cupy.asnumpy(dx)) if grad is not None else (cupy.asnumpy(y),)
                     if mine is None:
                         mine = got
+                        # The filter gradient alone (no share changes it): the state's kernel (a block a channel
+                        # for all taps where the state has filter_taps), then a block a tap.
+                        filters = []
+                        for taps in (bs.filter_taps, False):
+                            bs.filter_taps = taps
+                            bs.launches.pop(("depthwise_filter",), None)
+                            filters.append(timed(lambda: conv_2d.backward_kernel(
+                                stream, handle, bs, backward_attrs, y, g, x, None, w, dw, None)))
+                            stream.synchronize()
+                            dws.append(cupy.asnumpy(dw))
                         bs.rows = None  # the general gather: its own launch, not the rows' kept one
                         bs.launches.pop(("depthwise_input",), None)
                         general = timed(lambda: conv_2d.backward_kernel(stream, handle, bs, backward_attrs, y, g, x, dx,
@@ -117,12 +130,17 @@ def main() -> None:
                 torch.nn.functional.conv2d(tx, tw, tb, s, k // 2, 1, c)))
             torch_grad = torch_device(lambda: torch.ops.aten.convolution_backward(
                 tg, tx, tw, None, [s, s], [k // 2] * 2, [1, 1], False, [0, 0], c, [True, False, False]))
+            torch_filter = torch_device(lambda: torch.ops.aten.convolution_backward(
+                tg, tx, tw, None, [s, s], [k // 2] * 2, [1, 1], False, [0, 0], c, [False, True, False]))
+            same_filter = np.array_equal(dws[0].view(np.uint8), dws[1].view(np.uint8))
             if first:
                 print(f"variants compiled and first states made in {time.perf_counter() - begun:.1f} s; "
                       "us a call, forward / input gradient, the dtype's library share first")
                 first = False
             print(f"{name:8} {str(dims):20} {k}x{k} s{s}: " + " | ".join(cells)
-                  + f" | general gather {general:7.1f} | PyTorch {torch_forward:7.1f} / {torch_grad:7.1f}", flush=True)
+                  + f" | general gather {general:7.1f} | PyTorch {torch_forward:7.1f} / {torch_grad:7.1f}"
+                  + f" || filter gradient: the library's {filters[0]:7.1f}, a block a tap {filters[1]:7.1f} "
+                  + f"{'same' if same_filter else 'DIFFERENT'}, PyTorch {torch_filter:7.1f}", flush=True)
 
 
 if __name__ == "__main__":
