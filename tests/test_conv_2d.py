@@ -412,7 +412,8 @@ def rows_variants():
     require("gpu")
     from kernels.conv_2d import gpu as conv_gpu
 
-    assert set(conv_gpu.DEPTHWISE_SHARES.values()) <= set(_ROWS_VARIANTS)  # each library share has another
+    # every library share is among the variants: each dtype's own is compared with every other share
+    assert set(conv_gpu.DEPTHWISE_SHARES.values()) <= set(_ROWS_VARIANTS)
     return {variant: conv_gpu.rows_variant(*variant) for variant in _ROWS_VARIANTS}
 
 

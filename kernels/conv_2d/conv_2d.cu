@@ -385,8 +385,8 @@ __global__ void conv_depthwise_forward_tiled(const T* __restrict__ input, const 
 
 // The same forward for the kernels YOLOv10 has (conv_2d/plan.py's DEPTHWISE_ROWS_SHAPES: one filter a
 // channel, dilation 1, a KH x KW kernel, stride S both ways; KH, KW and S compile-time): a thread computes
-// R rows of Q consecutive outputs (conv_2d/plan.py's DEPTHWISE_SHARES by element size), with the plane's
-// taps in registers. It reads the input rows those outputs reach once each, top to bottom, the values of the
+// R rows of Q consecutive outputs (conv_2d/plan.py's DEPTHWISE_SHARES by element and kernel size), with
+// the plane's taps in registers. It reads the input rows those outputs reach once each, top to bottom, the values of the
 // row they reach into registers, and adds each value to every output whose taps cover it: an output's taps arrive in its
 // row-major order, so each sum has conv_depthwise_forward's operations in its order (taps outside
 // the input skipped, not added as zeros), then the same bias and activation: the same bits. Threads

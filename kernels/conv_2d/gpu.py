@@ -133,7 +133,7 @@ gpu_paths.declare("conv_2d", {
     "filter_grad.chunked": "filter_grad per image into the workspace (chunk > 1), then conv_sum_images in image order",
     "depthwise.forward_rows": "depthwise, one filter a channel, 3x3 (stride 1 or 2) or 7x7 (stride 1), dilation 1: "
                               "conv_depthwise_forward_rows, a thread computing R rows of Q consecutive "
-                              "outputs (plan.DEPTHWISE_SHARES by element size)",
+                              "outputs (plan.DEPTHWISE_SHARES by element and kernel size)",
     "depthwise.forward": "groups == channels > 1: conv_depthwise_forward_tiled (a tile of an output plane a "
                          "block, its input region staged in shared memory), the bias added in the kernel",
     "depthwise.forward_untiled": "depthwise, no tile's input region fits shared memory (a large dilation): "
