@@ -134,11 +134,12 @@ DEPTHWISE_TILE_WIDTH = 128
 DEPTHWISE_ROWS_SHAPES = ((3, 3, 1), (3, 3, 2), (7, 7, 1))
 
 # A thread of the rows kernel computes R rows of Q consecutive outputs: (R, Q) by (element size, kernel
-# size). Every share gives the same bits (a GPU test compiles several); each is the fastest of
-# tools/depthwise_times.py's on YOLOv10's batch-16 shapes on an H100 (docs/performance.md#depthwise-rows):
+# size). Every share gives the same bits (a GPU test compiles several); each is chosen from
+# tools/depthwise_times.py's times on YOLOv10's batch-16 shapes on an H100 (docs/performance.md#depthwise-rows):
 # two columns for the two-byte types, whose kernel is bound by its instructions, not its bytes (4x2 took 13%
-# off float16's 3x3 forward and 30% off its input gradient at 16x640x40x40), and for float32's 7x7 (26% off
-# both); one for float32's 3x3, where two were 11% slower in the forward at 1280 channels, and for float64.
+# off float16's 3x3 forward and 30% off its input gradient at 16x640x40x40), and for float32's 7x7 (23-26%
+# off); one for float32's 3x3, where two were 6% faster at 640 channels but 11% slower in the forward at 1280,
+# and for float64.
 DEPTHWISE_SHARES = {(2, 3): (4, 2), (2, 7): (4, 2), (4, 3): (4, 1), (4, 7): (4, 2), (8, 3): (4, 1), (8, 7): (4, 1)}
 
 
