@@ -285,6 +285,93 @@ def test_transpose_launches_its_plan(device, name):
     assert calls == expected
 
 
+def _carry_out_rows(kernel, grid, args, memory, itemsize):
+    """binary_rows or binary_grad_along_rows of element_binary.cu, carried out in NumPy from a recorded launch
+    (arrays encoded by address, `memory` their float32 host values by address; each result rounded to the
+    dtype, as narrow<T> does): the launch's arguments in the kernel's order, its rows' offsets through the
+    outer dims (sizes innermost first, each dim's divider that of plan.divider), and the vector flag set
+    exactly where the row length is a multiple of a 16-byte vector and every address is aligned to one."""
+    along = kernel.startswith("binary_grad_along_rows")
+    count = 4 if along else 3
+    pointers = [a[1] for a in args[:count]]
+    rows, inner, op = (a[1] for a in args[count:count + 3])
+    rest = args[count + 3:]
+    side, need_lhs, need_rhs = (a[1] for a in rest[:3]) if along else (None, 1, 1)
+    rest = rest[3:] if along else rest
+    lhs_inner, rhs_inner, rank = (a[1] for a in rest[:3])
+    sizes, divs, out_strides, lhs_strides, rhs_strides = (a[1][:rank] for a in rest[3:8])
+    (_, vectorized), = rest[8:]
+    assert len(rest) == 9
+    assert divs == tuple(element_binary.plan.divider(size) for size in sizes)
+    per = 16 // itemsize
+    assert vectorized == int(inner % per == 0 and all(ptr % 16 == 0 for ptr in pointers))
+    assert grid[1] == min(rows, gpu.MAX_GRID_YZ) and grid[0] >= 1
+    lhs, rhs = memory[pointers[0]], memory[pointers[1]]
+    within = np.arange(inner)
+    for row in range(rows):
+        offsets, rest_of_row = [0, 0, 0], row
+        for size, strides in zip(sizes, zip(out_strides, lhs_strides, rhs_strides)):  # innermost first
+            rest_of_row, coordinate = divmod(rest_of_row, size)
+            offsets = [o + coordinate * s for o, s in zip(offsets, strides)]
+        out0, lhs0, rhs0 = offsets
+        l = lhs[lhs0 + within * lhs_inner] if need_lhs else 0
+        r = rhs[rhs0 + within * rhs_inner] if need_rhs else 0
+        if along:
+            g = memory[pointers[2]][out0 + within]
+            value = g if op in (BinaryOpType.ADD.value, BinaryOpType.SUB.value) and side == 0 else \
+                -g if op == BinaryOpType.SUB.value else g * (r if side == 0 else l)
+            assert op in (BinaryOpType.ADD.value, BinaryOpType.SUB.value, BinaryOpType.MUL.value)
+        else:
+            value = {BinaryOpType.ADD.value: np.add, BinaryOpType.SUB.value: np.subtract,
+                     BinaryOpType.MUL.value: np.multiply}[op](l, r)
+        memory[pointers[-1]][out0 + within] = value
+
+
+@pytest.mark.parametrize("op_type, lhs_dims, rhs_dims, dtype, misalign", [
+    (BinaryOpType.MUL, (2, 4, 8, 130), (2, 4, 1, 1), np.float32, 0),  # vectors: rows of 1040
+    (BinaryOpType.MUL, (2, 4, 8, 130), (2, 4, 1, 1), np.float32, 4),  # a misaligned lhs: elements
+    (BinaryOpType.MUL, (3, 2, 1024), (1, 2, 1024), np.float16, 0),  # both sides along the rows, halves
+    (BinaryOpType.ADD, (2, 3, 1037), (1, 3, 1037), np.float32, 0),  # no vector divides the rows: elements
+    (BinaryOpType.SUB, (3, 1), (3, 1100), np.float32, 0),  # the lhs one value a row; rhs_grad along rows
+])
+def test_element_binary_rows_launches_carry_out_the_broadcast(device, op_type, lhs_dims, rhs_dims, dtype, misalign):
+    """The launches of binary_rows and binary_grad_along_rows, carried out from their recorded arguments
+    (_carry_out_rows), give NumPy's broadcast and its gradient of the side broadcast along nothing: the
+    arguments in the kernels' order, the outer dims' offsets and the vector flag. Without a device."""
+    out_dims = element_binary.broadcast_dims(lhs_dims, rhs_dims)
+    shapes = (TensorShape(lhs_dims, dtype), TensorShape(rhs_dims, dtype), TensorShape(out_dims, dtype))
+    rng = np.random.default_rng(3)
+    arrays, memory = {}, {}
+    for name, dims, shift in (("lhs", lhs_dims, misalign), ("rhs", rhs_dims, 0), ("output", out_dims, 0),
+                              ("grad", out_dims, 0), ("lhs_grad", lhs_dims, misalign), ("rhs_grad", rhs_dims, 0)):
+        arrays[name] = device.array(dims, dtype, shift)
+        values = rng.standard_normal(dims).astype(dtype) if name in ("lhs", "rhs", "grad") else np.full(dims, np.nan)
+        memory[arrays[name].data.ptr] = values.astype(np.float32).reshape(-1)
+    host = {name: memory[a.data.ptr].reshape(a.shape) for name, a in arrays.items()}
+    attrs = ElementBinaryAttrs(op_type)
+    state = element_binary.init_kernel(FakeStream(), attrs, *shapes)
+    along = 0 if lhs_dims == out_dims else 1  # the side broadcast along nothing
+    gradients = [None, None]
+    gradients[along] = arrays[("lhs_grad", "rhs_grad")[along]]
+    calls = _call(device, element_binary, attrs, state, (arrays["lhs"], arrays["rhs"], arrays["output"]),
+                  (arrays["output"], arrays["grad"], arrays["lhs"], gradients[0], arrays["rhs"], gradients[1]))
+    kernels = [call[1].split("<")[0] for call in calls]
+    assert kernels == ["binary_rows", "binary_grad_along_rows"], kernels
+    for _, kernel, grid, _, _, args in calls:
+        _carry_out_rows(kernel, grid, args, memory, np.dtype(dtype).itemsize)
+    narrow = lambda a: a.astype(dtype).astype(np.float32)  # noqa: E731  (narrow<T> of a float32 result)
+    lhs, rhs, grad = host["lhs"], host["rhs"], host["grad"]
+    expected = {BinaryOpType.ADD: np.add, BinaryOpType.SUB: np.subtract, BinaryOpType.MUL: np.multiply}[op_type](
+        lhs, rhs)
+    got = narrow(host["output"])
+    assert np.array_equal(got, narrow(expected))
+    if op_type is BinaryOpType.MUL:
+        expected_grad = grad * (rhs if along == 0 else lhs)
+    else:
+        expected_grad = grad if along == 0 or op_type is BinaryOpType.ADD else -grad
+    assert np.array_equal(narrow(host[("lhs_grad", "rhs_grad")[along]]), narrow(np.broadcast_to(expected_grad, out_dims)))
+
+
 # --------------------------------------------------------------------------- conv_2d
 
 
