@@ -59,8 +59,8 @@ CONV_GEOMETRY_FIELDS = 13
 
 # The bias gradient and the depthwise kernels in every float type (the half ones too); the column
 # kernels only in float and double (half convolutions other than depthwise run in cuDNN).
-_ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
-_ROWS_DTYPES = (np.float16, core.BFLOAT16, np.float32, np.float64)  # _ALL_TYPES' dtypes
+_ALL_DTYPES = (np.float16, core.BFLOAT16, np.float32, np.float64)
+_ALL_TYPES = tuple(gpu.cuda_type(dtype) for dtype in _ALL_DTYPES)  # gpu.HALF_TYPES + gpu.FLOAT_TYPES
 
 
 def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned: bool,
@@ -77,7 +77,7 @@ def _rows_kernels(share: Callable[[Any, tuple[int, int, int]], tuple[int, int]])
     """Every instantiation of conv_depthwise_forward_rows, each at the share of a thread share(dtype, shape)."""
     return [_rows_kernel(gpu.cuda_type(dtype), i, shape, turned, share(dtype, shape))
             for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True) if shape[2] == 1 or not turned
-            for dtype in _ROWS_DTYPES for i in gpu.INDEX_TYPES]
+            for dtype in _ALL_DTYPES for i in gpu.INDEX_TYPES]
 
 
 def _share(dtype: Any, shape: tuple[int, int, int]) -> tuple[int, int]:

@@ -133,11 +133,9 @@ def _forward_launch(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
                                                  gpu.grid_for(plan.count, per_thread=per), gpu.BLOCK, 3,
                                                  (scalar(plan.count), op))
     if plan.rows:
-        grid, vectors = _rows_grid(plan, dtype)
-        tail = (scalar(plan.outer.count), scalar(plan.inner), op, np.int32(plan.sides_inner[0]),
-                np.int32(plan.sides_inner[1])) + plan.outer.args
-        launches = gpu.packed_by_flag(_function("binary_rows", dtype, plan.index), grid, gpu.BLOCK, 3, tail)
-        return _FORWARD_ROWS, (launches if vectors else (launches[0], launches[0]))
+        return _FORWARD_ROWS, _rows_launches("binary_rows", plan, dtype, 3, (
+            scalar(plan.outer.count), scalar(plan.inner), op, np.int32(plan.sides_inner[0]),
+            np.int32(plan.sides_inner[1])) + plan.outer.args)
     return None, gpu.packed(_function("binary_broadcast", dtype, plan.index), gpu.grid_for(plan.count), gpu.BLOCK, 3,
                             (scalar(plan.count), op) + plan.space.args)
 
@@ -254,21 +252,20 @@ def _backward_steps(state: ElementBinaryState, attrs: ElementBinaryAttrs, dtype:
     return steps
 
 
-def _rows_grid(plan: GpuPlan, dtype: np.dtype) -> tuple[tuple[int, int], bool]:
-    """The grid of a kernel along a rows plan's rows (x over a row's elements, or its vectors where the row
-    length is a multiple of them; y over the rows), and whether vectors are possible at all."""
+def _rows_launches(kernel: str, plan: GpuPlan, dtype: np.dtype, arrays: int, scalars: tuple) -> tuple[Any, Any]:
+    """The pair of PackedLaunches by the alignment flag of a kernel along a rows plan's rows (grid x over a
+    row's elements, or its vectors where the row length is a multiple of them; y over the rows). Where no
+    vector divides the row length, every row's vectors would start misaligned: the flag-0 launch twice."""
     per = VECTOR_BYTES // dtype.itemsize
-    vectors = plan.inner % per == 0  # else every row's vectors would start misaligned: elements only
-    return (gpu.grid_for(plan.inner, per_thread=per if vectors else 1),
-            gpu.capped(plan.outer.count, gpu.MAX_GRID_YZ)), vectors
+    vectors = plan.inner % per == 0
+    grid = (gpu.grid_for(plan.inner, per_thread=per if vectors else 1), gpu.capped(plan.outer.count, gpu.MAX_GRID_YZ))
+    launches = gpu.packed_by_flag(_function(kernel, dtype, plan.index), grid, gpu.BLOCK, arrays, scalars)
+    return launches if vectors else (launches[0], launches[0])
 
 
 def _grad_along_rows(plan: GpuPlan, dtype: np.dtype, scalar: Any, op: BinaryOpType, side: int, need_lhs: bool,
                      need_rhs: bool, slots: tuple[int, ...]) -> BackwardStep:
     """The step of binary_grad_along_rows: the gradient of a side broadcast along nothing, in a rows plan."""
-    grid, vectors = _rows_grid(plan, dtype)
     tail = (scalar(plan.outer.count), scalar(plan.inner), np.int32(op.value), np.int32(side), np.int32(need_lhs),
             np.int32(need_rhs), np.int32(plan.sides_inner[0]), np.int32(plan.sides_inner[1])) + plan.outer.args
-    launches = gpu.packed_by_flag(_function("binary_grad_along_rows", dtype, plan.index), grid, gpu.BLOCK, len(slots),
-                                  tail)
-    return (launches if vectors else (launches[0], launches[0])), slots, _GRAD_ALONG_ROWS, ()
+    return _rows_launches("binary_grad_along_rows", plan, dtype, len(slots), tail), slots, _GRAD_ALONG_ROWS, ()
