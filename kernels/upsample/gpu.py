@@ -39,18 +39,19 @@ def _aligned_pair(array: Any) -> bool:
     return array.dtype.itemsize <= 8 and array.data.ptr % (2 * array.dtype.itemsize) == 0
 
 
-def _gpu_plan(kind: str, type_name: str, count: int, total: int, args: tuple, scale: int, vector: bool) -> tuple:
-    """(gpu.PackedLaunch,) of one launch: its two arrays, then its scalars."""
+def _gpu_plan(kind: str, type_name: str, count: int, total: int, args: tuple, scale: int,
+              vector: bool) -> gpu.PackedLaunch:
+    """The launch of one upsample kernel: its two arrays, then its scalars."""
     index = gpu.index_type(total)
     scalar = np.int32 if index == "int" else np.int64
     suffix = "_x2" if vector else ""
     name = f"upsample_{kind}{suffix}<{type_name}, {index}>"
     scale_args = () if vector else (np.int32(scale),)
-    return (gpu.packed(_CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, 2,
-                       (scalar(count),) + tuple(scalar(a) for a in args) + scale_args),)
+    return gpu.packed(_CUDA.function(name), gpu.grid_for(count), gpu.BLOCK, 2,
+                      (scalar(count),) + tuple(scalar(a) for a in args) + scale_args)
 
 
-def _forward_plan(attrs, input, output, vector: bool) -> tuple:
+def _forward_plan(attrs, input, output, vector: bool) -> gpu.PackedLaunch:
     _, _, h, w = input.shape
     if attrs.mode is UpsampleMode.NEAREST:
         return _gpu_plan("nearest_forward", gpu.bits_type(input.dtype), input.size, output.size, (w,),
@@ -59,7 +60,7 @@ def _forward_plan(attrs, input, output, vector: bool) -> tuple:
                      attrs.scale_factor, False)
 
 
-def _backward_plan(attrs, output_grad, input_grad, vector: bool) -> tuple:
+def _backward_plan(attrs, output_grad, input_grad, vector: bool) -> gpu.PackedLaunch:
     _, _, h, w = input_grad.shape
     type_name = gpu.cuda_type(input_grad.dtype)
     if attrs.mode is UpsampleMode.NEAREST:
@@ -83,7 +84,7 @@ def forward(stream: gpu.GpuStream, state: core.KernelState, attrs: UpsampleAttrs
     key = ("gpu_forward", vector)
     plan = state.saved.get(key)
     if plan is None:
-        plan = state.saved[key] = _forward_plan(attrs, input, output, vector) + (plan_path(attrs, "forward", vector),)
+        plan = state.saved[key] = (_forward_plan(attrs, input, output, vector), plan_path(attrs, "forward", vector))
     launch, path = plan
     gpu_paths.reach(path)
     launch(stream, input, output)
@@ -98,7 +99,8 @@ def backward(stream: gpu.GpuStream, state: core.KernelState, attrs: UpsampleAttr
     key = ("gpu_backward", vector)
     plan = state.saved.get(key)
     if plan is None:
-        plan = state.saved[key] = _backward_plan(attrs, output_grad, input_grad, vector) + (plan_path(attrs, "backward", vector),)
+        plan = state.saved[key] = (_backward_plan(attrs, output_grad, input_grad, vector),
+                                   plan_path(attrs, "backward", vector))
     launch, path = plan
     gpu_paths.reach(path)
     launch(stream, output_grad, input_grad)
