@@ -340,14 +340,32 @@ def test_depthwise_filter_taps_needs_rows_and_a_channel_for_every_two_sms(channe
     assert plan.depthwise_filter_taps(state, sm_count) is taps
 
 
+@pytest.mark.parametrize("channels, sm_count, rows, blocks", [
+    (529, 132, (3, 3, 1), 5), (528, 132, (3, 3, 1), 1), (640, 132, (3, 3, 2), 5), (1280, 132, (3, 3, 1), 5),
+    (320, 132, (3, 3, 2), 1), (128, 132, (3, 3, 1), 1),
+    (5000, 132, (7, 7, 1), 1),  # 7x7: never capped
+    (5, 1, (3, 3, 1), 5),  # the small device
+])
+def test_depthwise_filter_taps_caps_registers_where_the_channels_need_more_than_four_blocks_an_sm(channels, sm_count,
+                                                                                                  rows, blocks):
+    import types
+
+    from kernels.conv_2d import plan
+
+    state = types.SimpleNamespace(rows=rows, shapes={"input_shape": TensorShape((1, channels, 8, 8), np.float32)})
+    assert (plan.DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS, plan.DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS) == (4, 5)
+    assert plan.depthwise_filter_taps_blocks(state, sm_count) == blocks
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("case", range(len(_ROWS_CASES)))
-def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(case, dtype):
+def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(case, dtype, monkeypatch):
     """The input gradient with rows (at stride 1 conv_depthwise_forward_rows of the turned filter, at stride 2
     conv_depthwise_input_grad compiled for the kernel and stride) against conv_depthwise_input_grad's general
-    form, and conv_depthwise_filter_grad_taps (a block a channel) against conv_depthwise_filter_grad (a block a
-    tap): the same bits, with and without a fused SILU (whose gradient comes first); and with infinite taps at
+    form, and conv_depthwise_filter_grad_taps (a block a channel, in both its forms at 3x3: plan.
+    depthwise_filter_taps_blocks) against conv_depthwise_filter_grad (a block a tap): the same bits, with and
+    without a fused SILU (whose gradient comes first); and with infinite taps at
     the filter's corners, where a tap over the turned filter's padding that was added rather than skipped
     (0 * inf) would write NaN at the input gradient's border."""
     from kernels.runtime import gpu_paths
@@ -368,7 +386,10 @@ def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(cas
             grad = dev.array(rng.standard_normal(out_dims).astype(dtype))
             input, weights = dev.array(x.astype(dtype)), dev.array(taps_used.astype(dtype))
             results = []
-            for rows, taps in (((kernel, kernel, stride), True), ((kernel, kernel, stride), False), (None, False)):
+            rows_of = (kernel, kernel, stride)
+            for rows, taps, sparse in ((rows_of, True, 0), (rows_of, True, 10**9), (rows_of, False, 0), (None, False, 0)):
+                # sparse: plan.DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS, 0 for the capped form at 3x3, 10**9 for the other
+                monkeypatch.setattr(conv_2d.plan, "DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS", sparse)
                 state = conv_2d.init_kernel(dev.handle, attrs, TensorShape(dims, dtype), TensorShape(out_dims, dtype))
                 assert state.rows == (kernel, kernel, stride)
                 state.rows, state.filter_taps = rows, taps
@@ -381,7 +402,9 @@ def test_gpu_depthwise_fixed_gradients_write_the_bits_of_the_general_kernels(cas
                                             weights, filter_grad, None)
                 suffix = "" if rows is None else "_rows" if stride == 1 else "_fixed"
                 assert "conv_2d.depthwise.input_grad" + suffix in reached.reached
-                assert ("conv_2d.depthwise.filter_grad" + ("_taps" if taps else "")) in reached.reached
+                capped = taps and kernel == 3 and sparse == 0  # the capped form at 3x3
+                assert ("conv_2d.depthwise.filter_grad" + ("_taps" if taps else "") + ("_capped" if capped else "")
+                        in reached.reached)
                 dev.stream.synchronize()
                 results.append((dev.host(input_grad), dev.host(filter_grad)))
                 conv_2d.cleanup_kernel(dev.handle, state)

@@ -395,6 +395,8 @@ def _conv_init(handle, state):
     if state.paths["forward"] == "depthwise":
         state.rows = conv_plan.depthwise_rows(state)
         state.filter_taps = conv_plan.depthwise_filter_taps(state, gpu.sm_count(state.device))
+        if state.rows is not None:
+            state.filter_taps_blocks = conv_plan.depthwise_filter_taps_blocks(state, gpu.sm_count(state.device))
         state.tile = conv_plan.depthwise_tile(state)
 
 

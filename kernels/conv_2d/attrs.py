@@ -99,6 +99,7 @@ class Conv2DState(core.KernelState):
     tile: tuple[int, int, int] | None = None  # a depthwise forward's (tile_h, tile_w, shared bytes): plan.depthwise_tile
     rows: tuple[int, int, int] | None = None  # its (kernel_h, kernel_w, stride) where it has its own kernels: plan.depthwise_rows
     filter_taps: bool = False  # its filter gradient a block a channel for all taps: plan.depthwise_filter_taps
+    filter_taps_blocks: int = 1  # the blocks an SM holds that kernel is compiled for: plan.depthwise_filter_taps_blocks
     # GPU, made on first use and kept until cleanup: the shapes and attrs never change after init.
     pre_buffer: Any = None  # the pre-activation (a fused activation's forward writes it, then output)
     pre_grad_buffer: Any = None  # the pre-activation's gradient

@@ -234,13 +234,20 @@ __global__ void conv_depthwise_filter_grad(const T* __restrict__ grad, const T* 
 // conv_depthwise_filter_grad's thread of that index, in the same order (images, then positions), in
 // double, reading each output gradient once for all the taps; then the same shared-memory tree for
 // each tap in turn. The same bits as conv_depthwise_filter_grad.
-template <typename T, typename I, int KH, int KW, int S>
-__global__ void conv_depthwise_filter_grad_taps(const T* __restrict__ grad, const T* __restrict__ input,
-                                                T* __restrict__ filter_grad, I images, I /* multiplier: 1 */,
-                                                ConvGeometry g) {
+// The kernel is bound by its instructions, the integer ones most (ncu: the ALU the busiest pipe, the
+// conversions to double next), so a thread's output row and column are not divided out of each position:
+// they start from its index and step by the block's width in rows and columns, carried over the row's end;
+// and a row's taps are read at fixed offsets from its first. B: the blocks an SM must hold at once, which
+// caps the registers (plan.depthwise_filter_taps_blocks); 1: only the block's size.
+template <typename T, typename I, int KH, int KW, int S, int B>
+__global__ void __launch_bounds__(CONV_DEPTHWISE_FILTER_BLOCK, B)
+    conv_depthwise_filter_grad_taps(const T* __restrict__ grad, const T* __restrict__ input, T* __restrict__ filter_grad,
+                                    I images, I /* multiplier: 1 */, ConvGeometry g) {
     __shared__ double partial[CONV_DEPTHWISE_FILTER_BLOCK];
     CONV_GEOMETRY_LOCALS_AS(g, geometry_);
     const I positions = out_h * out_w;
+    const I first_h = threadIdx.x / out_w, first_w = threadIdx.x % out_w;  // position threadIdx.x
+    const I step_h = blockDim.x / out_w, step_w = blockDim.x % out_w;      // blockDim.x positions on
     for (I c = blockIdx.x; c < channels; c += gridDim.x) {
         double sum[KH * KW];
 #pragma unroll
@@ -248,18 +255,23 @@ __global__ void conv_depthwise_filter_grad_taps(const T* __restrict__ grad, cons
         for (I n = 0; n < images; ++n) {
             const T* plane = grad + (n * channels + c) * positions;
             const T* image = input + (n * channels + c) * height * width;
+            I oh = first_h, ow = first_w;
             for (I p = threadIdx.x; p < positions; p += blockDim.x) {
-                const I h0 = (p / out_w) * S - pad_h, w0 = (p % out_w) * S - pad_w;
+                const I h0 = oh * S - pad_h, w0 = ow * S - pad_w;
+                oh += step_h;
+                ow += step_w;
+                if (ow >= out_w) ow -= out_w, ++oh;
                 const double gradient = (double)widen(plane[p]);
 #pragma unroll
                 for (int i = 0; i < KH; ++i) {
                     const I h = h0 + i;
                     const bool row = h >= 0 && h < height;
+                    const T* line = image + (h * width + w0);  // the row's first tap, read only inside the image
 #pragma unroll
                     for (int j = 0; j < KW; ++j) {
                         const I w = w0 + j;
                         // A padding tap reads 0, and adds 0 * grad, as conv_depthwise_filter_grad does.
-                        const double value = (row && w >= 0 && w < width) ? (double)widen(image[h * width + w]) : 0.0;
+                        const double value = (row && w >= 0 && w < width) ? (double)widen(line[j]) : 0.0;
                         sum[i * KW + j] += gradient * value;
                     }
                 }

@@ -30,6 +30,7 @@ from .. import activation
 from ..runtime import core, cublas, cudnn, gpu, gpu_paths
 from .plan import (
     DEPTHWISE_BLOCK,
+    DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS,
     DEPTHWISE_ROWS_SHAPES,
     DEPTHWISE_SHARES,
     IMPLICIT_GEMM_BELOW_FLOPS,
@@ -37,6 +38,7 @@ from .plan import (
     Gemm,
     choose_paths,
     depthwise_filter_taps,
+    depthwise_filter_taps_blocks,
     depthwise_rows,
     depthwise_tile,
     forward_flops,
@@ -97,8 +99,9 @@ _CUDA = gpu.CudaModule("conv_2d.cu", [f"conv_bias_grad<{t}>" for t in _ALL_TYPES
     for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [f"conv_sum_images<{t}>" for t in gpu.FLOAT_TYPES] + [
     f"{kernel}<{t}, {i}>" for kernel in ("conv_depthwise_forward", "conv_depthwise_forward_tiled",
                                          "conv_bias_activation") for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + [
-    f"conv_depthwise_filter_grad_taps<{t}, {i}, {kh}, {kw}, {stride}>"
-    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES] + _rows_kernels(_share),
+    f"conv_depthwise_filter_grad_taps<{t}, {i}, {kh}, {kw}, {stride}, {blocks}>"
+    for kh, kw, stride in DEPTHWISE_ROWS_SHAPES for t in _ALL_TYPES for i in gpu.INDEX_TYPES
+    for blocks in ((1, DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS) if kh == 3 else (1,))] + _rows_kernels(_share),
     defines=_DEFINES)
 
 
@@ -148,6 +151,8 @@ gpu_paths.declare("conv_2d", {
     "depthwise.filter_grad": "depthwise: conv_depthwise_filter_grad, a block per filter tap",
     "depthwise.filter_grad_taps": "depthwise with rows and a channel for every two SMs: "
                                   "conv_depthwise_filter_grad_taps, a block per channel for all its taps",
+    "depthwise.filter_grad_taps_capped": "the same at 3x3 with more channels than 4 blocks on every SM: its form "
+                                         "capped at the registers of 5 blocks an SM (plan.depthwise_filter_taps_blocks)",
     "bias_grad": "conv_bias_grad: a block per output channel, a tree sum in double",
     "empty_sum": "zero input channels, or an input of zero size: the output and gradients are zeros (memsets)",
 })
@@ -198,6 +203,8 @@ def init(handle: Any, state: Conv2DState) -> None:
                 if state.paths["forward"] == "depthwise":
                     state.rows = depthwise_rows(state)
                     state.filter_taps = depthwise_filter_taps(state, gpu.sm_count(state.device))
+                    if state.rows is not None:
+                        state.filter_taps_blocks = depthwise_filter_taps_blocks(state, gpu.sm_count(state.device))
                     state.tile = depthwise_tile(state)
                 cudnn_handle = handle.cudnn(_QueryStream)
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
@@ -375,7 +382,8 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
         gpu_paths.reach("conv_2d.depthwise.input_grad" + ("" if state.rows is None else "_fixed"))
         launch(stream, grad, filter, target)
     else:
-        gpu_paths.reach("conv_2d.depthwise.filter_grad_taps" if state.filter_taps else "conv_2d.depthwise.filter_grad")
+        gpu_paths.reach(("conv_2d.depthwise.filter_grad_taps" if state.filter_taps_blocks == 1 else
+                         "conv_2d.depthwise.filter_grad_taps_capped") if state.filter_taps else "conv_2d.depthwise.filter_grad")
         launch(stream, grad, input, target)
 
 
@@ -432,7 +440,8 @@ def _depthwise_launch(stream: Any, state: Conv2DState, which: Literal["forward",
                           gpu.grid_for(n * c * h * w), gpu.BLOCK, 3, sizes)
     if state.filter_taps:
         kh, kw, stride = state.rows
-        return gpu.packed(function(f"conv_depthwise_filter_grad_taps<{t}, {index}, {kh}, {kw}, {stride}>"),
+        blocks = state.filter_taps_blocks
+        return gpu.packed(function(f"conv_depthwise_filter_grad_taps<{t}, {index}, {kh}, {kw}, {stride}, {blocks}>"),
                           gpu.capped(c, 65535), CONV_DEPTHWISE_FILTER_BLOCK, 3, sizes)
     return gpu.packed(function(f"conv_depthwise_filter_grad<{t}, {index}>"),
                       gpu.capped(o * attrs.kernel_h * attrs.kernel_w, 65535), CONV_DEPTHWISE_FILTER_BLOCK, 3, sizes)

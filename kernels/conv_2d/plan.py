@@ -169,6 +169,28 @@ def depthwise_filter_taps(state: Conv2DState, sm_count: int) -> bool:
     return state.rows is not None and channels * DEPTHWISE_FILTER_TAPS_SMS_PER_CHANNEL >= sm_count
 
 
+# conv_depthwise_filter_grad_taps comes in two forms, compiled for the blocks an SM must hold at once (its
+# launch bounds; the same bits either way): a 3x3 filter gradient with more channels than
+# DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS blocks on every SM (the uncapped form's 62-63 registers a thread, sm_90,
+# leave room for four blocks of 256 threads) takes the form capped at 48 registers,
+# DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS blocks an SM, so that 640 channels run in one wave on 132 SMs (H100,
+# float16 at 16x640x40x40: 110.9 against 176.1 us); fewer channels take the uncapped form, whose registers keep
+# more loads in flight (96.6 against 115.9 us at SCDown's 16x320x80x80, 36.7 against 62.6 at 4x128x80x80), as
+# does the 7x7 (217 registers a thread uncapped: a cap of 5 blocks would spill; docs/performance.md#depthwise-rows).
+DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS = 5
+DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS = 4
+
+
+def depthwise_filter_taps_blocks(state: Conv2DState, sm_count: int) -> int:
+    """The blocks an SM must hold at once that a state's conv_depthwise_filter_grad_taps is compiled for:
+    DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS for a 3x3 kernel with more channels than DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS
+    on every SM, else 1 (no cap but the block's size)."""
+    channels = state.shapes["input_shape"].dims[1]
+    if state.rows[0] == 3 and channels > DEPTHWISE_FILTER_TAPS_SPARSE_BLOCKS * sm_count:
+        return DEPTHWISE_FILTER_TAPS_DENSE_BLOCKS
+    return 1
+
+
 def _balanced(extent: int, most: int) -> int:
     """The size of the fewest equal parts, of at most `most`, that cover `extent`."""
     parts = -(-extent // most)
