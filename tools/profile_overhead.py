@@ -75,6 +75,9 @@ def setups():
     tom = torch.empty((1, 5, 64, 400), device="cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     yield "torch.matmul psa values out=", lambda: torch.matmul(tq, tkv, out=tom)
+    tl, tr = torch.from_numpy(cupy.asnumpy(l)).cuda(), torch.from_numpy(cupy.asnumpy(r)).cuda()
+    tob = torch.empty_like(tl)
+    yield "torch.add 1x80x160x160 out=", lambda: torch.add(tl, tr, out=tob)
     t = rnd(1, 5, 128, 400)
     ot = cupy.empty((1, 5, 400, 128), f32)
     at = k.TransposeAttrs((0, 1, 3, 2))
@@ -108,6 +111,32 @@ def synced(function, count=300):
         device.synchronize()
         times.append(time.perf_counter() - start)
     return float(np.median(times)) * 1e6
+
+
+def idle(function, count=300):
+    """Host us of one call made with the GPU idle (the device synchronized before it, as
+    KERNELS_BENCH_PARTS times a row's host part): median."""
+    device, times = cupy.cuda.Device(), []
+    function()
+    for _ in range(count):
+        device.synchronize()
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    device.synchronize()
+    return float(np.median(times)) * 1e6
+
+
+def idle_profile(function, count=200):
+    """cProfile of `count` calls, each made with the GPU idle (the synchronizes not profiled)."""
+    device, profile = cupy.cuda.Device(), cProfile.Profile()
+    for _ in range(count):
+        device.synchronize()
+        profile.enable()
+        function()
+        profile.disable()
+    device.synchronize()
+    return profile
 
 
 print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}")
@@ -265,9 +294,10 @@ def cublas_math_modes():
     print("math modes give the same bits:", all(bool(cupy.array_equal(outputs[0], o)) for o in outputs))
 
 
+print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}{'GPU idle us/call':>18}")
 for name, function in launch_parts():
     host, total = per_call(function, 3000 if "replaying" not in name else 30)
-    print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}{idle(function, 1000 if 'replaying' not in name else 30):>18.1f}")
 for name, function in cublas_math_modes():
     host, total = per_call(function)
     print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
@@ -275,10 +305,10 @@ for name, function in cudnn_calls():
     host, total = per_call(function)
     print(f"{name:<32}{host:>14.1f}{total:>18.1f}")
 profiles = []
-print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}{'synced us/call':>16}")
+print(f"{'call':<32}{'host us/call':>14}{'with GPU us/call':>18}{'synced us/call':>16}{'GPU idle us/call':>18}")
 for name, function in setups():
     host, total = per_call(function)
-    print(f"{name:<32}{host:>14.1f}{total:>18.1f}{synced(function):>16.1f}")
+    print(f"{name:<32}{host:>14.1f}{total:>18.1f}{synced(function):>16.1f}{idle(function):>18.1f}")
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(200):
@@ -286,6 +316,7 @@ for name, function in setups():
     profile.disable()
     stream.synchronize()
     profiles.append((name, profile))
+    profiles.append((name + ", each call with the GPU idle", idle_profile(function)))
 for name, profile in profiles:
     print(f"\n=== {name}")
     pstats.Stats(profile).sort_stats("tottime").print_stats(12)
