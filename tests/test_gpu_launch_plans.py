@@ -393,11 +393,7 @@ def _conv_init(handle, state):
     conv_plan = conv_2d.plan
     conv_plan.choose_paths(state)
     if state.paths["forward"] == "depthwise":
-        state.rows = conv_plan.depthwise_rows(state)
-        state.filter_taps = conv_plan.depthwise_filter_taps(state, gpu.sm_count(state.device))
-        if state.rows is not None:
-            state.filter_taps_blocks = conv_plan.depthwise_filter_taps_blocks(state, gpu.sm_count(state.device))
-        state.tile = conv_plan.depthwise_tile(state)
+        conv_plan.plan_depthwise(state, gpu.sm_count(state.device))
 
 
 # (attrs, input dims, dtypes): each of the depthwise forward's three kernels and the backward's, the epilogue

@@ -37,13 +37,10 @@ from .plan import (
     Fold,
     Gemm,
     choose_paths,
-    depthwise_filter_taps,
-    depthwise_filter_taps_blocks,
-    depthwise_rows,
-    depthwise_tile,
     forward_flops,
     plan_backward_data,
     plan_backward_filter,
+    plan_depthwise,
     plan_forward,
     workspace_elements,
     workspace_limit,
@@ -201,11 +198,7 @@ def init(handle: Any, state: Conv2DState) -> None:
                                          f"{state.op}: cuDNN computes output dims {found}, the formula {output.dims}")
                 choose_paths(state)
                 if state.paths["forward"] == "depthwise":
-                    state.rows = depthwise_rows(state)
-                    state.filter_taps = depthwise_filter_taps(state, gpu.sm_count(state.device))
-                    if state.rows is not None:
-                        state.filter_taps_blocks = depthwise_filter_taps_blocks(state, gpu.sm_count(state.device))
-                    state.tile = depthwise_tile(state)
+                    plan_depthwise(state, gpu.sm_count(state.device))
                 cudnn_handle = handle.cudnn(_QueryStream)
                 # Tensor cores: for half data always (float32 compute), for float32 only with TF32 allowed.
                 tensor_ops = dtype in core.HALF_DTYPES or state.tf32

@@ -191,6 +191,18 @@ def depthwise_filter_taps_blocks(state: Conv2DState, sm_count: int) -> int:
     return 1
 
 
+def plan_depthwise(state: Conv2DState, sm_count: int) -> None:
+    """A depthwise state's own kernels, from its shapes and the device's SM count: the forward's rows
+    (depthwise_rows), the filter gradient's kernel and register cap (depthwise_filter_taps,
+    depthwise_filter_taps_blocks), and the forward's tile (depthwise_tile). gpu.init plans with it, and so do
+    the tests that plan launches without a device."""
+    state.rows = depthwise_rows(state)
+    state.filter_taps = depthwise_filter_taps(state, sm_count)
+    if state.rows is not None:
+        state.filter_taps_blocks = depthwise_filter_taps_blocks(state, sm_count)
+    state.tile = depthwise_tile(state)
+
+
 def _balanced(extent: int, most: int) -> int:
     """The size of the fewest equal parts, of at most `most`, that cover `extent`."""
     parts = -(-extent // most)
