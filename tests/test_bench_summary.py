@@ -31,9 +31,9 @@ RECORDS = [
     Record(SOFTMAX_B, "test_softmax[torch-cpu-psa_1x5x400x400_dim-1-backward]", "torch", "cpu", 100e-6, 9_600_000),
     Record(LONG, "test_concat[ours-gpu-large-forward]", "ours", "gpu", 400e-6, 4_000_000),
     Record(LONG, "test_concat[torch-gpu-large-forward]", "torch", "gpu", 200e-6, 4_000_000),
-    # the method variants have no twin of their own: compared with the group's one PyTorch record
-    Record(LONG, "test_concat_method[ours-gpu-large-forward-kernel]", "ours", "gpu", 100e-6, 4_000_000),
-    Record(LONG, "test_concat_method[ours-gpu-large-forward-memcpy2d]", "ours", "gpu", 200e-6, 4_000_000),
+    # variants of ours without a twin of their own: compared with the group's one PyTorch record
+    Record(LONG, "test_concat_variant[ours-gpu-large-forward-one]", "ours", "gpu", 100e-6, 4_000_000),
+    Record(LONG, "test_concat_variant[ours-gpu-large-forward-two]", "ours", "gpu", 200e-6, 4_000_000),
     Record(CONV, "test_conv_2d_forward[ours-gpu-c3]", "ours", "gpu", 1e-3, 10**9, flops=2 * 10**9),
     Record(CONV, "test_conv_2d_forward[torch-gpu-c3]", "torch", "gpu", 0.5e-3, 10**9, flops=2 * 10**9),
     Record(CONV, "test_conv_2d_forward[ours-cpu-c3]", "ours", "cpu", 4e-3, 10**9, flops=2 * 10**9),  # no twin
@@ -69,9 +69,9 @@ def test_rows_ratios_and_geomeans():
 
     assert ops["concat"].rows == [
         approx_row("concat", LONG, "test_concat[large-forward]", "gpu", 400.0, 200.0, 2.0, 10.0, None, None),
-        approx_row("concat", LONG, "test_concat_method[large-forward-kernel]", "gpu",
+        approx_row("concat", LONG, "test_concat_variant[large-forward-one]", "gpu",
                    100.0, 200.0, 0.5, 40.0, None, None),
-        approx_row("concat", LONG, "test_concat_method[large-forward-memcpy2d]", "gpu",
+        approx_row("concat", LONG, "test_concat_variant[large-forward-two]", "gpu",
                    200.0, 200.0, 1.0, 20.0, None, None),
     ]
     assert (ops["concat"].geomean, ops["concat"].count) == (pytest.approx(1.0), 3)
@@ -98,7 +98,7 @@ def test_text_full_names_and_closing_lines():
     assert lines[0].startswith("group".ljust(width) + "  variant")
     concat = [line for line in lines if line.startswith(LONG)]
     assert len(concat) == 3
-    assert concat[1].split(LONG, 1)[1].split() == ["test_concat_method[large-forward-kernel]", "gpu",
+    assert concat[1].split(LONG, 1)[1].split() == ["test_concat_variant[large-forward-one]", "gpu",
                                                    "100.0", "200.0", "0.50", "40.0", "-", "-"]
     assert "bandwidth: geomean ours/PyTorch 1.25 over 2 rows" in lines
     assert "concat: geomean ours/PyTorch 1.00 over 3 rows" in lines

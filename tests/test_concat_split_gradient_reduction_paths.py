@@ -1,11 +1,11 @@
 """The GPU paths of concat, split and gradient_reduction.
 
 Without a device: the host side (copy unit, offsets, batches of 12 pieces or
-pointers, index type, chained sums, the memcpy2d method) runs against an
+pointers, index type, chained sums) runs against an
 emulated device, a NumPy byte buffer on which each launch is carried out from
 its kernel name and arguments, and must reproduce every case's golden, also with
 tensors whose addresses allow only narrower units. With a device: the same
-misaligned tensors and each method on the GPU itself.
+misaligned tensors on the GPU itself.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from conformance.cases import CASE_MODULES
-from conformance.runner import run_case
 from kernels import concat, gradient_reduction, split
 from kernels.runtime import core, gpu
 from kernels.runtime.core import BFLOAT16, TensorShape
@@ -117,11 +116,6 @@ class FakeDevice:
         else:
             raise AssertionError(f"unknown kernel {kernel}")
 
-    def memcpy2d(self, destination, destination_pitch, source, source_pitch, width, height, kind, stream):
-        for row in range(height):
-            self.memory[destination + row * destination_pitch:destination + row * destination_pitch + width] = \
-                self.memory[source + row * source_pitch:source + row * source_pitch + width]
-
 
 class FakeArray:
     def __init__(self, device, ptr, shape, dtype):
@@ -137,7 +131,7 @@ class FakeArray:
 
 @pytest.fixture
 def emulate(monkeypatch):
-    """A FakeDevice factory with gpu.launch, kernel lookup and cudaMemcpy2DAsync routed to it."""
+    """A FakeDevice factory with gpu.launch and kernel lookup routed to it."""
     devices = []
 
     def function(module, name):
@@ -147,8 +141,7 @@ def emulate(monkeypatch):
     def make(misalign: int) -> FakeDevice:
         device = FakeDevice(misalign)
         devices.append(device)
-        runtime = types.SimpleNamespace(memcpy2DAsync=device.memcpy2d, memcpyDeviceToDevice=3,
-                                        CUDARuntimeError=RuntimeError)
+        runtime = types.SimpleNamespace(CUDARuntimeError=RuntimeError)
         monkeypatch.setattr(gpu, "launch", device.launch)
         monkeypatch.setattr(gpu, "PackedLaunch", packed_launch_through(device.launch))
         monkeypatch.setattr(gpu, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
@@ -170,10 +163,9 @@ def _check(device, golden, produced):
         assert np.array_equal(got.view(np.uint8), expected.view(np.uint8)), f"{name}: {got} != {expected}"
 
 
-@pytest.mark.parametrize("method", ["kernel", "memcpy2d", "auto"])
 @pytest.mark.parametrize("misalign", [0, 1, 2, 4, 8])
 @pytest.mark.parametrize("case", _cases("concat", "split"))
-def test_concat_split_host_side(case, misalign, method, emulate, store):
+def test_concat_split_host_side(case, misalign, emulate, store):
     if misalign % case.dtype.itemsize:
         pytest.skip("an array is always aligned to its element")
     device, golden = emulate(misalign), store.get(case)
@@ -183,11 +175,10 @@ def test_concat_split_host_side(case, misalign, method, emulate, store):
         output = device.array(dims=golden.expected["output"].shape, dtype=case.dtype)
         axis = case.attrs.axis % len(output.shape)
         layout = concat.attrs.piece_layout(TensorShape(output.shape, case.dtype), [x.shape[axis] for x in inputs], axis)
-        concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, inputs, output, method)
+        concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, inputs, output)
         grads = [None if i in case.extra["none_grads"] else device.array(dims=x.shape, dtype=case.dtype)
                  for i, x in enumerate(inputs)]
-        concat.gpu.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, device.array(golden.inputs["output_grad"]), grads,
-                           method)
+        concat.gpu.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, device.array(golden.inputs["output_grad"]), grads)
         produced = {"output": output, **{f"input_grads.{i}": g for i, g in enumerate(grads) if g is not None}}
     else:
         input = device.array(golden.inputs["input"])
@@ -195,10 +186,10 @@ def test_concat_split_host_side(case, misalign, method, emulate, store):
         layout = concat.attrs.piece_layout(TensorShape(input.shape, case.dtype), case.attrs.splits, axis)
         outputs = [device.array(dims=golden.expected[f"outputs.{i}"].shape, dtype=case.dtype)
                    for i in range(len(case.attrs.splits))]
-        concat.gpu.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, input, outputs, method)
+        concat.gpu.gpu_cut(types.SimpleNamespace(ptr=0, device=0), layout, input, outputs)
         input_grad = device.array(dims=input.shape, dtype=case.dtype)
         output_grads = [device.array(golden.inputs[f"output_grads.{i}"]) for i in range(len(outputs))]
-        concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, output_grads, input_grad, method)
+        concat.gpu.gpu_join(types.SimpleNamespace(ptr=0, device=0), layout, output_grads, input_grad)
         produced = {"input_grad": input_grad, **{f"outputs.{i}": o for i, o in enumerate(outputs)}}
     _check(device, golden, produced)
 
@@ -245,15 +236,13 @@ class FakeStream:
         pass
 
 
-@pytest.mark.parametrize("method", ["kernel", "memcpy2d", "auto"])
 @pytest.mark.parametrize("case", _cases("concat", "split", "gradient_reduction"))
-def test_state_launch_plans(case, method, emulate, store, monkeypatch):
+def test_state_launch_plans(case, emulate, store, monkeypatch):
     """forward_kernel and backward_kernel through check_call and the plans kept in the state: made
     on the first call (aligned), reused on the second, a new one where the addresses' alignment
     differs (third); each call's results are the golden's."""
     real_module = core._array_module
     monkeypatch.setattr(core, "_array_module", lambda a: "cupy" if isinstance(a, FakeArray) else real_module(a))
-    monkeypatch.setattr(concat.gpu, "GPU_METHOD", method)
     golden, stream = store.get(case), FakeStream()
     device = emulate(0)
     op = {"concat": concat, "split": split, "gradient_reduction": gradient_reduction}[case.op]
@@ -294,17 +283,6 @@ def test_state_launch_plans(case, method, emulate, store, monkeypatch):
 
 
 # --------------------------------------------------------------------------- on a device
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("method", ["kernel", "memcpy2d"])
-@pytest.mark.parametrize("case", _cases("concat", "split"))
-def test_each_method_on_gpu(case, method, store, monkeypatch):
-    """The conformance runs take the default ("auto"); each method by itself too."""
-    require("gpu")
-    monkeypatch.setattr(concat.gpu, "GPU_METHOD", method)
-    result = run_case(case, store.get(case), "gpu")
-    assert result.status == "passed", result.message
 
 
 @pytest.mark.gpu

@@ -109,7 +109,6 @@ class Recorder:
 def device(monkeypatch):
     recorder = Recorder()
     runtime = types.SimpleNamespace(
-        memcpy2DAsync=lambda *args: recorder.calls.append(("memcpy2d",) + args),
         memcpyAsync=lambda *args: recorder.calls.append(("memcpy",) + args),
         memsetAsync=lambda *args: recorder.calls.append(("memset",) + args),
         memcpyDeviceToDevice=3, CUDARuntimeError=RuntimeError)

@@ -88,7 +88,7 @@ def test_declare_refuses_a_name_twice(registry):
     with pytest.raises(KernelError, match="'scratch.two' is declared twice"):
         gpu_paths.declare("scratch", {"three": "new", "two": "again"})
     with pytest.raises(KernelError, match="declared twice"):
-        gpu_paths.declare("concat", {"memcpy2d": "concat's own name"})
+        gpu_paths.declare("concat", {"kernel.join": "concat's own name"})
     assert "scratch.three" not in gpu_paths.declared()
 
 
@@ -97,7 +97,7 @@ def test_reach_and_check_refuse_an_undeclared_name(registry):
         gpu_paths.reach("concat.nothing")
     with pytest.raises(KernelError, match="is not declared"):
         gpu_paths.check("concat.nothing")
-    assert gpu_paths.check("concat.memcpy2d") == "concat.memcpy2d"
+    assert gpu_paths.check("concat.kernel.join") == "concat.kernel.join"
 
 
 def test_recording_counts_what_its_block_reached_and_nests(registry):
@@ -124,7 +124,7 @@ def test_reach_is_a_dict_update():
     inside one reach of the unlocked GPU registry is reach itself (no context entered: a null context
     was half of its 0.25 us), and it calls no builtin or C function, so a lock, a log call, a copy or
     any other call added to it fails here."""
-    name = "concat.memcpy2d"
+    name = "concat.kernel.join"
     called = []
 
     def profile(frame, event, arg):
@@ -320,16 +320,15 @@ def test_small_device_plans_of_the_golden_launch_shapes():
         small = _small(concat.plan.kernel_paths, layout, True, unit, [0, 1, 2], sm_count=1)
         assert {"concat.kernel.unrolled", "concat.kernel.tail"} <= set(small)
         assert "concat.kernel.unrolled" not in concat.plan.kernel_paths(layout, True, unit, [0, 1, 2], sm_count=132)
-    # concat: a one-row join of 128000 bytes takes memcpy2d on one SM (16 MiB x 1 / 132), the kernel on 132.
-    case = _golden("concat", "one_row_memcpy2d_small_device")
+    # concat: a one-row join and cut of 128000 bytes: on one SM both run the unrolled copy, on 132 neither.
+    case = _golden("concat", "one_row_past_unrolled_small_device")
     dims = [case.inputs[f"inputs.{i}"].shape for i in range(3)]
     layout = _layout(dims, 1)
     assert layout.outer == 1 and layout.row_bytes == 128000
-    method, steps, paths = _small(concat.gpu._gpu_move_plan, layout, True, "auto", 0b111, 0, 1)
-    assert method == "memcpy2d" and len(steps) == 3 and paths == ("concat.memcpy2d",)
-    cut = _small(concat.plan.kernel_paths, layout, False, 16, [0, 1, 2], sm_count=1)
-    assert {"concat.kernel.cut", "concat.kernel.unrolled"} <= set(cut)
-    assert layout.row_bytes * concat.gpu.MEMCPY2D_MEASURED_SMS < concat.gpu.MEMCPY2D_MIN_BYTES * 132
+    for to_whole, direction in ((True, "concat.kernel.join"), (False, "concat.kernel.cut")):
+        small = _small(concat.plan.kernel_paths, layout, to_whole, 16, [0, 1, 2], sm_count=1)
+        assert {direction, "concat.kernel.one_row", "concat.kernel.unrolled"} <= set(small)
+        assert "concat.kernel.unrolled" not in concat.plan.kernel_paths(layout, to_whole, 16, [0, 1, 2], sm_count=132)
     # conv_2d: dilation 55: one output's 111 x 111 input region is past a tiled block's shared memory.
     case = _golden("conv_2d", "depthwise_dilation_55_untiled")
     state = types.SimpleNamespace(attrs=case.attrs, shapes={
@@ -404,8 +403,8 @@ def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(d
     """The conformance run's small schedule, without a GPU: every golden case's run, aligned and
     misaligned, on the recording fake device of tests/test_gpu_launch_plans.py inside the small device,
     reaches every declared name of the ops the fake stands in for (conv_2d and batch_matmul call cuDNN
-    and cuBLAS: theirs are the GPU test's); on 132 SMs the golden cases leave the unrolled copy, memcpy2d
-    and the 64x64 transpose tiles out."""
+    and cuBLAS: theirs are the GPU test's); on 132 SMs the golden cases leave the unrolled copy and the
+    64x64 transpose tiles out."""
     from conformance.cases import all_cases
     from conformance.harness import SMALL_DEVICE, execute
 
@@ -452,7 +451,7 @@ def test_golden_cases_reach_every_path_under_the_small_device_on_a_fake_device(d
 
     names = {name for name in DECLARED if name.split(".")[0] in faked + ["activation"]}
     assert not names - reached(True)
-    assert names - reached(False) == {"concat.kernel.unrolled", "concat.memcpy2d", "transpose.tiled64"}
+    assert names - reached(False) == {"concat.kernel.unrolled", "transpose.tiled64"}
 
 
 # --------------------------------------------------------------------------- on a GPU: every path reached

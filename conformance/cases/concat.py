@@ -74,10 +74,10 @@ _add("yolov10_head_last_axis_b2", [(2, 6, 16), (2, 6, 4), (2, 6, 1)], -1,
 # copy's unrolled loop runs, then its tail; the same piece in 4-byte units (misaligned) too.
 _add("rows_past_unrolled_small_device", [(2, 5, 24, 26), (2, 2, 24, 26), (2, 3, 24, 26)], 1,
      description="pieces of 2 rows longer than 3 grid strides of two blocks: unrolled copies, then the tail")
-# A one-row join of 3 pieces, 128000 bytes: past memcpy2d's threshold scaled to one SM (16 MiB x 1 / 132),
-# so the small device joins it with cudaMemcpy2DAsync; the backward's cut runs the unrolled kernel.
-_add("one_row_memcpy2d_small_device", [(1, 30, 400), (1, 20, 400), (1, 30, 400)], 1,
-     description="a one-row join past the memcpy2d threshold of a one-SM device")
+# A one-row join of 3 pieces, 128000 bytes (pieces of 3000 and 2000 16-byte units): the join and the
+# cut both run the unrolled copy of the one-row form (no division of a unit index into row and column).
+_add("one_row_past_unrolled_small_device", [(1, 30, 400), (1, 20, 400), (1, 30, 400)], 1,
+     description="a one-row join and cut of pieces longer than 3 grid strides of two blocks")
 # --- end of GPU launch shapes
 
 

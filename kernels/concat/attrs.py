@@ -41,8 +41,8 @@ class PieceLayout:
     offset_bytes: tuple[int, ...]
     row_bytes: int
     unit: int
-    # GPU launch plans, made on first use for each (direction, method, pieces present, address
-    # alignment): what the hot path would otherwise recompute every call.
+    # GPU launch plans, made on first use for each (direction, pieces present, address alignment):
+    # what the hot path would otherwise recompute every call.
     plans: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 

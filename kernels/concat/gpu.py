@@ -1,8 +1,7 @@
 """The join/cut primitive on the GPU, for concat and split alike: concat.cu's concat_copy, one launch
-per 12 pieces, or one cudaMemcpy2DAsync per piece (GPU_METHOD); the launch plans are made on first use
-and kept in the layout. And concat's forward and backward, which run after the package's checks
-(gpu_forward_kernel, gpu_backward_kernel, which run inside their stream). Everything is enqueued on
-the given stream.
+per 12 pieces; the launch plans are made on first use and kept in the layout. And concat's forward
+and backward, which run after the package's checks (gpu_forward_kernel, gpu_backward_kernel, which
+run inside their stream). Everything is enqueued on the given stream.
 """
 
 from __future__ import annotations
@@ -18,27 +17,14 @@ from .plan import _GRID_SPAN, MAX_PIECES, UNROLL, _blocks, kernel_paths
 if TYPE_CHECKING:
     from .attrs import PieceLayout
 
-# "kernel": one launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by
-# value in one `struct Ints` argument (no pointer table in device memory, so no copy to the device
-# per call): a gpu.PackedLaunch, its other parameters packed once per plan. "memcpy2d": one
-# cudaMemcpy2DAsync per piece, each with its own host cost. "auto": per shape class, chosen once per
-# plan from the H200's timings (docs/performance.md#concat-kernel-or-memcpy2d):
-# - small joins -> the kernel: the two tie on the device, and the kernel's host cost is one launch
-#   whatever the number of pieces;
-# - large one-row joins of at most MEMCPY2D_MAX_PIECES pieces are bound by the copy bandwidth, where
-#   memcpy2d won -> memcpy2d from MEMCPY2D_MIN_BYTES of whole;
-# - cuts and joins of many rows -> the kernel.
-# Kept switchable so that the benchmarks compare the methods.
-GPU_METHOD = "auto"
-MEMCPY2D_MAX_PIECES = 4
-MEMCPY2D_MIN_BYTES = 16 << 20  # whole bytes from which a one-row join is bandwidth-bound on the H200 (see above)
-# The H200's SMs: a device's threshold is MEMCPY2D_MIN_BYTES in proportion to its SM count (a join
-# is bandwidth-bound once each SM has that share to move), so a small device takes memcpy2d sooner.
-MEMCPY2D_MEASURED_SMS = 132
+# One launch per call for up to 12 pieces (concat.cu), the pieces' addresses passed by value in one
+# `struct Ints` argument (no pointer table in device memory, so no copy to the device per call): a
+# gpu.PackedLaunch, its other parameters packed once per plan. A cudaMemcpy2DAsync per piece was a
+# second method until the kernel beat it on every shape, large one-row joins included, on the H100
+# and the H200, on the device and on the host (docs/performance.md#concat-one-kernel).
 
 # The GPU paths of the join/cut primitive (concat, and split, which runs it the other way round).
 gpu_paths.declare(OP, {
-    "memcpy2d": "one cudaMemcpy2DAsync per piece (auto: a join of one row, <= 4 pieces, >= 16 MiB of whole on 132 SMs)",
     "kernel.join": "concat_copy<..., ToWhole=true>: pieces -> whole (concat forward, split backward)",
     "kernel.cut": "concat_copy<..., ToWhole=false>: whole -> pieces (split forward, concat backward)",
     **{f"kernel.unit{unit}": f"concat_copy moving {unit}-byte units (the widest that sizes and addresses allow)"
@@ -56,17 +42,17 @@ _CUDA = gpu.CudaModule("concat.cu", [
 ], defines={"CONCAT_UNROLL": UNROLL})
 
 
-def gpu_join(stream: Any, layout: PieceLayout, pieces: Sequence[Any], whole: Any, method: str | None = None) -> None:
+def gpu_join(stream: Any, layout: PieceLayout, pieces: Sequence[Any], whole: Any) -> None:
     """whole = the pieces side by side along the axis, enqueued on the stream."""
-    _gpu_move(stream, layout, whole, pieces, True, method or GPU_METHOD)
+    _gpu_move(stream, layout, whole, pieces, True)
 
 
-def gpu_cut(stream: Any, layout: PieceLayout, whole: Any, pieces: Sequence[Any], method: str | None = None) -> None:
+def gpu_cut(stream: Any, layout: PieceLayout, whole: Any, pieces: Sequence[Any]) -> None:
     """Each piece that is not None = its slice of whole, enqueued on the stream."""
-    _gpu_move(stream, layout, whole, pieces, False, method or GPU_METHOD)
+    _gpu_move(stream, layout, whole, pieces, False)
 
 
-def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method: str) -> None:
+def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool) -> None:
     """The hot path: look the plan up by what can change between calls (which pieces are None,
     the addresses' alignment), then only build the pointer tables and launch."""
     whole_ptr = whole.data.ptr
@@ -78,43 +64,23 @@ def _gpu_move(stream, layout: PieceLayout, whole, pieces, to_whole: bool, method
             present |= 1 << i
             if widths[i]:  # an empty piece's address does not matter
                 bits |= ptr
-    key = (to_whole, method, present, bits & 15)
+    key = (to_whole, present, bits & 15)
     plan = layout.plans.get(key)
     if plan is None:
-        plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, method, present, bits & 15,
-                                                  gpu.sm_count(stream.device))
-    method, steps, paths = plan
+        plan = layout.plans[key] = _gpu_move_plan(layout, to_whole, present, bits & 15, gpu.sm_count(stream.device))
+    steps, paths = plan
     for path in paths:
         gpu_paths.reach(path)
-    if method == "memcpy2d":
-        runtime = gpu.cupy.cuda.runtime
-        for i, offset, destination_pitch, source_pitch, width, height in steps:
-            piece_ptr, at_whole = ptrs[i], whole_ptr + offset
-            destination, source = (at_whole, piece_ptr) if to_whole else (piece_ptr, at_whole)
-            try:
-                runtime.memcpy2DAsync(destination, destination_pitch, source, source_pitch, width, height,
-                                      runtime.memcpyDeviceToDevice, stream.ptr)
-            except runtime.CUDARuntimeError as error:
-                raise gpu.cuda_error(error) from error
-        return
     for launch, batch in steps:
         launch(stream, whole, [ptrs[i] for i in batch])
 
 
-def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: int, misalignment: int,
-                   sm_count: int) -> tuple:
-    """(method, steps, paths): the launches (or 2D copies) of one direction, for the pieces in the `present`
-    bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the addresses, made once;
-    `paths` are the named GPU paths they take (kernels.runtime.gpu_paths)."""
+def _gpu_move_plan(layout: PieceLayout, to_whole: bool, present: int, misalignment: int, sm_count: int) -> tuple:
+    """(steps, paths): the launches of one direction, each with the indices of the pieces it moves, for the
+    pieces in the `present` bit mask and addresses whose low 4 bits OR to `misalignment`: everything but the
+    addresses, made once; `paths` are the named GPU paths they take (kernels.runtime.gpu_paths)."""
     widths, offsets = layout.piece_bytes, layout.offset_bytes
     active = [i for i in range(len(widths)) if present >> i & 1 and widths[i] and layout.outer]
-    if method == "auto":
-        memcpy = (to_whole and layout.outer == 1 and len(active) <= MEMCPY2D_MAX_PIECES
-                  and layout.row_bytes * MEMCPY2D_MEASURED_SMS >= MEMCPY2D_MIN_BYTES * sm_count)
-        method = "memcpy2d" if memcpy else "kernel"
-    if method == "memcpy2d":
-        return method, [(i, offsets[i], *((layout.row_bytes, widths[i]) if to_whole else (widths[i], layout.row_bytes)),
-                         widths[i], layout.outer) for i in active], (OP + ".memcpy2d",) if active else ()
     # A unit divides every address iff it divides their OR (units are powers of two up to 16).
     unit = gpu.widest_unit(layout.unit, misalignment)
     index = gpu.index_type(layout.outer * layout.row_bytes + _GRID_SPAN)
@@ -129,7 +95,7 @@ def _gpu_move_plan(layout: PieceLayout, to_whole: bool, method: str, present: in
             gpu.ARRAY, scalar(layout.row_bytes // unit), scalar(layout.outer), gpu.Addresses(len(batch)),
             gpu.ints_arg(units), gpu.ints_arg([offsets[i] // unit for i in batch])))
         plan.append((launch, batch))
-    return method, plan, kernel_paths(layout, to_whole, unit, active, sm_count) if active else ()
+    return plan, kernel_paths(layout, to_whole, unit, active, sm_count) if active else ()
 
 
 def forward(stream: Any, state: core.KernelState, inputs: Sequence[Any], output: Any) -> None:

@@ -1,9 +1,7 @@
 """concat on YOLOv10x shapes: SPPF's four 1x320x20x20 maps on channels, the
 detection head's (1, 144, HW) of three scales on the last axis, and four
 1x256x160x160 maps for bandwidth; forward (pieces -> whole) and backward
-(whole -> pieces, the same code as split forward). `test_concat` runs the default
-GPU method ("auto": chosen per shape class); `test_concat_method` times each GPU
-method (one launch, or one cudaMemcpy2DAsync per piece) in the same groups.
+(whole -> pieces, the same code as split forward).
 
 float16 and bfloat16 rows run on the GPU only (conftest.DTYPES), beside PyTorch in the same dtype;
 their groups end in the dtype's name."""
@@ -66,14 +64,3 @@ def _run(benchmark, bench, input_dims, axis, direction, dtype=FLOAT32):
 def test_concat(benchmark, bench, input_dims, axis, direction, dtype):
     half_rows_on_gpu_only(bench, dtype)
     _run(benchmark, bench, input_dims, axis, direction, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("method", ["kernel", "memcpy2d"])
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-@pytest.mark.parametrize("input_dims, axis", SHAPES)
-def test_concat_method(benchmark, bench, input_dims, axis, direction, method, monkeypatch):
-    if (bench.impl, bench.device) != ("ours", "gpu"):
-        pytest.skip("the GPU methods are ours, on the GPU only")
-    monkeypatch.setattr(concat.gpu, "GPU_METHOD", method)
-    _run(benchmark, bench, input_dims, axis, direction)
