@@ -58,8 +58,7 @@ CONV_GEOMETRY_FIELDS = 13
 
 # The bias gradient and the depthwise kernels in every float type (the half ones too); the column
 # kernels only in float and double (half convolutions other than depthwise run in cuDNN).
-_ALL_DTYPES = (np.float16, core.BFLOAT16, np.float32, np.float64)
-_ALL_TYPES = tuple(gpu.cuda_type(dtype) for dtype in _ALL_DTYPES)  # gpu.HALF_TYPES + gpu.FLOAT_TYPES
+_ALL_TYPES = gpu.HALF_TYPES + gpu.FLOAT_TYPES
 
 
 def _rows_kernel(cuda_type: str, index: str, shape: tuple[int, int, int], turned: bool,
@@ -76,7 +75,7 @@ def _rows_kernels(share: Callable[[Any, tuple[int, int, int]], tuple[int, int]])
     """Every instantiation of conv_depthwise_forward_rows, each at the share of a thread share(dtype, shape)."""
     return [_rows_kernel(gpu.cuda_type(dtype), i, shape, turned, share(dtype, shape))
             for shape in DEPTHWISE_ROWS_SHAPES for turned in (False, True) if shape[2] == 1 or not turned
-            for dtype in _ALL_DTYPES for i in gpu.INDEX_TYPES]
+            for dtype in core.ALL_FLOAT_DTYPES for i in gpu.INDEX_TYPES]
 
 
 def _share(dtype: Any, shape: tuple[int, int, int]) -> tuple[int, int]:
@@ -375,8 +374,9 @@ def _run_depthwise(stream: Any, state: Conv2DState, which: Literal["forward", "i
         gpu_paths.reach("conv_2d.depthwise.input_grad" + ("" if state.rows is None else "_fixed"))
         launch(stream, grad, filter, target)
     else:
-        gpu_paths.reach(("conv_2d.depthwise.filter_grad_taps" if state.filter_taps_blocks == 1 else
-                         "conv_2d.depthwise.filter_grad_taps_capped") if state.filter_taps else "conv_2d.depthwise.filter_grad")
+        gpu_paths.reach("conv_2d.depthwise.filter_grad" if not state.filter_taps else
+                        "conv_2d.depthwise.filter_grad_taps" if state.filter_taps_blocks == 1 else
+                        "conv_2d.depthwise.filter_grad_taps_capped")
         launch(stream, grad, input, target)
 
 
