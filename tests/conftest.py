@@ -9,6 +9,7 @@ import pytest
 import kernels
 from conformance.golden import GoldenFileError, GoldenStore
 from conformance.harness import device_unavailable
+from kernels.runtime.core import BFLOAT16
 
 from .held_stream import held_current_stream  # noqa: F401 (autouse: every GPU test on a held-back current stream)
 
@@ -50,6 +51,16 @@ def backend(request):
         return load(name)
     except Exception as error:
         pytest.fail(f"--backend {name}: {error}", pytrace=False)
+
+
+def unit_roundoffs(dtype):
+    """(u, v) of a GEMM or convolution in `dtype`: the unit roundoff of its compute type (float64's own,
+    float32 for every other dtype, the half ones included) and that of its stored result where the
+    result is rounded once more (a half dtype's; 0 otherwise)."""
+    dtype = np.dtype(dtype)
+    u = 2.0**-53 if dtype == np.float64 else 2.0**-24
+    v = {np.dtype(np.float16): 2.0**-11, BFLOAT16: 2.0**-8}.get(dtype, 0.0)
+    return u, v
 
 
 def require(device):

@@ -43,7 +43,7 @@ from kernels import Activation, Conv2DAttrs, CudaError, TensorShape, conv_2d
 from kernels.runtime import cudnn
 from kernels.runtime.core import BFLOAT16
 
-from .conftest import Dev, require
+from .conftest import Dev, require, unit_roundoffs
 
 DTYPES = [pytest.param(np.dtype(np.float32), id="f32"), pytest.param(np.dtype(np.float64), id="f64"),
           pytest.param(np.dtype(np.float16), id="f16"), pytest.param(BFLOAT16, id="bf16")]
@@ -420,9 +420,6 @@ def test_backend_forward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dtyp
         conv_2d.cleanup_kernel(gdev.handle, backend)
 
 
-# Unit roundoff of the compute type (float for the half dtypes) and of the stored result.
-_COMPUTE_U = {np.dtype(np.float64): 2.0**-53}
-_OUTPUT_U = {np.dtype(np.float16): 2.0**-11, BFLOAT16: 2.0**-8}
 
 
 @pytest.mark.gpu
@@ -456,8 +453,7 @@ def _within_sum_bound(got, reference, magnitude, k, dtype, label):
     """|got - reference| <= gamma_k (1 + v) magnitude + v |reference| everywhere (see the forward's bound
     test), `magnitude` being the sum of the products' magnitudes and k their count (a number, or one for
     each element); a NaN left in a poisoned output fails."""
-    u = _COMPUTE_U.get(np.dtype(dtype), 2.0**-24)
-    v = _OUTPUT_U.get(np.dtype(dtype), 0.0)
+    u, v = unit_roundoffs(dtype)
     bound = k * u / (1 - k * u) * (1 + v) * magnitude + v * np.abs(reference)
     error = np.abs(np.asarray(got, np.float64) - reference)
     assert np.all(np.isfinite(error)), f"{label}: non-finite results"

@@ -32,7 +32,7 @@ from kernels import BatchMatmulAttrs, TensorShape, batch_matmul
 from kernels.runtime import cublas
 from kernels.runtime.core import BFLOAT16
 
-from .conftest import require
+from .conftest import require, unit_roundoffs
 
 DTYPES = [pytest.param(np.dtype(np.float32), id="f32"), pytest.param(np.dtype(np.float64), id="f64"),
           pytest.param(np.dtype(np.float16), id="f16"), pytest.param(BFLOAT16, id="bf16")]
@@ -269,9 +269,6 @@ def test_float32_plans_are_not_tf32(handles, dims):
         assert (got != _expected(lhs, rhs, output_grad)[0]).any()
 
 
-# Unit roundoff of the compute type and of the stored result.
-_COMPUTE_U = {np.dtype(np.float64): 2.0**-53}
-_OUTPUT_U = {np.dtype(np.float16): 2.0**-11, BFLOAT16: 2.0**-8}
 
 
 @pytest.mark.gpu
@@ -289,7 +286,7 @@ def test_plans_within_the_sum_bound(handles, dims, dtype):
               for shape in ((batch, m, k), (batch, k, n), (batch, m, n))]
     expected = _expected(*values)
     magnitudes = _expected(*(np.abs(v) for v in values))
-    u, v = _COMPUTE_U.get(dtype, 2.0**-24), _OUTPUT_U.get(dtype, 0.0)
+    u, v = unit_roundoffs(dtype)
     for handle in (planned, legacy):
         got = _run(stream, handle, dtype, *values)
         for got_one, want, size, name in zip(got, expected, magnitudes, ("output", "lhs_grad", "rhs_grad")):

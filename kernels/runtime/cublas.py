@@ -73,6 +73,7 @@ STATUS_NAMES = {
     16: "CUBLAS_STATUS_LICENSE_ERROR",
 }
 
+CUBLAS_STATUS_NOT_SUPPORTED = 15
 # 32 MiB: cuBLAS's documented workspace recommendation for Hopper (4 MiB for older architectures).
 WORKSPACE_BYTES = 32 * 1024 * 1024
 
@@ -157,12 +158,6 @@ class _Library:
         self.cdll = cdll
 
 
-def _wheel_files() -> list[str]:
-    """libcublas of the nvidia-cublas wheels (nvidia/cublas/lib, nvidia/cu13/lib), without importing them."""
-    return [os.path.join(folder, soname) for soname in SONAMES
-            for folder in nvlib.wheel_folders(("cublas/lib", "cu13/lib", "cu12/lib"), soname)]
-
-
 def _mapped(fragment: str) -> list[str]:
     """The files whose path holds `fragment` among those CuPy's cuBLAS module mapped into this process
     (libcublas, and libcublasLt, which libcublas loads)."""
@@ -180,26 +175,27 @@ def _mapped(fragment: str) -> list[str]:
     return found
 
 
-def candidates() -> list[str]:
-    """Where libcublas is looked for, in order: the one CuPy's cuBLAS module mapped into this
-    process, the nvidia wheels' files, the system search path, then the sonames."""
-    found = _mapped("/libcublas.so") + _wheel_files()
-    system = ctypes.util.find_library("cublas")
+def _places(name: str, sonames: tuple[str, ...]) -> list[str]:
+    """Where lib<name> is looked for, in order: the one CuPy's cuBLAS module mapped into this process,
+    the nvidia-cublas wheels' files (nvidia/cublas/lib, nvidia/cu13/lib, nvidia/cu12/lib, found without
+    importing them), the system search path, then the sonames."""
+    found = _mapped(f"/lib{name}.so")
+    found += [os.path.join(folder, soname) for soname in sonames
+              for folder in nvlib.wheel_folders(("cublas/lib", "cu13/lib", "cu12/lib"), soname)]
+    system = ctypes.util.find_library(name)
     if system:
         found.append(system)
-    return found + list(SONAMES)
+    return found + list(sonames)
+
+
+def candidates() -> list[str]:
+    """Where libcublas is looked for (_places)."""
+    return _places("cublas", SONAMES)
 
 
 def lt_candidates() -> list[str]:
-    """Where libcublasLt is looked for: the one mapped into this process beside CuPy's libcublas, then
-    the same places as libcublas."""
-    found = _mapped("/libcublasLt.so")
-    found += [os.path.join(folder, soname) for soname in LT_SONAMES
-              for folder in nvlib.wheel_folders(("cublas/lib", "cu13/lib", "cu12/lib"), soname)]
-    system = ctypes.util.find_library("cublasLt")
-    if system:
-        found.append(system)
-    return found + list(LT_SONAMES)
+    """Where libcublasLt is looked for: the same places as libcublas, the one libcublas mapped first."""
+    return _places("cublasLt", LT_SONAMES)
 
 
 class _LtLibrary:
@@ -217,10 +213,7 @@ lt_library = nvlib.Loader(LT_LIBRARY, lt_candidates, lambda candidate: _LtLibrar
 def lt_mode(environ: Any = None) -> str:
     """What KERNELS_CUBLASLT asks of every GEMM: "on" (unset, empty or "1": a cuBLASLt plan where one
     is found, else the legacy call) or "off" ("0": the legacy call). Any other value: ValueError."""
-    value = (os.environ if environ is None else environ).get(LT_ENV, "").strip()
-    if value not in LT_MODES:
-        raise ValueError(f"${LT_ENV}={value!r}: expected unset or empty (on), 1 (on) or 0 (off)")
-    return LT_MODES[value]
+    return nvlib.switch(LT_ENV, LT_MODES, environ)
 
 
 def check(status: int, what: str, library_name: str = LIBRARY) -> None:
@@ -299,7 +292,7 @@ class MatmulPlan:
                                                        ctypes.byref(result), ctypes.byref(count))
         finally:
             lt.cublasLtMatmulPreferenceDestroy(preference.value)
-        if status == 15:  # CUBLAS_STATUS_NOT_SUPPORTED: no heuristic for this configuration
+        if status == CUBLAS_STATUS_NOT_SUPPORTED:  # no heuristic for this configuration
             return
         check(status, "cublasLtMatmulAlgoGetHeuristic", LT_LIBRARY)
         if count.value >= 1 and result.state == 0:

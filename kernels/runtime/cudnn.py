@@ -794,10 +794,7 @@ def backend_mode(environ: Any = None) -> str:
     empty: the backend plan where an engine qualifies, else the legacy call), "on" ("1": the plan, or
     CudaError where no engine qualifies) or "off" ("0": the legacy call). Any other value: ValueError,
     naming the three (a typo must not silently pick one)."""
-    value = (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip()
-    if value not in BACKEND_MODES:
-        raise ValueError(f"${BACKEND_ENV}={value!r}: expected unset or empty (auto), 1 (on) or 0 (off)")
-    return BACKEND_MODES[value]
+    return nvlib.switch(BACKEND_ENV, BACKEND_MODES, environ)
 
 
 def packed_strides(dims: Sequence[int]) -> tuple[int, ...]:

@@ -74,4 +74,15 @@ class Loader:
         raise CudaError(self.library, "LIBRARY_NOT_FOUND", f"no usable {self.where} (tried: {'; '.join(failures)})")
 
 
-__all__ = ["Loader", "Unusable", "wheel_folders", "bind_functions"]
+def switch(name: str, choices: Mapping[str, str], environ: Any = None) -> str:
+    """The choice the environment variable `name` (stripped) makes among `choices` (value -> choice; ""
+    stands for unset or empty). Any other value: ValueError naming every accepted one, so that a typo
+    does not silently pick one."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if value not in choices:
+        accepted = [("unset or empty" if key == "" else key) + f" ({choice})" for key, choice in choices.items()]
+        raise ValueError(f"${name}={value!r}: expected {', '.join(accepted[:-1])} or {accepted[-1]}")
+    return choices[value]
+
+
+__all__ = ["Loader", "Unusable", "wheel_folders", "bind_functions", "switch"]
