@@ -83,6 +83,38 @@ def test_check_tensor_reads_a_cupy_arrays_cheapest_attributes(fake_cupy):
         core.check_tensor("op", "x", _FakeCupyArray(0, (2, 3)), shape, "cpu")
 
 
+def test_check_call_passes_matching_cupy_arrays_without_check_tensor(fake_cupy, monkeypatch):
+    """check_call reads a CuPy array that passes itself (no call of check_tensor a row); an array that does not
+    pass, or that is not a CuPy array, goes to check_tensor, which refuses it in its own terms."""
+    stream = types.SimpleNamespace(device=0, synchronize=None)
+    handle = types.SimpleNamespace(device=0, close=None)
+    state = core.KernelState(op="op", attrs=None, device=0, shapes={})
+    shape = TensorShape((2, 3), np.float32)
+    core.check_tensor("op", "x", _FakeCupyArray(0, (2, 3)), shape, 0)  # the process has seen CuPy's type
+    calls = []
+    check_tensor = core.check_tensor
+    monkeypatch.setattr(core, "check_tensor", lambda *args: calls.append(args[1]) or check_tensor(*args))
+    rows = [("a", _FakeCupyArray(0, (2, 3)), shape, True), ("b", None, shape, False),
+            ("c", _FakeCupyArray(0, (2, 3)), shape, True)]
+    assert core.check_call("op", stream, handle, state, None, rows) == 0
+    assert calls == []
+    for array, error, match in [
+        (_FakeCupyArray(1, (2, 3)), DeviceError, r"^op: x: expected an array on GPU 0, found GPU 1"),
+        (_FakeCupyArray(0, (3, 2)), ShapeError, r"^op: x: expected dims \(2, 3\), found \(3, 2\)"),
+        (_FakeCupyArray(0, (2, 3), np.float64), DTypeError, r"^op: x: expected dtype float32, found float64"),
+        (_FakeCupyArray(0, (2, 3), contiguous=False), ShapeError, r"^op: x: expected a C-contiguous array"),
+        (np.zeros((2, 3), np.float32), DeviceError, r"^op: x: expected a CuPy array on GPU 0, found numpy.ndarray"),
+    ]:
+        calls.clear()
+        with pytest.raises(error, match=match):
+            core.check_call("op", stream, handle, state, None, rows[:1] + [("x", array, shape, True)])
+        assert calls == ["x"]
+    for bad, argument in [(types.SimpleNamespace(device=0), "stream"), (types.SimpleNamespace(close=None), "handle")]:
+        with pytest.raises(DeviceError, match=rf"^op: {argument}: expected a kernels {argument}"):
+            core.check_call("op", bad if argument == "stream" else stream, bad if argument == "handle" else handle,
+                            state, None, rows)
+
+
 def test_check_tensor_refuses_a_numpy_array_that_does_not_match():
     shape = TensorShape((2, 3), np.float32)
     core.check_tensor("op", "x", np.zeros((2, 3), np.float32), shape, "cpu")

@@ -10,7 +10,9 @@ machinery itself without a device."""
 from __future__ import annotations
 
 import gc
+import textwrap
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -150,6 +152,62 @@ def test_gpu_kernel_passes_a_non_gpu_stream_to_the_kernels_checks():
     with core.before_gpu_call(lambda s: seen.append("hook")):
         kernel(cpu)
     assert seen == [cpu]
+
+
+def _op_module(log, decorator="@core.gpu_kernel"):
+    """A module with an op's two twins, as entry_point finds them (by name, in the module)."""
+    module = types.ModuleType("fake_op")
+    module.log = log
+    exec(textwrap.dedent(f"""
+        from kernels.runtime import core
+
+        def cpu_forward_kernel(stream, value):
+            log.append(("cpu", value))
+
+        {decorator}
+        def gpu_forward_kernel(stream, value):
+            log.append(("gpu", value))
+            return value
+    """), module.__dict__)
+    return module
+
+
+def test_a_public_gpu_call_runs_the_ops_code_inside_its_stream_in_one_frame():
+    """entry_point's kernel on a GPU stream does what gpu_kernel's wrapper does (the hook, then the op's code
+    inside the stream, or inside replaying() without entering it again) without calling that wrapper; a GPU
+    twin replaced in the module is called as it is; the other streams go where the entry point sends them."""
+    log = []
+    module = _op_module(log)
+    public = core.entry_point("op", "forward_kernel", module.cpu_forward_kernel, module.gpu_forward_kernel, "doc")
+    stream = RecordingStream(log)
+    with core.before_gpu_call(lambda s: log.append(("hook", s is stream))):
+        assert public(stream, 1) == 1
+        assert log == [("hook", True), "enter", ("gpu", 1), "exit"]
+        log.clear()
+        with core.replaying(stream):
+            public(stream, 2)
+        assert log == ["enter", ("hook", True), ("gpu", 2), "exit"]
+    log.clear()
+
+    class Unenterable:  # an int device but no context manager: passed to the op's code, whose checks refuse it
+        device = 0
+
+    unenterable = Unenterable()
+    public(unenterable, 3)
+    public(kernels_cpu.cpu_stream(), 4)
+    assert log == [("gpu", 3), ("cpu", 4)]
+    log.clear()
+    module.gpu_forward_kernel = lambda stream, value: log.append(("replaced", value))
+    public(stream, 5)
+    assert log == [("replaced", 5)]
+    with pytest.raises(core.DeviceError, match=r"^op: stream: expected a kernels CPU or GPU stream"):
+        public(object(), 6)
+    log.clear()  # a GPU twin that gpu_kernel does not wrap is called as it is, outside any stream
+    plain = _op_module(log, decorator="")
+    public = core.entry_point("op", "forward_kernel", plain.cpu_forward_kernel, plain.gpu_forward_kernel, "doc")
+    public(stream, 7)
+    public(kernels_cpu.cpu_stream(), 8)
+    assert log == [("gpu", 7), ("cpu", 8)]
 
 
 def test_before_gpu_call_is_per_thread():

@@ -372,8 +372,13 @@ def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
     is not required (a gradient the caller does not want) is skipped. Inside arrays_checked()
     the rows are not looked at.
     """
-    device = device_of(op, stream, "stream")
-    handle_device = device_of(op, handle, "handle")
+    # device_of's checks, read here where they pass (a Python call each: docs/performance.md#fewer-layers-a-call)
+    device = getattr(stream, "device", None)
+    if device is None or not hasattr(stream, "synchronize"):
+        device = device_of(op, stream, "stream")
+    handle_device = getattr(handle, "device", None)
+    if handle_device is None or not hasattr(handle, "close"):
+        handle_device = device_of(op, handle, "handle")
     if handle_device != device:
         raise fail(DeviceError, op, "handle", f"a handle of the stream's device {device}", handle_device)
     if not isinstance(state, KernelState) or state.op != op:
@@ -384,14 +389,20 @@ def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
         raise fail(DeviceError, op, "state", f"a state made for device {device}", state.device)
     if attrs is not state.attrs and attrs != state.attrs:
         raise fail(AttrsError, op, "attrs", f"the attrs the state was made with ({state.attrs})", attrs)
-    if arrays_are_checked():
+    if _ARRAYS_CHECKED.on:
         return device
+    cupy_array = _CUPY_ARRAY if device != "cpu" else None
     for name, array, expected, required in tensors:
         if array is None:
             if required:
                 raise fail(ShapeError, op, name, f"an array {expected}", None)
             continue
-        check_tensor(op, name, array, expected, device)
+        # A CuPy array that passes, read here rather than in a call of check_tensor (a Python call a
+        # row: docs/performance.md#fewer-layers-a-call); any other array, or one that fails, takes
+        # check_tensor, which names what is wrong.
+        if (type(array) is not cupy_array or array.data.device_id != device or not array._c_contiguous
+                or array.shape != expected.dims or array.dtype != expected.dtype):
+            check_tensor(op, name, array, expected, device)
     return device
 
 
@@ -464,14 +475,37 @@ def gpu_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     before_gpu_call hook, if any, runs first. A stream that is not a GPU stream is passed through
     to the kernel, whose checks refuse it."""
 
-    @functools.wraps(function)
+    call = functools.wraps(function)(_in_stream(function))
+    call.gpu_code = function  # what entry_point runs in its own frame (_in_stream)
+    return call
+
+
+def _in_stream(function: Callable[..., Any], public: tuple[dict[str, Any], str, str, Any, Callable[..., Any]] | None
+               = None) -> Callable[..., Any]:
+    """gpu_kernel's call of `function`; with `public`, (namespace, cpu_name, gpu_name, wrapper, dispatch), an op's
+    public kernel from entry_point. That one sends a call on a CPU stream to the module's `cpu_name` twin, and
+    runs `function` as gpu_kernel's wrapper would where the stream has an int device and the module's `gpu_name`
+    is still `wrapper` (gpu_kernel's wrapper of `function`); any other call goes to dispatch(stream, *args,
+    **kwargs) (a replaced GPU twin, or the error). So a public GPU call takes one Python frame above the op's
+    code where an entry point calling gpu_kernel's wrapper took two (docs/performance.md#fewer-layers-a-call),
+    and a CPU call as many as before."""
+    hooks = _GPU_CALL_HOOKS
+    namespace, cpu_name, gpu_name, wrapper, dispatch = public or (None, "", "", None, None)
+
     def call(stream: Any, *args: Any, **kwargs: Any) -> Any:
-        hook = _GPU_CALL_HOOKS.hook
-        if _GPU_CALL_HOOKS.held is stream:  # inside replaying(stream): entered once for all
+        if namespace is not None:
+            device = getattr(stream, "device", None)
+            if device == "cpu":
+                return namespace[cpu_name](stream, *args, **kwargs)
+            if not isinstance(device, int) or namespace[gpu_name] is not wrapper:
+                return dispatch(stream, *args, **kwargs)  # type: ignore[misc]
+        hook = hooks.hook
+        if hooks.held is stream:  # inside replaying(stream): entered once for all
             if hook is not None:
                 hook(stream)
             return function(stream, *args, **kwargs)
-        if not _is_gpu_stream(stream):
+        # A public call's stream has an int device already: what is left of _is_gpu_stream is its __enter__.
+        if not (hasattr(stream, "__enter__") if namespace is not None else _is_gpu_stream(stream)):
             return function(stream, *args, **kwargs)
         if hook is not None:
             hook(stream)
@@ -501,11 +535,13 @@ def entry_point(op: str, name: str, cpu_function: Callable[..., Any], gpu_functi
         raise fail(DeviceError, op, "stream", "a kernels CPU or GPU stream (cpu_stream() or gpu_stream())",
                    type(stream).__name__)
 
-    kernel.__name__ = kernel.__qualname__ = name
-    kernel.__module__ = cpu_function.__module__
-    kernel.__doc__ = doc
-    kernel.__signature__ = inspect.signature(cpu_function)  # type: ignore[attr-defined]
-    return kernel
+    inner = getattr(gpu_function, "gpu_code", None)  # the op's code, where gpu_function is gpu_kernel's wrapper
+    public = kernel if inner is None else _in_stream(inner, (namespace, cpu_name, gpu_name, gpu_function, kernel))
+    public.__name__ = public.__qualname__ = name
+    public.__module__ = cpu_function.__module__
+    public.__doc__ = doc
+    public.__signature__ = inspect.signature(cpu_function)  # type: ignore[attr-defined]
+    return public
 
 
 def cleanup_entry_point(op: str, doc: str = "Release everything the state holds (descriptors, device memory).") \
