@@ -420,8 +420,6 @@ def test_backend_forward_is_exact_as_legacy(gdev, monkeypatch, dims, attrs, dtyp
         conv_2d.cleanup_kernel(gdev.handle, backend)
 
 
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dims, attrs", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)

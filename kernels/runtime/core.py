@@ -372,13 +372,8 @@ def check_call(op: str, stream: Any, handle: Any, state: Any, attrs: Any,
     is not required (a gradient the caller does not want) is skipped. Inside arrays_checked()
     the rows are not looked at.
     """
-    # device_of's checks, read here where they pass (a Python call each: docs/performance.md#fewer-layers-a-call)
-    device = getattr(stream, "device", None)
-    if device is None or not hasattr(stream, "synchronize"):
-        device = device_of(op, stream, "stream")
-    handle_device = getattr(handle, "device", None)
-    if handle_device is None or not hasattr(handle, "close"):
-        handle_device = device_of(op, handle, "handle")
+    device = device_of(op, stream, "stream")
+    handle_device = device_of(op, handle, "handle")
     if handle_device != device:
         raise fail(DeviceError, op, "handle", f"a handle of the stream's device {device}", handle_device)
     if not isinstance(state, KernelState) or state.op != op:
