@@ -118,17 +118,39 @@ __device__ __forceinline__ void warp_chunk(int m, int warp, int warps, int& begi
     end = static_cast<int>(min(static_cast<long long>(m), begin + chunk));
 }
 
+// A warp's digits by ballots, one a bit (a warp-level multisplit, in place of __match_any_sync:
+// docs/performance.md#top_k-and-the-detections): made by every lane of the warp, each with its `digit` (its
+// low BITS bits count) and `lanes`, the mask of the lanes taking part (the same in every lane); of(d) is then,
+// in any lane, the mask of the lanes taking part whose digit is d.
+template <int BITS>
+struct DigitBallots {
+    unsigned bits[BITS];
+    unsigned lanes;
+
+    __device__ __forceinline__ DigitBallots(unsigned digit, unsigned taking_part) : lanes(taking_part) {
+#pragma unroll
+        for (int bit = 0; bit < BITS; ++bit) bits[bit] = __ballot_sync(FULL_MASK, (digit >> bit) & 1u);
+    }
+
+    __device__ __forceinline__ unsigned of(unsigned d) const {
+        unsigned mask = lanes;
+#pragma unroll
+        for (int bit = 0; bit < BITS; ++bit) mask &= ((d >> bit) & 1u) ? bits[bit] : ~bits[bit];
+        return mask;
+    }
+};
+
 // Sort keys[0, m) and index[0, m) (every thread of the block calling, m the same in each) by key,
 // descending, keeping the order of equal keys: a least-significant-digit radix sort, 4 bits a pass (BITS / 4
 // passes), between (keys, index) and (other_keys, other_index), in shared or global memory; returns the
 // index buffer that holds the result (its keys beside it). Each pass: warp w takes the w-th contiguous
-// chunk (warp_chunk) and counts its keys per digit (the lanes with one digit adding their count once,
-// __match_any_sync); the counts become each (digit, warp)'s first slot, the digits from 15 down and the
-// warps in order within one (a warp scans one digit's counts over the warps, then each warp adds the totals
-// of the digits above its own); then each warp walks its chunk again in order, writing each key to
-// its digit's next slot (its place among the lanes of its digit before it). A pass whose digit is the same
-// in every key would move nothing: it is skipped (detector scores share their top bits). offsets holds 16
-// counts per warp, then the 16 digits' totals.
+// chunk (warp_chunk) and counts its keys per digit (lane d < 16 adding up, in a register, digit d's lanes of
+// each 32 keys: DigitBallots); the counts become each (digit, warp)'s first slot, the digits from 15 down and
+// the warps in order within one (a warp scans one digit's counts over the warps, then each warp adds the
+// totals of the digits above its own); then each warp walks its chunk again in order, writing each key to
+// its digit's next slot (held by lane d < 16 for digit d, in a register) plus the lanes of its digit before
+// it. A pass whose digit is the same in every key would move nothing: it is skipped (detector scores share
+// their top bits). offsets holds 16 counts per warp, then the 16 digits' totals.
 template <class K, int BITS>
 __device__ int* stable_sort(K* keys, int* index, K* other_keys, int* other_index, int m, int* offsets) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -139,15 +161,14 @@ __device__ int* stable_sort(K* keys, int* index, K* other_keys, int* other_index
     int* totals = offsets + 16 * 32;
 #pragma unroll 1
     for (int shift = 0; shift < BITS; shift += 4) {
-        if (lane < 16) mine[lane] = 0;
-        __syncwarp();
+        int keys_of_digit = 0;  // lane d < 16: the warp's keys of digit d
         for (int start = begin; start < end; start += 32) {
             const int i = start + lane;
-            const unsigned digit = i < end ? static_cast<unsigned>((keys[i] >> shift) & 15) : 16u;
-            const unsigned peers = __match_any_sync(FULL_MASK, digit);
-            if (digit < 16u && __ffs(peers) - 1 == lane) mine[digit] += __popc(peers);
-            __syncwarp();
+            const unsigned digit = i < end ? static_cast<unsigned>((keys[i] >> shift) & 15) : 0u;
+            const DigitBallots<4> ballots(digit, __ballot_sync(FULL_MASK, i < end));
+            keys_of_digit += __popc(ballots.of(lane));
         }
+        if (lane < 16) mine[lane] = keys_of_digit;
         __syncthreads();
         // Warp d (and d + warps, ...): digit d's counts over the warps (lane w: warp w's), scanned into each
         // warp's first slot among digit d's keys, and digit d's total.
@@ -163,34 +184,34 @@ __device__ int* stable_sort(K* keys, int* index, K* other_keys, int* other_index
             if (lane == 31) totals[digit] = through;
         }
         __syncthreads();
-        // Each warp: its first slot of each digit after every key of the digits above it (15's first).
+        // Each warp: its first slot of each digit after every key of the digits above it (15's first); lane
+        // d < 16 keeps digit d's next slot.
+        int next = 0;
         if (lane < 16) {
             int base = 0;
             for (int digit = 15; digit > lane; --digit) base += totals[digit];
-            mine[lane] += base;
+            next = mine[lane] + base;
         }
-        __syncwarp();
         // Every thread reads the same totals: block-uniform. The next pass's totals are written after a barrier.
         if (__any_sync(FULL_MASK, lane < 16 && totals[lane] == m)) continue;
         for (int start = begin; start < end; start += 32) {
             const int i = start + lane;
             K key = 0;
             int at = 0;
-            unsigned digit = 16u;
+            unsigned digit = 0u;
             if (i < end) {
                 key = keys[i];
                 at = index[i];
                 digit = static_cast<unsigned>((key >> shift) & 15);
             }
-            const unsigned peers = __match_any_sync(FULL_MASK, digit);
-            if (digit < 16u) {
-                const int slot = mine[digit] + __popc(peers & below);
+            const DigitBallots<4> ballots(digit, __ballot_sync(FULL_MASK, i < end));
+            const int first = __shfl_sync(FULL_MASK, next, static_cast<int>(digit));
+            if (i < end) {
+                const int slot = first + __popc(ballots.of(digit) & below);
                 other_keys[slot] = key;
                 other_index[slot] = at;
             }
-            __syncwarp();
-            if (digit < 16u && __ffs(peers) - 1 == lane) mine[digit] += __popc(peers);
-            __syncwarp();
+            next += __popc(ballots.of(lane));
         }
         __syncthreads();  // the pass's writes before the next pass reads them; offsets reused
         K* swap_keys = keys; keys = other_keys; other_keys = swap_keys;
