@@ -27,6 +27,9 @@ done
 options=(-q -m gpu -p no:cacheprovider --benchmark-disable --durations=8 "${filter[@]}")
 status=0
 pids=()
+# Stopped from outside (a caller's timeout, Ctrl-C), stop the test processes too: left running, they would share
+# the GPU with whatever the caller runs next, and slow what it times.
+trap 'kill "${pids[@]}" 2>/dev/null; exit 124' TERM INT
 timeout 540 python3 -m pytest "${options[@]}" "${ops_a[@]}" >"$OUT/gpu_tests_ops_a.log" 2>&1 &
 pids+=($!)
 timeout 540 python3 -m pytest "${options[@]}" "${ops_b[@]}" >"$OUT/gpu_tests_ops_b.log" 2>&1 &
