@@ -30,10 +30,13 @@ def test_the_stand_ins_carry_a_public_gpu_call_to_one_launch():
     assert (core._CUPY_ARRAY, gpu.cupy, gpu._launch_kernel) == saved
 
 
-def test_parts_time_every_piece():
-    times = layers_overhead.parts(calls=20, runs=1)
+def test_parts_time_every_piece_and_each_timed_call_launches_once():
+    launches = []
+    times = layers_overhead.parts(calls=20, runs=2, launches=launches)
     assert list(times) == ["the whole call", "the op's GPU code (checks and launch)", "the checks (_check_forward)",
                            "the state's PackedLaunch", "the layers above the op's code"]
     assert all(us > 0 for name, us in times.items() if name != "the layers above the op's code")
-    assert times["the layers above the op's code"] == pytest.approx(
-        times["the whole call"] - times["the op's GPU code (checks and launch)"])
+    # The whole call, the op's code and the PackedLaunch each launched once a call; the checks never: a piece
+    # that stopped short of the launch (or launched twice) would time something else.
+    assert len(launches) == 3 * 20 * 2
+    assert {(arguments[0], arguments[8]) for arguments in launches} == {(0x99, 0x5000)}
